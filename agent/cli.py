@@ -1,0 +1,117 @@
+"""The `kscout` command line: a thin adapter over the tools in kernelscout.tools."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from kernelscout import __version__
+
+app = typer.Typer(
+    name="kscout",
+    help="Make GPU kernels faster while spending as few real measurements as possible.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+err = Console(stderr=True)
+out = Console()
+
+EXIT_CODES = {"ok": 0, "incorrect": 1, "runtime_error": 1, "timeout": 1, "crashed": 1, "compile_error": 2, "invalid_problem": 2, "budget_exhausted": 3}
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"kscout {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="print the version")) -> None:
+    pass
+
+
+@app.command()
+def measure(
+    problem: str = typer.Argument(..., help="KernelBench problem file (class Model, get_inputs, get_init_inputs)"),
+    candidate: str = typer.Argument(..., help="candidate module defining class ModelNew"),
+    device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N"),
+    run_dir: Optional[str] = typer.Option(None, "--run-dir", help="run directory holding the budget ledger [default: runs/scratch]"),
+    budget: Optional[int] = typer.Option(None, help="measurement cap for the run directory"),
+    again: bool = typer.Option(False, "--again", help="measure even if this exact candidate was already measured in the run"),
+    timeout: float = typer.Option(120.0, help="seconds allowed for running the candidate (checks and timing)"),
+    timing_budget: float = typer.Option(2.0, "--timing-budget", help="timed seconds per side to aim for"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+) -> None:
+    """Check a candidate against its problem and time both in one sandboxed session."""
+    from kernelscout.sandbox.harness import HarnessConfig
+    from kernelscout.tools.measure import MeasureRequest, measure as run_measure
+
+    request = MeasureRequest(
+        problem=problem, candidate=candidate, device=device, run_dir=run_dir, budget=budget, again=again,
+        harness=HarnessConfig(timeout_s=timeout, timing_budget_s=timing_budget),
+    )
+    if not as_json:
+        err.print(f"[dim]measuring {candidate} against {problem} ...[/dim]")
+    result = run_measure(request)
+    if as_json:
+        print(result.model_dump_json())
+    else:
+        _print_measurement(result)
+    raise typer.Exit(EXIT_CODES.get(result.status.value, 1))
+
+
+def _print_measurement(m) -> None:
+    colour = "green" if m.status.value == "ok" else "red"
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_row("status", f"[{colour}]{m.status.value}[/{colour}]")
+    table.add_row("correct", str(m.correct))
+    if m.runtime_ms is not None:
+        table.add_row("candidate", f"{m.runtime_ms:.4g} ms (IQR {m.candidate_timing.iqr_ms:.3g}, {m.candidate_timing.repeats} rounds)")
+        table.add_row("reference", f"{m.ref_runtime_ms:.4g} ms (IQR {m.reference_timing.iqr_ms:.3g})")
+        table.add_row("speedup", f"{m.speedup:.3f}x" if m.speedup else "-")
+    table.add_row("timing valid", "yes" if m.timing_valid else f"[yellow]no[/yellow]: {m.timing_invalid_reason or 'not timed'}")
+    table.add_row("charged", str(m.charged))
+    table.add_row("device", m.device)
+    out.print(table)
+    if m.status.value != "ok":
+        out.print(m.message, markup=False, highlight=False)
+
+
+@app.command()
+def budget(
+    run_dir: str = typer.Argument(..., help="run directory"),
+    set_cap: Optional[int] = typer.Option(None, "--set", help="set a new measurement cap"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Show (or change) the measurement budget of a run directory."""
+    from kernelscout.tools.budget import Budget
+    from kernelscout.tools.rundir import RunDir
+
+    ledger = Budget(RunDir(run_dir))
+    if set_cap is not None:
+        ledger.set_cap(set_cap)
+    status = ledger.status()
+    if as_json:
+        print(status.model_dump_json())
+    else:
+        cap = "uncapped" if status.cap is None else str(status.cap)
+        out.print(f"measurements: {status.used} used of {cap}" + (f", {status.reserved} in flight" if status.reserved else "")
+                  + ("" if status.remaining is None else f", {status.remaining} left"))
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

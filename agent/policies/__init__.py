@@ -1,0 +1,1 @@
+"""Who proposes candidates: the offline tuner and the LLM."""

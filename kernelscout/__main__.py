@@ -1,0 +1,3 @@
+from kernelscout.agent.cli import main
+
+main()

@@ -1,0 +1,223 @@
+"""The supervisor's side of one measurement: drive a worker through load, check and time.
+
+Order matters and is deliberate: the candidate runs before the reference in every trial (so it
+cannot pick up the reference's freed output buffer), every timed call gets fresh inputs (so a
+result cached by input identity is stale), some timed outputs are re-checked, reference and
+candidate alternate within one worker session (so the speedup is a same-run ratio), and the
+supervisor's own clock brackets every call (so a faked timer shows).
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+import time
+from typing import Optional
+
+from pydantic import BaseModel, Field
+
+from kernelscout.sandbox.pool import WorkerDied, WorkerOutOfMemory, WorkerPool, WorkerProcess, WorkerTimedOut
+from kernelscout.sandbox.problem import SourceFile
+from kernelscout.sandbox.stats import summarise, wall_clock_disagreement
+from kernelscout.tools.schema import Measurement, MeasureStatus
+
+TRITON_INTERPRETER_REASON = (
+    "Triton ran under its CPU interpreter (TRITON_INTERPRET=1, no GPU here): correctness is real, "
+    "timing is meaningless and was skipped"
+)
+
+
+class HarnessConfig(BaseModel):
+    """How hard to look. The defaults favour trust over speed."""
+
+    device: str = "cpu"
+    correctness_trials: int = Field(3, ge=1)
+    timeout_s: float = Field(120.0, gt=0, description="hard limit on running the candidate (checks + timing)")
+    compile_timeout_s: float = Field(600.0, gt=0, description="hard limit on importing and building it")
+    warmup_rounds: int = Field(3, ge=0)
+    min_rounds: int = Field(10, ge=3)
+    max_rounds: int = Field(2000, ge=3)
+    timing_budget_s: float = Field(2.0, gt=0, description="timed seconds per side to aim for")
+    recheck_fraction: float = Field(0.2, ge=0, le=1)
+
+
+def _seed() -> int:
+    return secrets.randbits(31)
+
+
+class _Phase:
+    """Where the measurement got to: only a candidate that ran on the device is charged."""
+
+    def __init__(self) -> None:
+        self.name = "start"
+
+    @property
+    def charged(self) -> bool:
+        return self.name in ("run", "time")
+
+
+def run_measurement(
+    pool: WorkerPool,
+    problem: SourceFile,
+    candidate: SourceFile,
+    config: HarnessConfig,
+) -> Measurement:
+    t_start = time.monotonic()
+    phase = _Phase()
+    worker: Optional[WorkerProcess] = None
+    healthy = False
+    result: Measurement
+    try:
+        worker = pool.acquire(config.device)
+        result, retire = _drive(worker, problem, candidate, config, phase)
+        healthy = not retire and result.status not in (MeasureStatus.crashed, MeasureStatus.timeout)
+        if config.device.startswith("cuda") and result.status == MeasureStatus.runtime_error:
+            healthy = False  # a CUDA error can leave the context unusable
+    except WorkerTimedOut:
+        limit = config.compile_timeout_s if phase.name in ("import",) else config.timeout_s
+        what = {"import": "importing/building the candidate", "problem": "loading the problem"}.get(phase.name, "running the candidate")
+        result = Measurement(status=MeasureStatus.timeout, message=f"{what} took longer than {limit:g} s; the worker's process group was killed")
+    except WorkerOutOfMemory as exc:
+        result = Measurement(status=MeasureStatus.runtime_error, message=str(exc))
+    except WorkerDied as exc:
+        tail = worker.log_tail() if worker else ""
+        stage = {"import": "while importing the candidate", "problem": "while loading the problem"}.get(phase.name, "while running the candidate")
+        message = f"{exc} {stage}" + (f"; last output:\n{tail}" if tail else "")
+        result = Measurement(status=MeasureStatus.crashed, message=message)
+    finally:
+        if worker is not None:
+            pool.release(worker, healthy)
+    result.charged = phase.charged if result.status != MeasureStatus.invalid_problem else False
+    result.device = worker.info.get("device_name", config.device) if worker and worker.info else config.device
+    if config.device != "cpu" and result.device != config.device:
+        result.device = f"{config.device} ({result.device})"
+    result.candidate_sha = candidate.sha
+    result.wall_s = round(time.monotonic() - t_start, 3)
+    return result
+
+
+def _fail(reply: dict) -> Measurement:
+    return Measurement(status=MeasureStatus(reply["status"]), message=reply.get("message", ""))
+
+
+def _drive(worker: WorkerProcess, problem: SourceFile, candidate: SourceFile, config: HarnessConfig, phase: _Phase) -> tuple[Measurement, bool]:
+    """Return the measurement and whether the worker must be retired."""
+    phase.name = "problem"
+    reply = worker.request("load_problem", config.compile_timeout_s, path=str(problem.path), sha=problem.sha, seeds=[_seed() for _ in range(3)])
+    if reply["status"] != "ok":
+        return _fail(reply), False
+    phase.name = "import"
+    reply = worker.request("load_candidate", config.compile_timeout_s, path=str(candidate.path), sha=candidate.sha, init_seed=_seed())
+    if reply["status"] != "ok":
+        worker.request("unload", 60.0)
+        return _fail(reply), False
+    phase.name = "run"
+    if reply["tampered"]:
+        m = Measurement(status=MeasureStatus.incorrect, message="the candidate replaced harness functions while being imported: " + ", ".join(reply["tampered"]))
+        return m, True
+    deadline = time.monotonic() + config.timeout_s
+    checks = [f"{config.correctness_trials} correctness trials with fresh seeds, candidate before reference"]
+    reply = worker.request("check", _left(deadline), seeds=[_seed() for _ in range(config.correctness_trials)])
+    if reply["status"] != "ok":
+        m = _fail(reply)
+        m.checks = checks
+        return _finish(worker, m)
+    checks += ["plain-tensor outputs", "no output aliases an input", "TF32 pinned off on both sides", "NaN/Inf rejected"]
+    if candidate.uses_triton and config.device.startswith("cpu"):
+        m = Measurement(status=MeasureStatus.ok, correct=True, timing_valid=False, timing_invalid_reason=TRITON_INTERPRETER_REASON,
+                        message="correct; " + TRITON_INTERPRETER_REASON, checks=checks)
+        return _finish(worker, m)
+    phase.name = "time"
+    m = _time(worker, config, deadline)
+    m.checks = checks + m.checks
+    return _finish(worker, m)
+
+
+def _finish(worker: WorkerProcess, m: Measurement) -> tuple[Measurement, bool]:
+    reply = worker.request("unload", 60.0)
+    problems = []
+    if reply.get("tampered"):
+        problems.append("the candidate replaced harness functions: " + ", ".join(reply["tampered"]))
+    if reply.get("extra_threads"):
+        problems.append(f"the candidate left {reply['extra_threads']} thread(s) running")
+    if problems:
+        if m.timing_valid:
+            m.timing_valid = False
+            m.timing_invalid_reason = "; ".join(problems)
+            m.message += "; timing not valid: " + m.timing_invalid_reason
+        m.warnings.extend(problems)
+    return m, bool(problems)
+
+
+def _left(deadline: float) -> float:
+    return max(0.01, deadline - time.monotonic())
+
+
+def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float) -> Measurement:
+    ref_t, cand_t, ref_w, cand_w = [], [], [], []
+    rechecked = 0
+    leaks: list[str] = []
+    rng = random.Random(secrets.randbits(64))
+    timed_s = 0.0
+    rounds = 0
+    total_rounds_cap = config.warmup_rounds + config.max_rounds
+    t0 = time.monotonic()
+    while rounds < total_rounds_cap:
+        warm = rounds < config.warmup_rounds
+        measured = rounds - config.warmup_rounds
+        if not warm:
+            enough = measured >= config.min_rounds and timed_s >= config.timing_budget_s
+            slow = measured >= 3 and time.monotonic() - t0 > 5 * config.timing_budget_s
+            if enough or slow:
+                break
+        keep = (not warm) and (measured < 2 or rng.random() < config.recheck_fraction)
+        reply = worker.request("prep", _left(deadline), seed=_seed(), keep=keep, baseline_threads=(rounds == config.warmup_rounds))
+        if reply["status"] != "ok":
+            return _fail(reply)
+        order = ("ref", "cand") if rounds % 2 == 0 else ("cand", "ref")
+        for side in order:
+            w0 = time.perf_counter()
+            reply = worker.request("call", _left(deadline), side=side)
+            wall_ms = (time.perf_counter() - w0) * 1e3
+            if reply["status"] != "ok":
+                return _fail(reply)
+            if warm:
+                continue
+            (ref_t if side == "ref" else cand_t).append(reply["timer_ms"])
+            (ref_w if side == "ref" else cand_w).append(wall_ms)
+            timed_s += reply["timer_ms"] / 2e3
+            if reply.get("thread_leak"):
+                leaks.append(reply["thread_leak"])
+            rechecked += bool(reply.get("rechecked"))
+        rounds += 1
+    cand, ref = summarise(cand_t), summarise(ref_t)
+    m = Measurement(
+        status=MeasureStatus.ok,
+        correct=True,
+        runtime_ms=cand.median_ms,
+        ref_runtime_ms=ref.median_ms,
+        speedup=ref.median_ms / cand.median_ms if cand.median_ms > 0 else None,
+        timing_valid=True,
+        candidate_timing=cand,
+        reference_timing=ref,
+        checks=[
+            f"{len(cand_t)} interleaved timed rounds with fresh inputs each ({config.warmup_rounds} warm-up rounds discarded)",
+            f"{rechecked} timed outputs re-checked",
+            "supervisor wall clock cross-checked against the per-call timer",
+        ],
+    )
+    reason = wall_clock_disagreement(ref_t, cand_t, ref_w, cand_w)
+    if leaks:
+        reason = "the candidate left work running after returning: " + leaks[0]
+    if cand.median_ms <= 0:
+        reason = "the candidate's per-call time was zero"
+    if reason:
+        m.timing_valid = False
+        m.timing_invalid_reason = reason
+    m.message = (
+        f"correct; candidate {cand.median_ms:.4g} ms vs reference {ref.median_ms:.4g} ms "
+        f"({m.speedup:.3g}x, median of {cand.repeats} rounds)" if m.speedup else "correct"
+    )
+    if not m.timing_valid:
+        m.message += f"; timing not valid: {reason}"
+    return m

@@ -1,0 +1,107 @@
+"""Notice when candidate code tampers with the process it shares with the harness.
+
+The worker imports this module, and so captures the original timer and sync functions,
+before any candidate is loaded. Replacing ``time.perf_counter`` or ``torch.cuda.Event.elapsed_time``
+afterwards changes a name, not the functions held here, and the snapshot diff names what changed.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import types
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+perf_counter_ns = time.perf_counter_ns
+monotonic = time.monotonic
+thread_count = threading.active_count
+cuda_synchronize = torch.cuda.synchronize
+cuda_event = torch.cuda.Event
+event_record = torch.cuda.Event.record
+event_elapsed = torch.cuda.Event.elapsed_time
+
+
+def _watched() -> list[tuple[str, Any]]:
+    spaces: list[tuple[str, Any]] = [
+        ("time", time),
+        ("torch", torch),
+        ("torch.nn.functional", F),
+        ("torch.Tensor", torch.Tensor),
+        ("torch.cuda", torch.cuda),
+        ("torch.cuda.Event", torch.cuda.Event),
+        ("torch.testing", torch.testing),
+        ("torch.backends.cuda.matmul", torch.backends.cuda.matmul),
+        ("torch.nn.Module", torch.nn.Module),
+    ]
+    return spaces
+
+
+def _entries(obj: Any) -> dict[str, int]:
+    try:
+        items = vars(obj).items()
+    except TypeError:
+        return {}
+    out = {}
+    for name, value in items:
+        if isinstance(value, (types.ModuleType, int, float, str, bool, type(None))):
+            continue
+        out[name] = id(value)
+    return out
+
+
+def snapshot() -> dict[str, dict[str, int]]:
+    return {label: _entries(obj) for label, obj in _watched()}
+
+
+def changed_since(before: dict[str, dict[str, int]]) -> list[str]:
+    """Names whose object was replaced (new names, e.g. lazily imported submodules, are not tampering)."""
+    after = snapshot()
+    changes = []
+    for label, entries in before.items():
+        now = after.get(label, {})
+        for name, ident in entries.items():
+            if name in now and now[name] != ident:
+                changes.append(f"{label}.{name}")
+            elif name not in now:
+                changes.append(f"{label}.{name} (deleted)")
+    originals = {
+        "time.perf_counter_ns": (time.perf_counter_ns, perf_counter_ns),
+        "time.monotonic": (time.monotonic, monotonic),
+        "torch.cuda.synchronize": (torch.cuda.synchronize, cuda_synchronize),
+        "torch.cuda.Event.elapsed_time": (torch.cuda.Event.elapsed_time, event_elapsed),
+        "torch.cuda.Event.record": (torch.cuda.Event.record, event_record),
+    }
+    for name, (now, orig) in originals.items():
+        if now is not orig and name not in changes:
+            changes.append(name)
+    return sorted(set(changes))
+
+
+def os_thread_count() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return thread_count()
+
+
+def precision_flags() -> dict[str, Any]:
+    return {
+        "matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "matmul.allow_fp16_reduced_precision_reduction": torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
+        "matmul.allow_bf16_reduced_precision_reduction": torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
+    }
+
+
+def pin_precision() -> None:
+    """TF32 off on both sides: a candidate must not win by computing an fp32 problem in TF32."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False

@@ -1,0 +1,272 @@
+"""A device that answers `measure` from a recorded brute-forced tuning space.
+
+Kernel Tuner cache files record every configuration of a search space as it was compiled and timed on
+real hardware. Replaying them lets the search and the surrogate be developed and evaluated without a
+GPU, with the same noise (times are resampled from the recorded repeats) and the same failures (a
+configuration that failed on the hardware fails here too and costs a measurement).
+
+Decisions, so that callers can rely on them:
+
+* A configuration absent from the file is outside the valid space. `ReplayDevice.measure` answers it
+  with ``status=invalid_problem`` and ``charged=False``: Kernel Tuner never compiles a configuration
+  that violates the restrictions, so no hardware time would have been spent on it.
+* ``CompilationFailedConfig`` maps to ``compile_error``, ``RuntimeFailedConfig`` (and any other
+  unknown marker string, or a non-finite/1e20 time as older caches wrote) to ``runtime_error``; both
+  are charged. ``InvalidConfig`` records are treated as outside the space.
+* ``runtime_ms`` is the median of a bootstrap resample of the recorded repeats, because a real harness
+  reports the median of its own repeats; a single drawn repeat would be noisier than any real measure.
+* The device keeps no budget: the harness's ledger decides what may be measured.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from kernelscout.tools.schema import Measurement, MeasureStatus, TimingStats
+
+ParamValue = Any
+Config = Mapping[str, ParamValue]
+
+_FAILURE_STATUS = {
+    "CompilationFailedConfig": MeasureStatus.compile_error,
+    "RuntimeFailedConfig": MeasureStatus.runtime_error,
+}
+_OUTSIDE_MARKERS = {"InvalidConfig"}
+_FAILED_TIME = 1e20  # what Kernel Tuner wrote for failures before it used marker strings
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """Parse a cache, also one left unterminated by an interrupted Kernel Tuner run."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as fh:
+        text = fh.read()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        # Kernel Tuner appends records as it goes and only closes the braces at the end.
+        return json.loads(text.rstrip().rstrip(",") + "}}")
+
+
+def _value_text(value: ParamValue) -> str:
+    return str(value)
+
+
+@dataclass(frozen=True)
+class ReplaySpace:
+    """One kernel's brute-forced space on one device, as recorded in a Kernel Tuner cache."""
+
+    path: Path
+    kernel_name: str
+    device_name: str
+    param_names: tuple[str, ...]
+    param_values: dict[str, tuple[ParamValue, ...]]
+    configs: tuple[tuple[ParamValue, ...], ...]
+    times: np.ndarray  # mean time in ms per config; NaN where the config failed
+    repeats: tuple[np.ndarray, ...]
+    failures: dict[int, MeasureStatus]  # config index -> how it failed
+    problem_size: Any = None
+    _index: dict[tuple[str, ...], int] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "ReplaySpace":
+        """Read a Kernel Tuner cache file (.json or .json.gz)."""
+        path = Path(path)
+        raw = _read_json(path)
+        names = tuple(raw.get("tune_params_keys") or raw["tune_params"].keys())
+        values = {n: tuple(raw["tune_params"][n]) for n in names}
+        # Keys in the file are the str() of each value joined by ","; map text back to the typed value.
+        by_text = [{_value_text(v): v for v in values[n]} for n in names]
+        configs: list[tuple[ParamValue, ...]] = []
+        times: list[float] = []
+        repeats: list[np.ndarray] = []
+        failures: dict[int, MeasureStatus] = {}
+        for key, record in raw["cache"].items():
+            config = cls._parse_config(key, record, names, by_text)
+            if config is None:
+                continue
+            t = record.get("time") if isinstance(record, Mapping) else None
+            if isinstance(t, str) and t in _OUTSIDE_MARKERS:
+                continue
+            status = cls._failure_of(t)
+            idx = len(configs)
+            configs.append(config)
+            if status is not None:
+                failures[idx] = status
+                times.append(math.nan)
+                repeats.append(np.empty(0))
+                continue
+            reps = record.get("times")
+            reps_arr = np.asarray([r for r in reps if isinstance(r, (int, float))], dtype=float) if reps else np.empty(0)
+            reps_arr = reps_arr[np.isfinite(reps_arr) & (reps_arr > 0)]
+            times.append(float(t))
+            repeats.append(reps_arr if reps_arr.size else np.asarray([float(t)]))
+        if not configs:
+            raise ValueError(f"{path}: no configurations in the cache")
+        space = cls(
+            path=path,
+            kernel_name=str(raw.get("kernel_name", "")),
+            device_name=str(raw.get("device_name", "")),
+            param_names=names,
+            param_values=values,
+            configs=tuple(configs),
+            times=np.asarray(times, dtype=float),
+            repeats=tuple(repeats),
+            failures=failures,
+            problem_size=raw.get("problem_size"),
+        )
+        space._index.update({tuple(_value_text(v) for v in c): i for i, c in enumerate(configs)})
+        return space
+
+    @staticmethod
+    def _parse_config(
+        key: str, record: Any, names: Sequence[str], by_text: Sequence[dict[str, ParamValue]]
+    ) -> Optional[tuple[ParamValue, ...]]:
+        if isinstance(record, Mapping) and all(n in record for n in names):
+            return tuple(record[n] for n in names)
+        parts = key.split(",")
+        if len(parts) != len(names):
+            return None
+        try:
+            return tuple(lookup[p] for lookup, p in zip(by_text, parts))
+        except KeyError:
+            return None
+
+    @staticmethod
+    def _failure_of(t: Any) -> Optional[MeasureStatus]:
+        if isinstance(t, str):
+            return _FAILURE_STATUS.get(t, MeasureStatus.runtime_error)
+        if not isinstance(t, (int, float)) or not math.isfinite(t) or t >= _FAILED_TIME or t <= 0:
+            return MeasureStatus.runtime_error
+        return None
+
+    # --- queries -------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.configs)
+
+    @property
+    def name(self) -> str:
+        """The file's stem, e.g. ``convolution_A100``; unique among the spaces of one folder."""
+        return self.path.name.split(".json")[0]
+
+    @property
+    def device_label(self) -> str:
+        """Short device label; some caches leave ``device_name`` empty, so fall back to the file name."""
+        return self.device_name.strip() or self.name
+
+    @property
+    def ok_mask(self) -> np.ndarray:
+        return np.isfinite(self.times)
+
+    @property
+    def best_index(self) -> int:
+        return int(np.nanargmin(self.times))
+
+    @property
+    def best_time(self) -> float:
+        return float(self.times[self.best_index])
+
+    def config(self, index: int) -> dict[str, ParamValue]:
+        return dict(zip(self.param_names, self.configs[index]))
+
+    def index_of(self, config: Config | Sequence[ParamValue]) -> Optional[int]:
+        """Index of a config given as a dict or a value sequence; None when outside the space."""
+        if isinstance(config, Mapping):
+            if set(config) != set(self.param_names):
+                return None
+            values = [config[n] for n in self.param_names]
+        else:
+            values = list(config)
+            if len(values) != len(self.param_names):
+                return None
+        return self._index.get(tuple(_value_text(v) for v in values))
+
+    def same_kernel(self, other: "ReplaySpace") -> bool:
+        """Whether two spaces tune the same kernel, so one can warm-start a model of the other."""
+        return self.kernel_name == other.kernel_name and set(self.param_names) == set(other.param_names)
+
+
+class ReplayDevice:
+    """Answers `measure` from a `ReplaySpace` as the hardware it was recorded on would have."""
+
+    def __init__(self, space: ReplaySpace, name: Optional[str] = None) -> None:
+        self.space = space
+        self.device = f"replay:{name or space.device_label}"
+
+    def measure(
+        self,
+        config: Config | Sequence[ParamValue],
+        rng: np.random.Generator,
+        reference: Optional[Config | Sequence[ParamValue]] = None,
+    ) -> Measurement:
+        """Measure one configuration; with `reference`, also time it in the same session for a speedup."""
+        idx = self.space.index_of(config)
+        if idx is None:
+            return Measurement(
+                status=MeasureStatus.invalid_problem,
+                charged=False,
+                device=self.device,
+                message=f"configuration {dict(config) if isinstance(config, Mapping) else list(config)} "
+                f"is outside the recorded space of {self.space.name}",
+            )
+        failure = self.space.failures.get(idx)
+        if failure is not None:
+            return Measurement(
+                status=failure,
+                charged=True,
+                device=self.device,
+                message=f"recorded as {failure.value} on {self.space.device_label}",
+                checks=["replay"],
+            )
+        cand = self._timing(idx, rng)
+        result = Measurement(
+            status=MeasureStatus.ok,
+            correct=True,
+            runtime_ms=cand.median_ms,
+            timing_valid=True,
+            charged=True,
+            device=self.device,
+            candidate_timing=cand,
+            checks=["replay"],
+        )
+        if reference is not None:
+            ref_idx = self.space.index_of(reference)
+            if ref_idx is None or ref_idx in self.space.failures:
+                result.warnings.append("reference is outside the space or failed; no speedup reported")
+            else:
+                ref = self._timing(ref_idx, rng)
+                result.reference_timing = ref
+                result.ref_runtime_ms = ref.median_ms
+                result.speedup = ref.median_ms / cand.median_ms
+        return result
+
+    def _timing(self, idx: int, rng: np.random.Generator) -> TimingStats:
+        reps = self.space.repeats[idx]
+        sample = rng.choice(reps, size=reps.size, replace=True)
+        q25, q50, q75 = np.percentile(sample, [25, 50, 75])
+        return TimingStats(
+            median_ms=float(q50),
+            iqr_ms=float(q75 - q25),
+            mean_ms=float(sample.mean()),
+            min_ms=float(sample.min()),
+            repeats=int(sample.size),
+        )
+
+
+def load_spaces(paths: Sequence[str | Path]) -> list[ReplaySpace]:
+    """Load several caches; a folder stands for every cache file in it."""
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files.extend(sorted(q for q in p.iterdir() if q.name.endswith((".json", ".json.gz"))))
+        else:
+            files.append(p)
+    return [ReplaySpace.load(f) for f in files]

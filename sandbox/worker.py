@@ -1,0 +1,412 @@
+"""The sandbox worker: the only process that imports problem and candidate code.
+
+Started by the supervisor (sandbox/pool.py) with ``python -m kernelscout.sandbox.worker CMD_FD RES_FD``,
+spawned fresh (never forked from a process holding secrets), with a scrubbed environment, its own
+process group, a memory limit and a temporary working directory. Commands and replies travel as
+JSON over two private pipes; stdout and stderr go to a log file, so a candidate that prints a fake
+result only writes to the log.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import os
+import resource
+import sys
+import traceback
+from typing import Any, Callable, Optional
+
+from kernelscout.sandbox import protocol
+
+
+def _apply_limits() -> None:
+    limit = int(os.environ.get("KSCOUT_WORKER_MEMORY_BYTES", "0"))
+    if limit > 0:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+_apply_limits()
+
+import torch  # noqa: E402  (after the limits, so torch's own allocations count)
+
+from kernelscout.sandbox import correctness, integrity  # noqa: E402
+from kernelscout.sandbox.correctness import CheckFailed  # noqa: E402
+from kernelscout.sandbox.timing import CallTimer  # noqa: E402
+
+
+class Failure(Exception):
+    def __init__(self, status: str, message: str, **extra: Any):
+        super().__init__(message)
+        self.status = status
+        self.extra = extra
+
+
+def _short_error(exc: BaseException, source_path: Optional[str] = None) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip()
+    if len(text) > 3000:
+        text = text[:1500] + "\n...\n" + text[-1500:]
+    if source_path:
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == source_path]
+        if frames:
+            f = frames[-1]
+            text += f"\n  at {os.path.basename(source_path)} line {f.lineno}: {f.line}"
+    return text
+
+
+def _is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, MemoryError) or "can't allocate memory" in str(exc) or "out of memory" in str(exc).lower()
+
+
+def _import_file(path: str, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def _to_device(values: list[Any], device: torch.device) -> list[Any]:
+    return [v.to(device) if isinstance(v, torch.Tensor) else v for v in values]
+
+
+def _clone(values: list[Any]) -> list[Any]:
+    return [v.clone() if isinstance(v, torch.Tensor) else v for v in values]
+
+
+def _refill(buffers: Optional[list[Any]], fresh: list[Any]) -> list[Any]:
+    """Copy fresh values into the same tensors as last round.
+
+    The addresses and tensor objects stay the same while the contents change, so a candidate that
+    caches results by data_ptr() or id() always hits a stale entry, and the re-check catches it.
+    """
+    if buffers is None or len(buffers) != len(fresh):
+        return _clone(fresh)
+    out = []
+    for old, new in zip(buffers, fresh):
+        if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor) and old.shape == new.shape and old.dtype == new.dtype and old.device == new.device:
+            old.copy_(new)
+            out.append(old)
+        else:
+            out.append(new.clone() if isinstance(new, torch.Tensor) else new)
+    return out
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        integrity.cuda_synchronize()
+
+
+class Worker:
+    def __init__(self) -> None:
+        self.device = torch.device(os.environ.get("KSCOUT_DEVICE", "cpu"))
+        threads = int(os.environ.get("KSCOUT_THREADS", "0"))
+        if threads > 0:
+            torch.set_num_threads(threads)
+        integrity.pin_precision()
+        self.memory_limit = int(os.environ.get("KSCOUT_WORKER_MEMORY_BYTES", "0"))
+        self.timer = CallTimer(self.device)
+        self.problem = None
+        self.problem_path: Optional[str] = None
+        self.problem_sha: Optional[str] = None
+        self.reference = None
+        self.candidate = None
+        self.candidate_path: Optional[str] = None
+        self.candidate_module: Optional[str] = None
+        self.snapshot: Optional[dict] = None
+        self.threads_before_candidate = 0
+        self.thread_baseline: Optional[int] = None
+        self.round: dict[str, Any] = {}
+
+    # -- problem -----------------------------------------------------------------------------
+    def load_problem(self, msg: dict) -> dict:
+        path, sha = msg["path"], msg["sha"]
+        if self.problem_sha == sha:
+            return {"status": "ok", "cached": True}
+        try:
+            module = _import_file(path, f"kscout_problem_{sha[:16]}")
+        except Exception as exc:
+            raise Failure("invalid_problem", f"{path}: importing the problem failed: {_short_error(exc, path)}")
+        for name in ("Model", "get_inputs", "get_init_inputs"):
+            if not hasattr(module, name):
+                raise Failure("invalid_problem", f"{path}: defines no {name}")
+        init_inputs = self._call_problem(module.get_init_inputs, path, "get_init_inputs()")
+        if not isinstance(init_inputs, (list, tuple)):
+            raise Failure("invalid_problem", f"{path}: get_init_inputs() must return a list, got {type(init_inputs).__name__}")
+        self._check_input_size(module, path)
+        per_seed_outputs, input_scale = [], 0.0
+        for seed in msg["seeds"]:
+            inputs = self._make_inputs(module, seed, path)
+            input_scale = max(input_scale, max((float(x.abs().max()) for x in inputs if isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel()), default=0.0))
+            torch.manual_seed(seed)
+            model = self._build(module.Model, init_inputs, msg["seeds"][0], path, "Model")
+            try:
+                with torch.no_grad():
+                    out = model(*inputs)
+                _sync(self.device)
+            except Exception as exc:
+                kind = "does not fit in memory" if _is_oom(exc) else "raised"
+                raise Failure("invalid_problem", f"{path}: the reference Model {kind}: {_short_error(exc, path)}")
+            try:
+                per_seed_outputs.append([o.detach() for o in correctness.flatten_outputs(out, "reference")])
+            except CheckFailed as exc:
+                raise Failure("invalid_problem", f"{path}: {exc}")
+        weak = correctness.weak_reference_reason(per_seed_outputs, input_scale)
+        if weak:
+            raise Failure("invalid_problem", f"{path}: too weak to check candidates: {weak}")
+        self.problem, self.problem_path, self.problem_sha = module, path, sha
+        self.init_inputs = list(init_inputs)
+        return {
+            "status": "ok",
+            "outputs": [[list(o.shape), str(o.dtype)] for o in per_seed_outputs[0]],
+        }
+
+    def _call_problem(self, fn: Callable, path: str, what: str) -> Any:
+        try:
+            return fn()
+        except Exception as exc:
+            if _is_oom(exc):
+                raise Failure("invalid_problem", f"{path}: {what} does not fit in memory: {_short_error(exc)}")
+            raise Failure("invalid_problem", f"{path}: {what} raised {_short_error(exc, path)}")
+
+    def _check_input_size(self, module, path: str) -> None:
+        """Size the inputs on the meta device first, so an impossible problem fails without allocating."""
+        try:
+            with torch.device("meta"):
+                meta_inputs = module.get_inputs()
+            needed = correctness.tensor_bytes(list(meta_inputs))
+        except Exception:
+            return
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            limit, where = free, "free GPU memory"
+        else:
+            limit, where = self.memory_limit, "the worker's memory limit"
+        if limit and 3 * needed > limit:
+            raise Failure(
+                "invalid_problem",
+                f"{path}: get_inputs() makes {correctness.describe_bytes(needed)} of tensors; with a copy for the candidate "
+                f"and the outputs that does not fit in {where} ({correctness.describe_bytes(limit)}). "
+                "Shrink the shapes, or raise the limit with --memory-limit.",
+            )
+
+    def _make_inputs(self, module, seed: int, path: str) -> list[Any]:
+        torch.manual_seed(seed)
+        inputs = self._call_problem(module.get_inputs, path, "get_inputs()")
+        if not isinstance(inputs, (list, tuple)):
+            raise Failure("invalid_problem", f"{path}: get_inputs() must return a list of tensors, got {type(inputs).__name__}")
+        inputs = list(inputs)
+        if not any(isinstance(x, torch.Tensor) for x in inputs):
+            kinds = ", ".join(type(x).__name__ for x in inputs) or "an empty list"
+            raise Failure("invalid_problem", f"{path}: get_inputs() must return tensors, got {kinds}")
+        try:
+            return _to_device(inputs, self.device)
+        except Exception as exc:
+            raise Failure("invalid_problem", f"{path}: moving the inputs to {self.device} failed: {_short_error(exc)}")
+
+    def _build(self, cls, init_inputs, seed: int, path: str, what: str):
+        torch.manual_seed(seed)
+        try:
+            return cls(*init_inputs).to(self.device)
+        except Exception as exc:
+            status = "invalid_problem" if what == "Model" else "compile_error"
+            raise Failure(status, f"{path}: constructing {what} failed: {_short_error(exc, path)}")
+
+    # -- candidate ---------------------------------------------------------------------------
+    def load_candidate(self, msg: dict) -> dict:
+        if self.problem is None:
+            raise Failure("crashed", "load_problem must come first")
+        path = msg["path"]
+        self.snapshot = integrity.snapshot()
+        self.threads_before_candidate = integrity.thread_count()
+        self.thread_baseline = None
+        name = f"kscout_candidate_{msg['sha'][:16]}_{os.getpid()}"
+        try:
+            module = _import_file(path, name)
+        except BaseException as exc:
+            if isinstance(exc, SystemExit):
+                raise Failure("compile_error", f"{path}: the candidate called sys.exit() while being imported")
+            raise Failure("compile_error", f"{path}: importing the candidate failed: {_short_error(exc, path)}")
+        self.candidate_module, self.candidate_path = name, path
+        if not hasattr(module, "ModelNew"):
+            raise Failure("compile_error", f"{path}: defines no class ModelNew")
+        seed = msg["init_seed"]
+        self.reference = self._build(self.problem.Model, self.init_inputs, seed, self.problem_path, "Model")
+        self.candidate = self._build(module.ModelNew, self.init_inputs, seed, path, "ModelNew")
+        tampered = integrity.changed_since(self.snapshot)
+        return {"status": "ok", "tampered": tampered, "triton": "triton" in sys.modules}
+
+    def _run_candidate(self, inputs: list[Any]) -> list[torch.Tensor]:
+        try:
+            with torch.no_grad():
+                out = self.candidate(*inputs)
+        except Exception as exc:
+            raise Failure("runtime_error", self._runtime_message(exc))
+        return self._validate_candidate_output(out, inputs)
+
+    def _runtime_message(self, exc: BaseException) -> str:
+        if _is_oom(exc):
+            limit = correctness.describe_bytes(self.memory_limit) if self.memory_limit else "the device memory"
+            return f"the candidate ran out of memory (limit {limit}): {_short_error(exc, self.candidate_path)}"
+        return f"the candidate raised {_short_error(exc, self.candidate_path)}"
+
+    def _validate_candidate_output(self, out: Any, inputs: list[Any]) -> list[torch.Tensor]:
+        try:
+            outputs = correctness.flatten_outputs(out, "candidate")
+            correctness.check_no_alias(outputs, inputs)
+        except CheckFailed as exc:
+            raise Failure("incorrect", str(exc))
+        if integrity.precision_flags() != self._pinned_flags():
+            integrity.pin_precision()
+            raise Failure("incorrect", "the candidate changed the TF32/reduced-precision flags (a precision downgrade)")
+        return outputs
+
+    @staticmethod
+    def _pinned_flags() -> dict:
+        return {
+            "matmul.allow_tf32": False,
+            "cudnn.allow_tf32": False,
+            "float32_matmul_precision": "highest",
+            "matmul.allow_fp16_reduced_precision_reduction": False,
+            "matmul.allow_bf16_reduced_precision_reduction": False,
+        }
+
+    def _run_reference(self, inputs: list[Any]) -> list[torch.Tensor]:
+        integrity.pin_precision()
+        with torch.no_grad():
+            out = self.reference(*inputs)
+        return correctness.flatten_outputs(out, "reference")
+
+    def check(self, msg: dict) -> dict:
+        """Correctness trials: fresh seed and inputs each; the candidate runs first, on its own copy."""
+        worst = correctness.Comparison()
+        for seed in msg["seeds"]:
+            ref_inputs = self._make_inputs(self.problem, seed, self.problem_path)
+            cand_inputs = _clone(ref_inputs)
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            cand_out = self._run_candidate(cand_inputs)
+            _sync(self.device)
+            ref_out = self._run_reference(ref_inputs)
+            _sync(self.device)
+            try:
+                cmp = correctness.compare(cand_out, ref_out)
+            except CheckFailed as exc:
+                raise Failure("incorrect", f"trial with seed {seed}: {exc}")
+            worst.max_abs_diff = max(worst.max_abs_diff, cmp.max_abs_diff)
+            worst.max_rel_diff = max(worst.max_rel_diff, cmp.max_rel_diff)
+        return {"status": "ok", "trials": len(msg["seeds"]), "max_abs_diff": worst.max_abs_diff, "max_rel_diff": worst.max_rel_diff}
+
+    # -- timing ------------------------------------------------------------------------------
+    def prep(self, msg: dict) -> dict:
+        """Fresh inputs for one timing round, so a result cached by input identity never matches."""
+        fresh = self._make_inputs(self.problem, msg["seed"], self.problem_path)
+        previous = self.round or {}
+        self.round = {
+            "ref": _refill(previous.get("ref"), fresh),
+            "cand": _refill(previous.get("cand"), fresh),
+            "keep": bool(msg.get("keep")),
+            "out": {},
+        }
+        _sync(self.device)
+        if msg.get("baseline_threads"):
+            self.thread_baseline = integrity.os_thread_count()
+        return {"status": "ok"}
+
+    def call(self, msg: dict) -> dict:
+        side = msg["side"]
+        inputs = self.round[side]
+        py_threads = integrity.thread_count()
+        if side == "ref":
+            integrity.pin_precision()
+            model = self.reference
+        else:
+            model = self.candidate
+
+        def run():
+            with torch.no_grad():
+                return model(*inputs)
+
+        try:
+            out, timer_ms, host_ms = self.timer(run)
+        except Exception as exc:
+            if side == "ref":
+                raise Failure("invalid_problem", f"the reference failed during timing: {_short_error(exc)}")
+            raise Failure("runtime_error", self._runtime_message(exc))
+        reply: dict[str, Any] = {"status": "ok", "timer_ms": timer_ms, "host_ms": host_ms}
+        if side == "cand":
+            outputs = self._validate_candidate_output(out, inputs)
+            if integrity.thread_count() > py_threads:
+                reply["thread_leak"] = f"{integrity.thread_count() - py_threads} Python thread(s) still running after the call returned"
+            elif self.thread_baseline is not None and integrity.os_thread_count() > self.thread_baseline:
+                reply["thread_leak"] = f"{integrity.os_thread_count() - self.thread_baseline} new OS thread(s) after the warm-up"
+        else:
+            outputs = correctness.flatten_outputs(out, "reference")
+        if self.round["keep"]:
+            self.round["out"][side] = outputs
+            if len(self.round["out"]) == 2:
+                try:
+                    correctness.compare(self.round["out"]["cand"], self.round["out"]["ref"])
+                except CheckFailed as exc:
+                    raise Failure("incorrect", f"a timed call's output was wrong on re-check: {exc}")
+                reply["rechecked"] = True
+        return reply
+
+    def unload(self, msg: dict) -> dict:
+        tampered = integrity.changed_since(self.snapshot) if self.snapshot else []
+        extra_threads = integrity.thread_count() - self.threads_before_candidate
+        self.candidate = self.reference = None
+        self.round = {}
+        if self.candidate_module:
+            sys.modules.pop(self.candidate_module, None)
+        self.candidate_module = None
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return {"status": "ok", "tampered": tampered, "extra_threads": max(0, extra_threads)}
+
+    def hello(self, msg: dict) -> dict:
+        name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
+        return {"status": "ok", "pid": os.getpid(), "torch": torch.__version__, "device_name": name, "threads": torch.get_num_threads()}
+
+
+def main() -> None:
+    cmd_fd, res_fd = int(sys.argv[1]), int(sys.argv[2])
+    os.set_inheritable(cmd_fd, False)
+    os.set_inheritable(res_fd, False)
+    worker = Worker()
+    handlers = {
+        "hello": worker.hello,
+        "load_problem": worker.load_problem,
+        "load_candidate": worker.load_candidate,
+        "check": worker.check,
+        "prep": worker.prep,
+        "call": worker.call,
+        "unload": worker.unload,
+    }
+    while True:
+        try:
+            msg = protocol.recv(cmd_fd)
+        except protocol.ChannelClosed:
+            return
+        nonce = msg.get("nonce")
+        try:
+            reply = handlers[msg["cmd"]](msg)
+        except Failure as exc:
+            reply = {"status": exc.status, "message": str(exc), **exc.extra}
+        except SystemExit:
+            reply = {"status": "runtime_error", "message": "the candidate called sys.exit()"}
+        except BaseException as exc:  # a harness bug must not look like a candidate verdict
+            reply = {"status": "crashed", "message": "worker error: " + _short_error(exc)}
+            traceback.print_exc()
+        reply["nonce"] = nonce
+        protocol.send(res_fd, reply)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""Shared fixtures: one warm worker pool for the session, and a way to measure source strings."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from kernelscout.sandbox.harness import HarnessConfig
+from kernelscout.sandbox.pool import WorkerPool
+from kernelscout.tools.measure import MeasureRequest, measure
+from kernelscout.tools.schema import Measurement
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples"
+
+# Quick settings: correctness is exercised fully, timing only briefly.
+QUICK = HarnessConfig(timeout_s=20.0, compile_timeout_s=300.0, timing_budget_s=0.2, min_rounds=5, warmup_rounds=1)
+
+SMALL_PROBLEM = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x, y):
+        return torch.relu(x * self.scale + y) + 0.5 * x
+
+def get_inputs():
+    return [torch.randn(256, 512), torch.randn(256, 512)]
+
+def get_init_inputs():
+    return [1.5]
+'''
+
+GOOD_CANDIDATE = '''
+import torch
+import torch.nn as nn
+
+class ModelNew(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x, y):
+        return torch.relu(x * self.scale + y) + 0.5 * x
+'''
+
+
+@pytest.fixture(scope="session")
+def pool():
+    with WorkerPool() as p:
+        yield p
+
+
+@pytest.fixture
+def write(tmp_path: Path) -> Callable[[str, str], Path]:
+    def _write(name: str, source: str) -> Path:
+        path = tmp_path / name
+        path.write_text(textwrap.dedent(source))
+        return path
+
+    return _write
+
+
+@pytest.fixture
+def measure_source(tmp_path: Path, write, pool) -> Callable[..., Measurement]:
+    """Measure a candidate given as source text against a problem given as source text."""
+
+    def _measure(candidate: str, problem: str = SMALL_PROBLEM, config: HarnessConfig = QUICK, **kw) -> Measurement:
+        p = write("problem.py", problem)
+        c = write(kw.pop("name", "candidate.py"), candidate)
+        req = MeasureRequest(problem=str(p), candidate=str(c), device="cpu", run_dir=str(tmp_path / "run"), harness=config, again=True, **kw)
+        return measure(req, pool=pool)
+
+    return _measure

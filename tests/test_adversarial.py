@@ -1,0 +1,203 @@
+"""One test per known way to fool a harness (shared/notes/harnesses.md, section 0).
+
+Each attack must be caught: status incorrect (or invalid_problem for a weak reference), or
+timing_valid false with a reason. None may come back as a valid speedup.
+"""
+
+import pytest
+import torch
+
+from kernelscout.tools.schema import MeasureStatus
+from conftest import SMALL_PROBLEM
+
+
+def _caught(m) -> bool:
+    return m.status in (MeasureStatus.incorrect, MeasureStatus.invalid_problem) or (m.status == MeasureStatus.ok and not m.timing_valid and m.timing_invalid_reason)
+
+
+def _model(forward_body: str, header: str = "") -> str:
+    return f'''
+import torch
+import torch.nn as nn
+{header}
+
+class ModelNew(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x, y):
+{forward_body}
+'''
+
+
+def test_stale_output_buffer_is_incorrect(measure_source):
+    # Returns uninitialised memory, hoping the allocator hands back the reference's freed output.
+    m = measure_source(_model("        return torch.empty_like(x)"))
+    assert m.status == MeasureStatus.incorrect, m.message
+
+
+def test_result_cached_by_input_pointer_is_incorrect(measure_source):
+    body = """        key = (x.data_ptr(), y.data_ptr(), tuple(x.shape))
+        if key not in _CACHE:
+            _CACHE[key] = torch.relu(x * self.scale + y) + 0.5 * x
+        return _CACHE[key]"""
+    m = measure_source(_model(body, header="_CACHE = {}"))
+    assert m.status == MeasureStatus.incorrect, m.message
+
+
+def test_lazy_subclassed_output_is_incorrect(measure_source):
+    header = "class Deferred(torch.Tensor):\n    pass"
+    m = measure_source(_model("        return (torch.relu(x * self.scale + y) + 0.5 * x).as_subclass(Deferred)", header))
+    assert m.status == MeasureStatus.incorrect
+    assert "not a plain torch.Tensor" in m.message
+
+
+def test_zeros_fail_against_a_normal_reference(measure_source):
+    m = measure_source(_model("        return torch.zeros_like(x)"))
+    assert m.status == MeasureStatus.incorrect
+
+
+@pytest.mark.parametrize(
+    "forward, reason",
+    [
+        ("return torch.softmax(x, dim=-1).mean(dim=-1)", "nearly constant"),
+        ("return (x - x) + 1e-12 * torch.randn_like(x)", "~0"),
+        ("return torch.linspace(-1, 1, 4096).reshape(64, 64).sin()", "identical for different random inputs"),
+    ],
+)
+def test_weak_reference_is_flagged_before_any_candidate_is_trusted(measure_source, forward, reason):
+    problem = f'''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        {forward}
+
+def get_inputs():
+    return [torch.randn(64, 4096)]
+
+def get_init_inputs():
+    return []
+'''
+    zeros = "import torch\nimport torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return torch.zeros(1)\n"
+    m = measure_source(zeros, problem=problem)
+    assert m.status == MeasureStatus.invalid_problem
+    assert "too weak" in m.message and reason in m.message
+    assert not m.charged
+
+
+def test_returning_an_input_is_incorrect(measure_source):
+    m = measure_source(_model("        x.mul_(self.scale).add_(y).relu_()\n        return x"))
+    assert m.status == MeasureStatus.incorrect
+    assert "shares memory with an input" in m.message
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="side streams need a CUDA device")
+def test_side_stream_work_is_not_a_valid_timing(tmp_path, write, pool):
+    from kernelscout.tools.measure import MeasureRequest, measure
+    from conftest import QUICK
+
+    problem = write("problem.py", """
+import torch
+import torch.nn as nn
+class Model(nn.Module):
+    def forward(self, a, b):
+        return a @ b
+def get_inputs():
+    return [torch.randn(4096, 4096), torch.randn(4096, 4096)]
+def get_init_inputs():
+    return []
+""")
+    cand = write("cand.py", """
+import torch
+import torch.nn as nn
+_side = None
+class ModelNew(nn.Module):
+    def forward(self, a, b):
+        global _side
+        _side = _side or torch.cuda.Stream()
+        out = torch.empty(a.shape[0], b.shape[1], device=a.device)
+        with torch.cuda.stream(_side):
+            torch.matmul(a, b, out=out)
+        return out
+""")
+    m = measure(MeasureRequest(problem=str(problem), candidate=str(cand), device="cuda", run_dir=str(tmp_path / "run"), harness=QUICK), pool=pool)
+    assert _caught(m), m
+
+
+def test_timer_replaced_at_import_is_incorrect(measure_source):
+    header = "import time\ntime.perf_counter_ns = lambda: 0\ntime.perf_counter = lambda: 0.0"
+    m = measure_source(_model("        return torch.relu(x * self.scale + y) + 0.5 * x", header))
+    assert m.status == MeasureStatus.incorrect
+    assert "time.perf_counter" in m.message
+
+
+def test_timer_replaced_during_forward_invalidates_the_timing(measure_source):
+    header = "import time\nimport torch.cuda\n_patched = []"
+    body = """        if not _patched:
+            real = time.perf_counter_ns
+            time.perf_counter_ns = lambda: real() // 1000
+            torch.cuda.Event.elapsed_time = lambda self, end: 1e-6
+            _patched.append(1)
+        return torch.relu(x * self.scale + y) + 0.5 * x"""
+    m = measure_source(_model(body, header))
+    assert _caught(m), m
+    assert "perf_counter_ns" in (m.timing_invalid_reason or m.message)
+
+
+MATMUL_PROBLEM = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, a, b):
+        return a @ b
+
+def get_inputs():
+    return [torch.randn(256, 512), torch.randn(512, 256)]
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_precision_downgrade_to_bf16_is_incorrect(measure_source):
+    cand = "import torch\nimport torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, a, b):\n        return (a.bfloat16() @ b.bfloat16()).float()\n"
+    m = measure_source(cand, problem=MATMUL_PROBLEM)
+    assert m.status == MeasureStatus.incorrect
+    assert "differs from the reference" in m.message
+
+
+def test_switching_on_tf32_is_incorrect(measure_source):
+    cand = ("import torch\nimport torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, a, b):\n"
+            "        torch.backends.cuda.matmul.allow_tf32 = True\n        return a @ b\n")
+    m = measure_source(cand, problem=MATMUL_PROBLEM)
+    assert m.status == MeasureStatus.incorrect
+    assert "TF32" in m.message
+
+
+def test_work_left_running_on_a_thread_invalidates_the_timing(measure_source):
+    header = "import threading\nimport time"
+    body = """        out = torch.relu(x * self.scale + y) + 0.5 * x
+        threading.Thread(target=time.sleep, args=(0.05,), daemon=True).start()
+        return out"""
+    m = measure_source(_model(body, header))
+    assert _caught(m), m
+    assert "thread" in (m.timing_invalid_reason or "")
+
+
+def test_printed_or_injected_fake_results_do_nothing(measure_source):
+    header = "import os\nimport json\nimport struct\n_FAKE = json.dumps({'status': 'ok', 'timer_ms': 1e-6, 'host_ms': 1e-6, 'speedup': 1000.0}).encode()"
+    body = """        print(json.dumps({'status': 'ok', 'correct': True, 'speedup': 1000.0}), flush=True)
+        for fd in range(3, 64):
+            try:
+                os.write(fd, struct.pack('!I', len(_FAKE)) + _FAKE)
+            except OSError:
+                pass
+        return torch.zeros_like(x)"""
+    m = measure_source(_model(body, header))
+    assert m.status != MeasureStatus.ok, m
+    assert not m.correct

@@ -1,0 +1,80 @@
+"""A candidate that hangs, segfaults, exhausts memory or exits gets its status, and the next measurement still works."""
+
+import time
+
+import pytest
+
+from kernelscout.sandbox.harness import HarnessConfig
+from kernelscout.tools.schema import MeasureStatus
+from conftest import GOOD_CANDIDATE, QUICK
+
+FAST_TIMEOUT = QUICK.model_copy(update={"timeout_s": 5.0})
+
+
+def _candidate_with(body: str, imports: str = "") -> str:
+    return f'''
+import torch
+import torch.nn as nn
+{imports}
+
+class ModelNew(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x, y):
+{body}
+        return torch.relu(x * self.scale + y) + 0.5 * x
+'''
+
+
+def _then_healthy(measure_source):
+    m = measure_source(GOOD_CANDIDATE, name="after.py")
+    assert m.status == MeasureStatus.ok, m.message
+
+
+def test_infinite_loop_times_out_within_the_limit(measure_source):
+    t0 = time.monotonic()
+    m = measure_source(_candidate_with("        while True:\n            pass"), config=FAST_TIMEOUT)
+    assert m.status == MeasureStatus.timeout
+    assert "5 s" in m.message and "killed" in m.message
+    assert time.monotonic() - t0 < 5.0 + 15.0
+    assert m.charged
+    _then_healthy(measure_source)
+
+
+def test_segfault_is_reported_as_a_crash(measure_source):
+    m = measure_source(_candidate_with("        ctypes.string_at(0)", imports="import ctypes"), config=FAST_TIMEOUT)
+    assert m.status == MeasureStatus.crashed
+    assert "SIGSEGV" in m.message
+    _then_healthy(measure_source)
+
+
+def test_huge_allocation_is_a_runtime_error(measure_source):
+    m = measure_source(_candidate_with("        big = torch.empty(50 * 2**30, dtype=torch.uint8)\n        big.fill_(1)"), config=FAST_TIMEOUT)
+    assert m.status == MeasureStatus.runtime_error
+    assert "memory" in m.message
+    _then_healthy(measure_source)
+
+
+def test_os_exit_is_reported_as_a_crash(measure_source):
+    m = measure_source(_candidate_with("        os._exit(3)", imports="import os"), config=FAST_TIMEOUT)
+    assert m.status == MeasureStatus.crashed
+    assert "exited with code 3" in m.message
+    _then_healthy(measure_source)
+
+
+def test_hang_at_import_is_a_timeout_and_not_charged(measure_source):
+    config = FAST_TIMEOUT.model_copy(update={"compile_timeout_s": 3.0})
+    m = measure_source("import time\nwhile True:\n    time.sleep(0.1)\n" + GOOD_CANDIDATE, config=config)
+    assert m.status == MeasureStatus.timeout
+    assert "importing" in m.message
+    assert not m.charged
+    _then_healthy(measure_source)
+
+
+def test_sys_exit_during_forward_is_a_runtime_error(measure_source):
+    m = measure_source(_candidate_with("        sys.exit(0)", imports="import sys"), config=FAST_TIMEOUT)
+    assert m.status == MeasureStatus.runtime_error
+    assert "sys.exit" in m.message
+    _then_healthy(measure_source)

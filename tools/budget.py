@@ -1,0 +1,99 @@
+"""The measurement ledger: a cap that no process, adapter or crash can exceed.
+
+A measurement is *reserved* before the device is touched and *settled* (charged or released)
+afterwards. Reservations count as spent, so a process killed mid-measurement can only
+under-spend. A reservation left by a dead process is adopted by the next request for the same
+measurement key, so resuming never pays twice for one measurement.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from kernelscout.tools.rundir import RunDir
+from kernelscout.tools.schema import BudgetStatus
+
+
+class BudgetExhausted(Exception):
+    def __init__(self, status: BudgetStatus):
+        self.status = status
+        super().__init__(
+            f"the measurement budget is spent: {status.used} of {status.cap} used"
+            + (f" ({status.reserved} in flight)" if status.reserved else "")
+            + "; raise it with --budget on a new run, or `kscout budget set RUN_DIR N`"
+        )
+
+
+@dataclass(frozen=True)
+class Reservation:
+    id: int
+    key: str
+    adopted: bool = False
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Budget:
+    def __init__(self, run: RunDir):
+        self.run = run
+
+    @property
+    def cap(self) -> Optional[int]:
+        value = self.run.get_meta("measurement_cap")
+        return None if value in (None, "") else int(value)
+
+    def set_cap(self, cap: Optional[int]) -> None:
+        if cap is not None and cap < 0:
+            raise ValueError("a measurement budget cannot be negative")
+        self.run.set_meta("measurement_cap", "" if cap is None else str(cap))
+
+    def status(self) -> BudgetStatus:
+        with self.run.connect() as db:
+            return self._status(db)
+
+    def _status(self, db) -> BudgetStatus:
+        counts = dict(db.execute("SELECT state, COUNT(*) FROM ledger GROUP BY state").fetchall())
+        charged, reserved = counts.get("charged", 0), counts.get("reserved", 0)
+        row = db.execute("SELECT value FROM meta WHERE key = 'measurement_cap'").fetchone()
+        cap = int(row[0]) if row and row[0] not in (None, "") else None
+        used = charged + reserved
+        return BudgetStatus(cap=cap, used=used, reserved=reserved, remaining=None if cap is None else max(0, cap - used))
+
+    def reserve(self, key: str) -> Reservation:
+        host = socket.gethostname()
+        with self.run.transaction() as db:
+            for rid, pid, owner_host in db.execute(
+                "SELECT id, owner_pid, owner_host FROM ledger WHERE key = ? AND state = 'reserved'", (key,)
+            ).fetchall():
+                if owner_host == host and not _pid_alive(pid):
+                    db.execute("UPDATE ledger SET owner_pid = ? WHERE id = ?", (os.getpid(), rid))
+                    return Reservation(rid, key, adopted=True)
+            status = self._status(db)
+            if status.cap is not None and status.used >= status.cap:
+                raise BudgetExhausted(status)
+            cur = db.execute(
+                "INSERT INTO ledger (key, state, owner_pid, owner_host, created) VALUES (?, 'reserved', ?, ?, ?)",
+                (key, os.getpid(), host, time.time()),
+            )
+            return Reservation(cur.lastrowid, key)
+
+    def settle(self, reservation: Reservation, charged: bool, db=None) -> None:
+        sql = "UPDATE ledger SET state = ?, settled = ? WHERE id = ? AND state = 'reserved'"
+        args = ("charged" if charged else "released", time.time(), reservation.id)
+        if db is not None:
+            db.execute(sql, args)
+        else:
+            with self.run.transaction() as tx:
+                tx.execute(sql, args)

@@ -1,0 +1,130 @@
+"""The `measure` tool: verify a candidate against its problem and time both, under the run's budget.
+
+Plain Python with pydantic input and output; the CLI, the MCP server and the agent graph all
+call `measure()`, so the budget is enforced here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Optional
+
+from pydantic import BaseModel, Field
+
+from kernelscout.sandbox.harness import HarnessConfig, run_measurement
+from kernelscout.sandbox.pool import WorkerPool
+from kernelscout.sandbox.problem import InputFileError, load_candidate, load_problem
+from kernelscout.tools.budget import Budget, BudgetExhausted
+from kernelscout.tools.rundir import RunDir
+from kernelscout.tools.schema import Measurement, MeasureStatus
+
+HARNESS_VERSION = "1"
+DEFAULT_RUN_DIR = Path("runs") / "scratch"
+
+
+class MeasureRequest(BaseModel):
+    problem: str = Field(description="path of a KernelBench problem file (class Model, get_inputs, get_init_inputs)")
+    candidate: str = Field(description="path of a candidate module defining class ModelNew")
+    device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
+    run_dir: Optional[str] = Field(None, description=f"run directory holding the ledger (default {DEFAULT_RUN_DIR})")
+    budget: Optional[int] = Field(None, ge=0, description="measurement cap to set on the run directory")
+    again: bool = Field(False, description="spend a new measurement even if this exact candidate was measured here")
+    harness: HarnessConfig = Field(default_factory=HarnessConfig)
+
+
+def resolve_device(device: str) -> str:
+    if device != "auto":
+        if device.startswith("cuda"):
+            import torch
+
+            if not torch.cuda.is_available():
+                raise InputFileError(device, "no CUDA device is visible here; use --device cpu or --device auto", "invalid_problem")
+        elif device != "cpu":
+            raise InputFileError(device, "unknown device; use auto, cpu, cuda or cuda:N", "invalid_problem")
+        return device
+    try:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    except ImportError:
+        return "cpu"
+
+
+def measurement_key(problem_sha: str, candidate_sha: str, device: str) -> str:
+    return hashlib.sha256(f"{HARNESS_VERSION}|{problem_sha}|{candidate_sha}|{device}".encode()).hexdigest()
+
+
+def open_run(run_dir: Optional[str], budget: Optional[int]) -> RunDir:
+    run = RunDir(run_dir or DEFAULT_RUN_DIR)
+    if budget is not None:
+        ledger = Budget(run)
+        current = ledger.cap
+        if current is None or budget != current:
+            ledger.set_cap(budget)
+    return run
+
+
+def measure(request: MeasureRequest, pool: Optional[WorkerPool] = None) -> Measurement:
+    """Measure one candidate. Never raises for bad input: the status and message say what went wrong."""
+    try:
+        device = resolve_device(request.device)
+        problem = load_problem(request.problem)
+        candidate = load_candidate(request.candidate)
+    except InputFileError as exc:
+        return Measurement(status=MeasureStatus(exc.kind), message=str(exc), device=request.device)
+    run = open_run(request.run_dir, request.budget)
+    ledger = Budget(run)
+    key = measurement_key(problem.sha, candidate.sha, device)
+    if not request.again:
+        previous = find_measurement(run, key)
+        if previous is not None:
+            previous.charged = False
+            previous.message = f"already measured in this run (measurement #{previous.measurement_id}); pass --again to spend a new one. {previous.message}"
+            return previous
+    try:
+        reservation = ledger.reserve(key)
+    except BudgetExhausted as exc:
+        run.event("budget_exhausted", candidate=str(candidate.path), budget=exc.status.model_dump())
+        return Measurement(status=MeasureStatus.budget_exhausted, message=str(exc), device=device, candidate_sha=candidate.sha)
+    run.event("measure_start", candidate=str(candidate.path), problem=str(problem.path), device=device, reservation=reservation.id, adopted=reservation.adopted)
+    run.save_kernel(candidate.sha, candidate.source)
+    config = request.harness.model_copy(update={"device": device})
+    own_pool = pool is None
+    pool = pool or WorkerPool()
+    try:
+        # If this raises or the process dies, the reservation stays: it counts as spent and
+        # a later request for the same key adopts it, so nothing is over-spent or paid twice.
+        result = run_measurement(pool, problem, candidate, config)
+    finally:
+        if own_pool:
+            pool.close()
+    with run.transaction() as db:
+        ledger.settle(reservation, result.charged, db=db)
+        cur = db.execute(
+            "INSERT INTO measurements (ledger_id, key, problem_sha, candidate_sha, problem_path, candidate_path, device, status, charged, speedup, result_json, created)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (reservation.id, key, problem.sha, candidate.sha, str(problem.path), str(candidate.path), device,
+             result.status.value, int(result.charged), result.speedup, "", time.time()),
+        )
+        result.measurement_id = cur.lastrowid
+        db.execute("UPDATE measurements SET result_json = ? WHERE id = ?", (result.model_dump_json(), result.measurement_id))
+    run.event("measure_end", measurement_id=result.measurement_id, status=result.status.value, charged=result.charged,
+              speedup=result.speedup, timing_valid=result.timing_valid)
+    return result
+
+
+def find_measurement(run: RunDir, key: str) -> Optional[Measurement]:
+    with run.connect() as db:
+        row = db.execute(
+            "SELECT result_json FROM measurements WHERE key = ? AND status != 'budget_exhausted' ORDER BY id DESC LIMIT 1", (key,)
+        ).fetchone()
+    return Measurement.model_validate(json.loads(row[0])) if row else None
+
+
+def list_measurements(run: RunDir) -> list[Measurement]:
+    with run.connect() as db:
+        rows = db.execute("SELECT result_json FROM measurements ORDER BY id").fetchall()
+    return [Measurement.model_validate(json.loads(r[0])) for r in rows]

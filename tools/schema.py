@@ -1,0 +1,63 @@
+"""Pydantic models that cross a boundary: CLI JSON, MCP structured content, LangGraph state, SQLite rows.
+
+One definition serves all three faces of each tool, so a field added here shows up everywhere.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Optional
+
+from pydantic import BaseModel, Field
+
+
+class MeasureStatus(str, Enum):
+    ok = "ok"
+    incorrect = "incorrect"
+    compile_error = "compile_error"
+    runtime_error = "runtime_error"
+    timeout = "timeout"
+    crashed = "crashed"
+    budget_exhausted = "budget_exhausted"
+    invalid_problem = "invalid_problem"
+
+
+class TimingStats(BaseModel):
+    """Per-call times of one side (reference or candidate), in milliseconds."""
+
+    median_ms: float
+    iqr_ms: float
+    mean_ms: float
+    min_ms: float
+    repeats: int
+
+
+class Measurement(BaseModel):
+    """What one `measure` call found. Every runtime here was measured, never predicted."""
+
+    status: MeasureStatus
+    correct: bool = False
+    runtime_ms: Optional[float] = Field(None, description="median per-call time of the candidate")
+    ref_runtime_ms: Optional[float] = Field(None, description="median per-call time of the reference, same session")
+    speedup: Optional[float] = Field(None, description="ref_runtime_ms / runtime_ms, a same-run ratio")
+    timing_valid: bool = False
+    timing_invalid_reason: Optional[str] = None
+    charged: bool = False
+    device: str = "cpu"
+    message: str = ""
+    candidate_timing: Optional[TimingStats] = None
+    reference_timing: Optional[TimingStats] = None
+    checks: list[str] = Field(default_factory=list, description="correctness and integrity checks that ran")
+    warnings: list[str] = Field(default_factory=list)
+    measurement_id: Optional[int] = None
+    candidate_sha: Optional[str] = None
+    wall_s: Optional[float] = Field(None, description="supervisor-side wall time of the whole measurement")
+
+
+class BudgetStatus(BaseModel):
+    """The measurement ledger of a run directory."""
+
+    cap: Optional[int] = Field(None, description="measurement cap; None means uncapped")
+    used: int = 0
+    reserved: int = 0
+    remaining: Optional[int] = None

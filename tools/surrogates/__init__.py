@@ -1,0 +1,1 @@
+"""Surrogates that forecast a candidate's speedup before it is measured."""
