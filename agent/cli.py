@@ -57,7 +57,7 @@ def measure(
         harness=HarnessConfig(timeout_s=timeout, timing_budget_s=timing_budget),
     )
     if not as_json:
-        err.print(f"[dim]measuring {candidate} against {problem} ...[/dim]")
+        err.print(f"[dim]measuring {candidate} against {problem} ...[/dim]", soft_wrap=True)
     result = run_measure(request)
     if as_json:
         print(result.model_dump_json())
@@ -80,7 +80,7 @@ def _print_measurement(m) -> None:
     table.add_row("device", m.device)
     out.print(table)
     if m.status.value != "ok":
-        out.print(m.message, markup=False, highlight=False)
+        out.print(m.message, markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()
