@@ -53,6 +53,7 @@ def clean_env(device: str, threads: int, memory_bytes: int, workdir: Path) -> di
         KSCOUT_WORKER_MEMORY_BYTES=str(memory_bytes),
         TORCH_EXTENSIONS_DIR=str(CACHE_DIR / "torch_extensions"),
         TRITON_CACHE_DIR=str(CACHE_DIR / "triton"),
+        TORCHINDUCTOR_CACHE_DIR=str(CACHE_DIR / "inductor"),
     )
     if device.startswith("cpu"):
         env["TRITON_INTERPRET"] = "1"  # the only way a Triton kernel runs without a GPU

@@ -1,0 +1,47 @@
+"""Every example candidate is correct; the CPU-runnable fast ones are genuinely faster, measured."""
+
+from pathlib import Path
+
+import pytest
+
+from kernelscout.sandbox.harness import HarnessConfig
+from kernelscout.sandbox.problem import load_candidate
+from kernelscout.tools.measure import MeasureRequest, measure
+from kernelscout.tools.schema import MeasureStatus
+from conftest import EXAMPLES
+
+PAIRS = sorted(
+    (problem, cand)
+    for problem in EXAMPLES.glob("*/problem.py")
+    for cand in problem.parent.glob("*.py")
+    if cand.name != "problem.py"
+)
+CONFIG = HarnessConfig(timeout_s=300.0, timing_budget_s=0.5, min_rounds=10)
+
+
+def test_there_are_at_least_six_problems_each_with_naive_and_fast():
+    problems = {p.parent.name for p, _ in PAIRS}
+    assert len(problems) >= 6
+    for name in problems:
+        names = {c.name for p, c in PAIRS if p.parent.name == name}
+        assert {"naive.py", "fast.py"} <= names, name
+
+
+def test_examples_include_triton_and_cpu_native_kernels():
+    sources = [c.read_text() for _, c in PAIRS]
+    assert any("@triton.jit" in s for s in sources)
+    assert any("load_inline" in s for s in sources)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("problem, candidate", PAIRS, ids=[f"{p.parent.name}/{c.name}" for p, c in PAIRS])
+def test_example_candidate_is_correct(problem: Path, candidate: Path, pool, tmp_path):
+    m = measure(MeasureRequest(problem=str(problem), candidate=str(candidate), device="cpu", run_dir=str(tmp_path / "run"), harness=CONFIG), pool=pool)
+    assert m.status == MeasureStatus.ok, m.message
+    assert m.correct
+    if load_candidate(candidate).uses_triton:
+        assert not m.timing_valid and "interpreter" in m.timing_invalid_reason
+    else:
+        assert m.timing_valid, m.timing_invalid_reason
+        if candidate.name == "fast.py":
+            assert m.speedup > 1.0, f"{candidate}: {m.message}"
