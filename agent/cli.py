@@ -105,6 +105,78 @@ def budget(
                   + ("" if status.remaining is None else f", {status.remaining} left"))
 
 
+@app.command()
+def optimize(
+    problem: Optional[str] = typer.Argument(None, help="KernelBench problem file, or a folder holding problem.py"),
+    space: Optional[str] = typer.Option(None, "--space", help="search a recorded Kernel Tuner space on the replay device instead"),
+    budget: int = typer.Option(10, help="hard cap on measurements"),
+    policy: str = typer.Option("auto", help="auto, tuner or llm"),
+    surrogate: str = typer.Option("auto", help="auto, learned, llm or none"),
+    device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N"),
+    run_dir: Optional[str] = typer.Option(None, "--run-dir", help="run directory [default: runs/<name>-<time>]"),
+    seed: int = typer.Option(0, help="seed of the search policy"),
+    proposals: int = typer.Option(6, help="candidates proposed per iteration"),
+    patience: int = typer.Option(0, help="stop after this many measurements without a new best (0: never)"),
+    max_wall: Optional[float] = typer.Option(None, "--max-wall", help="stop after this many seconds"),
+    warm_start: list[str] = typer.Option([], "--warm-start", help="recorded space of the same kernel on another device (repeatable)"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object at the end"),
+) -> None:
+    """Search for a faster verified kernel within a hard measurement budget."""
+    from kernelscout.agent.runner import OptimizeError, start_search
+
+    try:
+        result = start_search(problem=problem, space=space, budget=budget, policy=policy, surrogate=surrogate, device=device,
+                              run_dir=run_dir, seed=seed, proposals=proposals, patience=patience, max_wall=max_wall,
+                              warm_start=warm_start, quiet=as_json)
+    except OptimizeError as exc:
+        if as_json:
+            print(json.dumps({"status": "failed", "message": str(exc)}))
+        else:
+            err.print(f"[red]error:[/red] {exc}", soft_wrap=True)
+        raise typer.Exit(2)
+    _finish_search(result, as_json)
+
+
+@app.command()
+def resume(
+    run_dir: str = typer.Argument(..., help="run directory of an interrupted search"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object at the end"),
+) -> None:
+    """Continue a search after an interruption: no measurement lost, none repeated, no budget spent twice."""
+    from kernelscout.agent.runner import OptimizeError, resume_search
+
+    try:
+        result = resume_search(run_dir, quiet=as_json)
+    except OptimizeError as exc:
+        err.print(f"[red]error:[/red] {exc}", soft_wrap=True)
+        raise typer.Exit(2)
+    _finish_search(result, as_json)
+
+
+def _finish_search(result, as_json: bool) -> None:
+    if as_json:
+        print(result.model_dump_json())
+        return
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_row("result", result.message)
+    table.add_row("stopped because", result.stop_reason or "-")
+    table.add_row("measurements", str(result.measurements_used))
+    table.add_row("considered", f"{result.candidates_considered} ({result.considered_per_measurement:.1f} per measurement)")
+    if result.best_path:
+        table.add_row("best kernel", result.best_path)
+    table.add_row("run directory", result.run_dir)
+    out.print(table)
+
+
+def _register_tool_commands() -> None:
+    from kernelscout.agent import cli_sol
+
+    cli_sol.register(app)
+
+
+_register_tool_commands()
+
+
 def main() -> None:
     try:
         app()

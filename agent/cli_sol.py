@@ -1,0 +1,71 @@
+"""`kscout sol`: the speed-of-light bound of a problem, as a command.
+
+Kept out of agent/cli.py so the command and its rendering live next to nothing else; cli.py calls
+`register(app)`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import typer
+
+if TYPE_CHECKING:
+    from kernelscout.tools.sol import SolBounds
+
+
+def _time(ms: float) -> str:
+    if ms >= 1 or ms == 0:
+        return f"{ms:.4g} ms"
+    return f"{ms * 1e3:.4g} µs" if ms >= 1e-3 else f"{ms * 1e6:.4g} ns"
+
+
+def render_bounds(bounds: SolBounds) -> str:
+    """The bound as a few aligned lines for a terminal."""
+    from kernelscout.tools.sol import format_si
+
+    precision = bounds.precision + (" (TF32 off)" if bounds.precision == "fp32" else "")
+    intensity = "-" if bounds.arithmetic_intensity is None else f"{bounds.arithmetic_intensity:.3g} FLOP/B"
+    other = f"memory side {_time(bounds.memory_ms)}" if bounds.bound == "compute" else f"compute side {_time(bounds.compute_ms)}"
+    rows = [
+        ("problem", bounds.problem),
+        ("device", f"{bounds.device} [{bounds.device_key}]"),
+        ("precision", precision),
+        ("FLOPs", format_si(bounds.flops, "FLOP") + (f" (counted on real {bounds.counted_on} tensors)" if bounds.counted_on != "meta" else "")),
+        ("min bytes", (
+            f"{format_si(bounds.min_bytes, 'B')} (inputs {format_si(bounds.input_bytes, 'B')}, "
+            f"outputs {format_si(bounds.output_bytes, 'B')}, parameters {format_si(bounds.param_bytes, 'B')})"
+        )),
+        ("intensity", f"{intensity} (ridge {bounds.ridge_intensity:.3g} FLOP/B)"),
+        ("peaks", f"{format_si(bounds.peak_flops, 'FLOP/s')}, {format_si(bounds.peak_bandwidth, 'B/s')}"),
+        ("speed of light", f"{_time(bounds.time_ms)}, {bounds.bound}-bound ({other})"),
+    ]
+    lines = [f"{name:<15} {value}" for name, value in rows]
+    lines += [f"{'note':<15} {note}" for note in bounds.notes]
+    return "\n".join(lines)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `sol` command to a typer app."""
+
+    @app.command("sol")
+    def sol(
+        problem: str = typer.Argument(..., help="KernelBench problem file (class Model, get_inputs, get_init_inputs)"),
+        device: str = typer.Option(
+            "auto", help="auto, cpu, cuda[:N], or a GPU name: as torch reports it or short (H100, A100, A4000, MI250X, RTX_3090)"
+        ),
+        tf32: bool = typer.Option(False, "--tf32", help="allow TF32 for fp32 matmuls (the harness pins it off)"),
+        timeout: float = typer.Option(180.0, help="seconds allowed for counting the problem's FLOPs"),
+        as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    ) -> None:
+        """Speed of light: the least time any kernel could take for PROBLEM on a device."""
+        from kernelscout.sandbox.problem import InputFileError
+        from kernelscout.tools.device_specs import UnknownDeviceError
+        from kernelscout.tools.sol import SolRequest, sol_bounds
+
+        try:
+            bounds = sol_bounds(SolRequest(problem=problem, device=device, tf32=tf32, timeout_s=timeout))
+        except (InputFileError, UnknownDeviceError) as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2)
+        typer.echo(bounds.model_dump_json() if as_json else render_bounds(bounds))
