@@ -57,14 +57,34 @@ def snapshot() -> dict[str, dict[str, int]]:
     return {label: _entries(obj) for label, obj in _watched()}
 
 
+_TRUSTED_DIRS = tuple(
+    os.path.dirname(m.__file__) + os.sep for m in (torch,) if getattr(m, "__file__", None)
+)
+
+
+def _defined_by_library(value: Any) -> bool:
+    """True when a replacement comes from PyTorch's own code (torch.compile patches nn.Module lazily)."""
+    fn = getattr(value, "__func__", value)
+    fn = getattr(fn, "__wrapped__", fn)
+    code = getattr(fn, "__code__", None)
+    return code is not None and code.co_filename.startswith(_TRUSTED_DIRS)
+
+
 def changed_since(before: dict[str, dict[str, int]]) -> list[str]:
-    """Names whose object was replaced (new names, e.g. lazily imported submodules, are not tampering)."""
+    """Names whose object was replaced by candidate code.
+
+    New names (lazily imported submodules) are not tampering, and neither are replacements whose
+    code lives inside PyTorch itself: importing torch._dynamo rewraps a few nn.Module methods.
+    """
     after = snapshot()
+    spaces = dict(_watched())
     changes = []
     for label, entries in before.items():
         now = after.get(label, {})
         for name, ident in entries.items():
             if name in now and now[name] != ident:
+                if _defined_by_library(vars(spaces[label]).get(name)):
+                    continue
                 changes.append(f"{label}.{name}")
             elif name not in now:
                 changes.append(f"{label}.{name} (deleted)")

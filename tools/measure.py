@@ -10,7 +10,7 @@ import hashlib
 import json
 import time
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from pydantic import BaseModel, Field
 
@@ -20,6 +20,11 @@ from kernelscout.sandbox.problem import InputFileError, load_candidate, load_pro
 from kernelscout.tools.budget import Budget, BudgetExhausted
 from kernelscout.tools.rundir import RunDir
 from kernelscout.tools.schema import Measurement, MeasureStatus
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from kernelscout.sandbox.replay import ReplaySpace
 
 HARNESS_VERSION = "1"
 DEFAULT_RUN_DIR = Path("runs") / "scratch"
@@ -76,37 +81,61 @@ def measure(request: MeasureRequest, pool: Optional[WorkerPool] = None) -> Measu
     except InputFileError as exc:
         return Measurement(status=MeasureStatus(exc.kind), message=str(exc), device=request.device)
     run = open_run(request.run_dir, request.budget)
-    ledger = Budget(run)
     key = measurement_key(problem.sha, candidate.sha, device)
-    if not request.again:
-        previous = find_measurement(run, key)
+    run.save_kernel(candidate.sha, candidate.source)
+    config = request.harness.model_copy(update={"device": device})
+
+    def run_in_sandbox() -> Measurement:
+        own_pool = pool is None
+        active = pool or WorkerPool()
+        try:
+            return run_measurement(active, problem, candidate, config)
+        finally:
+            if own_pool:
+                active.close()
+
+    record = MeasurementRecord(key=key, problem_sha=problem.sha, candidate_sha=candidate.sha, problem_path=str(problem.path),
+                               candidate_path=str(candidate.path), device=device)
+    return ledgered(run, record, run_in_sandbox, again=request.again)
+
+
+class MeasurementRecord(BaseModel):
+    """What identifies a measurement in the run's table; the key makes repeats and resumes idempotent."""
+
+    key: str
+    problem_sha: str
+    candidate_sha: str
+    problem_path: str
+    candidate_path: str
+    device: str
+
+
+def ledgered(run: RunDir, record: MeasurementRecord, do_measure: Callable[[], Measurement], again: bool = False) -> Measurement:
+    """Reserve, measure, then settle and store in one transaction: the one path every device goes through."""
+    if not again:
+        previous = find_measurement(run, record.key)
         if previous is not None:
             previous.charged = False
             previous.message = f"already measured in this run (measurement #{previous.measurement_id}); pass --again to spend a new one. {previous.message}"
             return previous
+    ledger = Budget(run)
     try:
-        reservation = ledger.reserve(key)
+        reservation = ledger.reserve(record.key)
     except BudgetExhausted as exc:
-        run.event("budget_exhausted", candidate=str(candidate.path), budget=exc.status.model_dump())
-        return Measurement(status=MeasureStatus.budget_exhausted, message=str(exc), device=device, candidate_sha=candidate.sha)
-    run.event("measure_start", candidate=str(candidate.path), problem=str(problem.path), device=device, reservation=reservation.id, adopted=reservation.adopted)
-    run.save_kernel(candidate.sha, candidate.source)
-    config = request.harness.model_copy(update={"device": device})
-    own_pool = pool is None
-    pool = pool or WorkerPool()
-    try:
-        # If this raises or the process dies, the reservation stays: it counts as spent and
-        # a later request for the same key adopts it, so nothing is over-spent or paid twice.
-        result = run_measurement(pool, problem, candidate, config)
-    finally:
-        if own_pool:
-            pool.close()
+        run.event("budget_exhausted", candidate=record.candidate_path, budget=exc.status.model_dump())
+        return Measurement(status=MeasureStatus.budget_exhausted, message=str(exc), device=record.device, candidate_sha=record.candidate_sha)
+    run.event("measure_start", candidate=record.candidate_path, problem=record.problem_path, device=record.device,
+              reservation=reservation.id, adopted=reservation.adopted)
+    # If this raises or the process dies, the reservation stays: it counts as spent and a later
+    # request for the same key adopts it, so nothing is over-spent or paid twice.
+    result = do_measure()
+    result.candidate_sha = record.candidate_sha
     with run.transaction() as db:
         ledger.settle(reservation, result.charged, db=db)
         cur = db.execute(
             "INSERT INTO measurements (ledger_id, key, problem_sha, candidate_sha, problem_path, candidate_path, device, status, charged, speedup, result_json, created)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (reservation.id, key, problem.sha, candidate.sha, str(problem.path), str(candidate.path), device,
+            (reservation.id, record.key, record.problem_sha, record.candidate_sha, record.problem_path, record.candidate_path, record.device,
              result.status.value, int(result.charged), result.speedup, "", time.time()),
         )
         result.measurement_id = cur.lastrowid
@@ -114,6 +143,27 @@ def measure(request: MeasureRequest, pool: Optional[WorkerPool] = None) -> Measu
     run.event("measure_end", measurement_id=result.measurement_id, status=result.status.value, charged=result.charged,
               speedup=result.speedup, timing_valid=result.timing_valid)
     return result
+
+
+def measure_replay(space: "ReplaySpace", config: dict, run: RunDir, reference: Optional[dict] = None,
+                   rng: Optional["np.random.Generator"] = None, again: bool = False) -> Measurement:
+    """Measure a configuration of a recorded space under the same ledger as a real device."""
+    import numpy as np
+
+    from kernelscout.sandbox.replay import ReplayDevice
+
+    device = ReplayDevice(space)
+    if space.index_of(config) is None:  # outside the space: nothing would have run, nothing is charged
+        return device.measure(config, rng or np.random.default_rng())
+    config_text = json.dumps({k: config[k] for k in space.param_names}, default=str)
+    sha = hashlib.sha256(config_text.encode()).hexdigest()
+    space_sha = hashlib.sha256(str(space.path.resolve()).encode()).hexdigest()
+    ref_text = json.dumps(reference, sort_keys=True, default=str) if reference else ""
+    key = measurement_key(space_sha, sha + ref_text, device.device)
+    seed = int(key[:8], 16)  # replaying the same key after a crash draws the same repeats
+    record = MeasurementRecord(key=key, problem_sha=space_sha, candidate_sha=sha, problem_path=str(space.path),
+                               candidate_path=config_text, device=device.device)
+    return ledgered(run, record, lambda: device.measure(config, rng or np.random.default_rng(seed), reference=reference), again=again)
 
 
 def find_measurement(run: RunDir, key: str) -> Optional[Measurement]:

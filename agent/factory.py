@@ -1,0 +1,48 @@
+"""Pluggable by name: targets, policies and forecasters built from a stored SearchSpec."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kernelscout.agent.forecaster import Forecaster, make_forecaster
+from kernelscout.agent.session import SearchSpec
+from kernelscout.agent.targets import CodeTarget, ReplayTarget, reference_ms
+from kernelscout.tools.rundir import RunDir
+
+
+def make_target(spec: SearchSpec, run: RunDir, pool: Any = None):
+    if spec.kind == "space":
+        from kernelscout.sandbox.replay import ReplaySpace
+
+        return ReplayTarget(ReplaySpace.load(spec.path), run, seed=spec.settings.seed)
+    return CodeTarget(Path(spec.path), spec.device, run, pool=pool)
+
+
+def make_policy(spec: SearchSpec, target: Any):
+    if spec.kind == "space":
+        from kernelscout.agent.policies.space_search import SpaceSearchPolicy
+
+        return SpaceSearchPolicy(target.space)
+    if spec.policy == "tuner":
+        from kernelscout.agent.policies.tuner import TunerPolicy
+
+        return TunerPolicy()
+    if spec.policy == "llm":
+        from kernelscout.agent.policies.llm_policy import make_llm_policy
+
+        return make_llm_policy(spec, target)
+    raise ValueError(f"unknown policy {spec.policy!r}")
+
+
+def make_predictor(spec: SearchSpec, target: Any) -> Forecaster:
+    ref = lambda: reference_ms(target.run)  # noqa: E731
+    if spec.kind == "space":
+        from kernelscout.sandbox.replay import ReplaySpace
+        from kernelscout.tools.surrogates.warmstart import PriorSource
+
+        priors = [PriorSource.from_space(ReplaySpace.load(p), seed=spec.settings.seed) for p in spec.warm_start]
+        return make_forecaster(spec.surrogate, target.space.param_values, ref, lambda rec: dict(rec.params),
+                               priors=priors, seed=spec.settings.seed)
+    sol = target.bounds.time_ms if getattr(target, "bounds", None) else None
+    return make_forecaster(spec.surrogate, None, ref, lambda rec: dict(rec.features), seed=spec.settings.seed, sol_ms=sol)

@@ -1,0 +1,118 @@
+"""The loop's view of `predict`: forecast a candidate, decide measure/skip, learn from measurements.
+
+Adapts tools/predict.py (speedup forecasts from a surrogate's predictive log-time distribution) and
+the risk-controlled gate to what agent/graph.py asks, and keeps the bookkeeping the gate needs:
+which forecast led to which decision, against which incumbent.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from kernelscout.tools.archive import CandidateRecord
+from kernelscout.tools.predict import Candidate, Forecast, Parent, PredictContext, make_surrogate, predict
+from kernelscout.tools.schema import Measurement, MeasureStatus
+from kernelscout.tools.surrogates.decision import Decision, RiskControlledGate
+
+
+class OpenSpaceSurrogate:
+    """A learned surrogate over candidates whose feature set is not known in advance (code rewrites).
+
+    The surrogate for a fixed tuning space needs every parameter's values up front; code candidates
+    bring new features as the policy invents them. So this refits over the union of what it has seen,
+    with absent features as the category "-", each time it is asked (cheap at search scale).
+    """
+
+    def __init__(self, name: str, seed: int = 0):
+        self.name, self.seed = name, seed
+        self._seen: list[tuple[dict, Measurement]] = []
+        self._last = None
+
+    def _fresh(self, configs: Sequence[Mapping[str, Any]]):
+        rows = [c for c, _ in self._seen] + list(configs)
+        names = sorted({k for r in rows for k in r})
+        numeric = {n: all(isinstance(r.get(n), (int, float)) and not isinstance(r.get(n), bool) for r in rows) for n in names}
+
+        def encode(r: Mapping[str, Any]) -> dict:
+            return {n: r[n] if numeric[n] else str(r.get(n, "-")) for n in names}
+
+        space = {n: sorted({encode(r)[n] for r in rows}) for n in names}
+        model = make_surrogate(self.name, space, seed=self.seed)
+        for cfg, m in self._seen:
+            model.update(encode(cfg), m)
+        return model, [encode(c) for c in configs]
+
+    def predictive(self, configs):
+        model, encoded = self._fresh(configs)
+        self._last = model
+        return model.predictive(encoded)
+
+    def p_fail(self, configs):
+        model, encoded = self._fresh(configs)
+        return model.p_fail(encoded)
+
+    def update(self, config: Mapping[str, Any], measurement: Measurement) -> None:
+        self._seen.append((dict(config), measurement))
+
+    def status(self) -> str:
+        return self._last.status() if self._last is not None else f"cold start: {len(self._seen)} measured candidates"
+
+
+class Forecaster:
+    def __init__(self, surrogate: Any, reference_ms: Callable[[], Optional[float]], features: Callable[[CandidateRecord], dict],
+                 measure_all: bool = False, target_risk: float = 0.05, seed: int = 0, sol_ms: Optional[float] = None):
+        self.surrogate = surrogate
+        self.reference_ms = reference_ms
+        self.features = features
+        self.measure_all = measure_all
+        self.gate = RiskControlledGate(target_risk=target_risk, seed=seed)
+        self.sol_ms = sol_ms
+        self._pending: dict[int, tuple[Forecast, Decision, Optional[float]]] = {}
+
+    def forecast(self, rec: CandidateRecord, parent_speedup: float, incumbent_speedup: float) -> Forecast:
+        ref = self.reference_ms()
+        if ref is None:
+            parent = Parent(config=self.features(rec), runtime_ms=1.0)
+            context = PredictContext()
+        else:
+            parent = Parent(config=self.features(rec), runtime_ms=ref / max(parent_speedup, 1e-9))
+            context = PredictContext(incumbent_runtime_ms=ref / max(incumbent_speedup, 1e-9), sol_runtime_ms=self.sol_ms)
+        forecast = predict(Candidate(config=self.features(rec), source_path=rec.path), parent, context, self.surrogate)
+        if ref is None and forecast.informative:
+            forecast = forecast.model_copy(update={"informative": False, "rationale": "no reference time measured yet"})
+        self._pending[rec.id] = (forecast, None, context.incumbent_runtime_ms)
+        return forecast
+
+    def decide(self, forecast: Forecast) -> Decision:
+        if self.measure_all:
+            decision = Decision(action="measure", reason="--surrogate none: every proposal is measured")
+        else:
+            decision = self.gate.decide(forecast)
+        for cid, (f, _, inc) in self._pending.items():
+            if f is forecast:
+                self._pending[cid] = (f, decision, inc)
+        return decision
+
+    @staticmethod
+    def priority(forecast: Forecast) -> float:
+        """Rank measure-worthy candidates: chance of a new best, then expected speedup; uninformative last."""
+        if not forecast.informative:
+            return -1.0
+        p = forecast.p_beats_incumbent if forecast.p_beats_incumbent is not None else forecast.p_faster
+        return p * (1.0 - forecast.p_fail) + 1e-3 * math.log(max(forecast.expected_speedup or 1.0, 1e-9))
+
+    def observe(self, rec: CandidateRecord, m: Measurement, parent_speedup: float) -> None:
+        self.surrogate.update(self.features(rec), m)
+        entry = self._pending.pop(rec.id, None)
+        if entry and entry[1] is not None and m.status == MeasureStatus.ok and m.runtime_ms and entry[2]:
+            self.gate.observe(entry[0], beat_incumbent=m.runtime_ms < entry[2], decision=entry[1])
+
+
+def make_forecaster(name: str, tune_params: Optional[Mapping[str, Sequence[Any]]], reference_ms, features,
+                    priors: Sequence[Any] = (), seed: int = 0, sol_ms: Optional[float] = None) -> Forecaster:
+    if tune_params is not None:
+        surrogate = make_surrogate("none" if name == "none" else name, tune_params, priors=priors, seed=seed)
+    else:
+        surrogate = OpenSpaceSurrogate("none" if name == "none" else name, seed=seed)
+    return Forecaster(surrogate, reference_ms, features, measure_all=(name == "none"), seed=seed, sol_ms=sol_ms)

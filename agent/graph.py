@@ -1,0 +1,235 @@
+"""The search loop, as a LangGraph StateGraph. Read this file first.
+
+    select_parent -> propose -> predict -> measure -> check --(continue)--> select_parent
+                                   |                      \\--(stop)--> END
+                                   \\-- skip (recorded with its forecast, never measured)
+
+Each iteration proposes several candidates, forecasts every one, and measures only the few the
+decision rule of `predict` selects (promising or unsure), so far more candidates are considered
+than measured. Everything durable lives in the run directory: the archive and the ledger in
+run.db, LangGraph's checkpoints in checkpoints.db. Each node is idempotent (content-addressed
+candidates, forecasts keyed by candidate and iteration, measurements keyed by content and
+device), so replaying the node that a kill -9 interrupted neither loses nor repeats a
+measurement.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sqlite3
+import time
+from typing import Any, Callable, Optional, TypedDict
+
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.graph import END, START, StateGraph
+from pydantic import BaseModel, Field
+
+from kernelscout.agent.selection import Node, select
+from kernelscout.tools.archive import ROOT_ID, Archive, CandidateRecord
+from kernelscout.tools.budget import Budget
+from kernelscout.tools.rundir import RunDir
+from kernelscout.tools.schema import Measurement, MeasureStatus
+
+
+class SearchSettings(BaseModel):
+    """Knobs of the loop; stored in the run directory so `kscout resume` continues with the same ones."""
+
+    budget: int = Field(10, ge=1, description="hard cap on measurements")
+    proposals_per_iteration: int = Field(6, ge=1)
+    measure_per_iteration: int = Field(1, ge=1, description="at most this many measurements per iteration")
+    pending_limit: int = Field(32, ge=0, description="unmeasured, not-skipped candidates kept for later iterations")
+    patience: int = Field(0, ge=0, description="stop after this many measurements without a new best (0: never)")
+    max_wall_s: Optional[float] = Field(None, description="stop after this many seconds")
+    sol_margin: float = Field(1.05, description="stop when the best time is within this factor of speed-of-light")
+    seed: int = 0
+
+
+class LoopState(TypedDict, total=False):
+    iteration: int
+    parent_id: int
+    considered: list[int]
+    to_measure: list[int]
+    stop_reason: Optional[str]
+    started: float
+    last_improvement: int  # measurements used when the best last improved
+    best_speedup: float
+    dry_iterations: int  # consecutive iterations that had nothing to consider
+
+
+class SearchLoop:
+    """Holds the non-serialisable collaborators (target, policy, predictor) around a compiled graph."""
+
+    def __init__(self, run: RunDir, target: Any, policy: Any, predictor: Any, settings: SearchSettings,
+                 on_event: Optional[Callable[[str, dict], None]] = None):
+        self.run, self.target, self.policy, self.predictor, self.settings = run, target, policy, predictor, settings
+        self.archive = Archive(run)
+        self.budget = Budget(run)
+        self.on_event = on_event or (lambda kind, data: None)
+        self._rebuild_predictor()
+
+    # -- nodes --------------------------------------------------------------------------------
+    def select_parent(self, state: LoopState) -> LoopState:
+        records = [r for r in self.archive.all() if r.state == "measured" and r.speedup]
+        children: dict[Optional[int], int] = {}
+        for r in self.archive.all():
+            children[r.parent_id] = children.get(r.parent_id, 0) + 1
+        nodes = [Node(ROOT_ID, 1.0, children.get(ROOT_ID, 0), self.target.headroom(None))]
+        nodes += [Node(r.id, r.speedup, children.get(r.id, 0), self.target.headroom(r)) for r in records]
+        parent = select(nodes)
+        self._emit("select_parent", parent=parent.id, speedup=parent.speedup)
+        return {"parent_id": parent.id, "iteration": state.get("iteration", 0) + 1}
+
+    def propose(self, state: LoopState) -> LoopState:
+        iteration, parent_id = state["iteration"], state["parent_id"]
+        parent = None if parent_id == ROOT_ID else self.archive.get(parent_id)
+        rng = random.Random(f"{self.settings.seed}:{iteration}")
+        info = self.target.parent_info(parent, tried=self.archive.shas())
+        proposals = self.policy.propose(info, self.settings.proposals_per_iteration, rng)
+        new_ids = []
+        for p in proposals:
+            sha = self.target.proposal_sha(p)
+            rec = self.archive.add(sha, p.source, parent_id, p.origin, p.params, p.hypothesis, p.features, iteration)
+            if rec.state == "proposed":
+                new_ids.append(rec.id)
+        pending = [r.id for r in self.archive.all() if r.state == "proposed" and r.id not in new_ids]
+        self._emit("propose", parent=parent_id, new=len(new_ids), pending=len(pending))
+        return {"considered": new_ids + pending}
+
+    def predict(self, state: LoopState) -> LoopState:
+        iteration = state["iteration"]
+        incumbent = self._best_speedup()
+        judged = []
+        for cid in state.get("considered", []):
+            rec = self.archive.get(cid)
+            forecast = self.predictor.forecast(rec, parent_speedup=self._speedup_of(rec.parent_id), incumbent_speedup=incumbent)
+            judged.append((cid, forecast, self.predictor.decide(forecast)))
+        # highest priority first; among equals (e.g. cold start) the policy's own order, oldest first
+        wanted = sorted(((self.predictor.priority(f), -cid), cid) for cid, f, d in judged if d.action == "measure")[::-1]
+        room = self.budget.status().remaining
+        per_iteration = len(wanted) if self.predictor.measure_all else self.settings.measure_per_iteration
+        batch = per_iteration if room is None else min(per_iteration, room)
+        chosen = [cid for _, cid in wanted[:batch]]
+        dropped = {cid for _, cid in wanted[batch + self.settings.pending_limit:]}
+        for cid, forecast, decision in judged:
+            action, reason = decision.action, decision.reason
+            if cid in dropped:
+                action, reason = "skip", f"worth measuring ({reason}) but ranked below the {self.settings.pending_limit} kept for later"
+            elif action == "measure" and cid not in chosen:
+                action, reason = "defer", f"{reason}; kept for a later iteration (batch of {batch})"
+            self.archive.record_forecast(cid, iteration, forecast.surrogate, forecast.model_dump(), action, reason)
+        self._emit("predict", considered=len(judged), measure=chosen, total_considered=considered_count(self.archive))
+        return {"to_measure": chosen}
+
+    def measure(self, state: LoopState) -> LoopState:
+        improved_at = state.get("last_improvement", 0)
+        best = self._best_speedup()
+        for cid in state.get("to_measure", []):
+            rec = self.archive.get(cid)
+            if rec.state not in ("proposed",):
+                continue  # measured before a crash: its result is already recorded
+            m: Measurement = self.target.measure(rec)
+            if m.status == MeasureStatus.budget_exhausted:
+                self._emit("budget_exhausted", candidate=cid)
+                return {"stop_reason": "measurement budget spent"}
+            suspect = self.target.below_speed_of_light(m)
+            self.archive.record_measurement(cid, m, suspect=bool(suspect))
+            self.predictor.observe(self.archive.get(cid), m, parent_speedup=self._speedup_of(rec.parent_id))
+            used = self.budget.status().used
+            if m.speedup and m.timing_valid and m.correct and not suspect and m.speedup > best:
+                best, improved_at = m.speedup, used
+            self._emit("measure", candidate=cid, status=m.status.value, speedup=m.speedup, timing_valid=m.timing_valid,
+                       suspect=suspect or None, used=used, best=best)
+        return {"last_improvement": improved_at, "best_speedup": best}
+
+    def check(self, state: LoopState) -> LoopState:
+        if state.get("stop_reason"):
+            return {}
+        status = self.budget.status()
+        s = self.settings
+        reason = None
+        if status.remaining == 0:
+            reason = "measurement budget spent"
+        elif s.max_wall_s and time.time() - state.get("started", time.time()) > s.max_wall_s:
+            reason = f"wall-clock limit of {s.max_wall_s:g} s reached"
+        elif s.patience and status.used - state.get("last_improvement", 0) >= s.patience:
+            reason = f"no new best in {s.patience} measurements"
+        elif self.target.at_speed_of_light(self.archive.best(), s.sol_margin):
+            reason = "best kernel is within the speed-of-light margin"
+        dry = state.get("dry_iterations", 0) + 1 if not state.get("to_measure") else 0
+        if reason is None and dry >= 3:
+            reason = "the policy has nothing left worth measuring"
+        if reason:
+            self._emit("stop", reason=reason)
+        return {"stop_reason": reason, "dry_iterations": dry}
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _best_speedup(self) -> float:
+        best = self.archive.best()
+        return best.speedup if best and best.speedup else 1.0
+
+    def _speedup_of(self, candidate_id: Optional[int]) -> float:
+        if candidate_id in (None, ROOT_ID):
+            return 1.0
+        rec = self.archive.get(candidate_id)
+        return rec.speedup or 1.0
+
+    def _rebuild_predictor(self) -> None:
+        """The predictor learns online; after a resume, replay what the archive measured so it knows the same."""
+        for rec in self.archive.all():
+            if rec.state in ("measured", "failed", "suspect") and rec.measurement_id is not None:
+                m = self.target.recorded_measurement(rec)
+                if m is not None:
+                    self.predictor.observe(rec, m, parent_speedup=self._speedup_of(rec.parent_id))
+
+    def _emit(self, kind: str, **data: Any) -> None:
+        self.run.event(kind, **data)
+        self.on_event(kind, data)
+
+    # -- graph --------------------------------------------------------------------------------
+    def build(self, checkpointer: SqliteSaver):
+        g = StateGraph(LoopState)
+        g.add_node("select_parent", self.select_parent)
+        g.add_node("propose", self.propose)
+        g.add_node("predict", self.predict)
+        g.add_node("measure", self.measure)
+        g.add_node("check", self.check)
+        g.add_edge(START, "select_parent")
+        g.add_edge("select_parent", "propose")
+        g.add_edge("propose", "predict")
+        g.add_edge("predict", "measure")
+        g.add_edge("measure", "check")
+        g.add_conditional_edges("check", lambda s: END if s.get("stop_reason") else "select_parent")
+        return g.compile(checkpointer=checkpointer)
+
+    def run_to_end(self, resume: bool = False) -> LoopState:
+        conn = sqlite3.connect(self.run.path / "checkpoints.db", check_same_thread=False)
+        try:
+            graph = self.build(SqliteSaver(conn))
+            config = {"configurable": {"thread_id": "search"}, "recursion_limit": 1_000_000}
+            snapshot = graph.get_state(config)
+            if resume and snapshot.next:
+                final = graph.invoke(None, config)
+            elif snapshot.values and not snapshot.next:
+                final = snapshot.values  # already finished
+            else:
+                final = graph.invoke({"iteration": 0, "started": time.time(), "last_improvement": 0}, config)
+        finally:
+            conn.close()
+        return final
+
+
+def considered_count(archive: Archive) -> int:
+    """Distinct candidates that got a forecast (and so were considered for measurement)."""
+    with archive.run.connect() as db:
+        return db.execute("SELECT COUNT(DISTINCT candidate_id) FROM forecasts").fetchone()[0]
+
+
+def considered_per_measurement(archive: Archive, used: int) -> float:
+    considered = considered_count(archive)
+    return considered / used if used else float(considered)
+
+
+def geometric_mean(values: list[float]) -> float:
+    vals = [v for v in values if v and v > 0]
+    return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else float("nan")

@@ -1,0 +1,73 @@
+"""Live progress for a search: a budget bar and the last decisions on a terminal, plain log lines otherwise."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import deque
+from typing import Any, Optional
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, Progress, TextColumn
+from rich.table import Table
+
+
+class SearchProgress:
+    def __init__(self, budget: int, title: str, console: Optional[Console] = None, live: Optional[bool] = None):
+        self.console = console or Console(stderr=True)
+        self.live_mode = self.console.is_terminal if live is None else live
+        self.budget, self.title = budget, title
+        self.used, self.best, self.considered = 0, 1.0, 0
+        self.recent: deque[str] = deque(maxlen=6)
+        self._bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} measurements"))
+        self._task = self._bar.add_task(title, total=budget)
+        self._live: Optional[Live] = None
+        self._t0 = time.monotonic()
+
+    def __enter__(self) -> "SearchProgress":
+        if self.live_mode:
+            self._live = Live(self._render(), console=self.console, refresh_per_second=4, transient=False)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._live:
+            self._live.update(self._render())
+            self._live.__exit__(*exc)
+
+    def _render(self):
+        info = Table.grid(padding=(0, 2))
+        info.add_row(f"best so far: [bold]{self.best:.3f}x[/bold]", f"candidates considered: {self.considered}",
+                     f"elapsed: {time.monotonic() - self._t0:.0f} s")
+        lines = Table.grid()
+        for line in self.recent:
+            lines.add_row(line)
+        return Group(self._bar, info, lines)
+
+    def __call__(self, kind: str, data: dict) -> None:
+        line = self._describe(kind, data)
+        if line is None:
+            return
+        if self._live:
+            self.recent.append(line)
+            self._bar.update(self._task, completed=self.used)
+            self._live.update(self._render())
+        else:
+            print(f"[{time.monotonic() - self._t0:7.1f}s] {line}", file=sys.stderr, flush=True)
+
+    def _describe(self, kind: str, d: dict) -> Optional[str]:
+        if kind == "propose":
+            return f"iteration from parent #{d['parent']}: {d['new']} new candidates, {d['pending']} pending"
+        if kind == "predict":
+            self.considered = d.get("total_considered", self.considered)
+            return f"forecast {d['considered']} candidates, measuring {d['measure'] or 'none'}"
+        if kind == "measure":
+            self.used = d.get("used", self.used)
+            self.best = max(self.best, d.get("best") or self.best)
+            sp = f"{d['speedup']:.3f}x" if d.get("speedup") else "-"
+            flag = "" if d.get("timing_valid") else " (timing not valid)"
+            return f"measured #{d['candidate']}: {d['status']} {sp}{flag}; budget {self.used}/{self.budget}, best {self.best:.3f}x"
+        if kind in ("stop", "budget_exhausted"):
+            return f"stop: {d.get('reason', 'budget spent')}"
+        return None

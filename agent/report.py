@@ -1,0 +1,135 @@
+"""report.html for a run: what was measured, what was forecast, and how well the two agree.
+
+Plots are PNGs embedded in one self-contained HTML file, so a report can be mailed or archived.
+Every number in it comes from run.db; forecasts are shown only next to measurements.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from pathlib import Path
+from typing import Optional
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from kernelscout.tools.archive import ROOT_ID, Archive  # noqa: E402
+from kernelscout.tools.budget import Budget  # noqa: E402
+from kernelscout.tools.rundir import RunDir  # noqa: E402
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _measurements(run: RunDir) -> list[dict]:
+    with run.connect() as db:
+        rows = db.execute("SELECT id, candidate_sha, status, charged, result_json FROM measurements ORDER BY id").fetchall()
+    return [{"id": r[0], "sha": r[1], "status": r[2], "charged": bool(r[3]), **json.loads(r[4])} for r in rows]
+
+
+def best_so_far_plot(speedups: list[Optional[float]]) -> str:
+    best, xs, ys = 1.0, [], []
+    for i, s in enumerate(speedups, 1):
+        if s:
+            best = max(best, s)
+        xs.append(i)
+        ys.append(best)
+    fig, ax = plt.subplots(figsize=(5.5, 3.2))
+    ax.step([0] + xs, [1.0] + ys, where="post", color="tab:blue")
+    ax.scatter(xs, [s if s else float("nan") for s in speedups], s=12, color="tab:gray", label="each measurement")
+    ax.set_xlabel("measurements spent")
+    ax.set_ylabel("speedup over reference")
+    ax.set_title("best verified so far")
+    ax.legend(loc="lower right", fontsize=8)
+    return _png(fig)
+
+
+def forecast_plot(pairs: list[tuple[float, float]]) -> str:
+    fig, ax = plt.subplots(figsize=(4.2, 3.6))
+    if pairs:
+        f, m = zip(*pairs)
+        ax.scatter(f, m, s=14)
+        lo, hi = min(min(f), min(m)), max(max(f), max(m))
+        ax.plot([lo, hi], [lo, hi], color="gray", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+    ax.set_xlabel("forecast speedup over parent")
+    ax.set_ylabel("measured speedup over parent")
+    ax.set_title("forecast vs measured")
+    return _png(fig)
+
+
+def calibration_plot(pairs: list[tuple[float, bool]], bins: int = 5) -> str:
+    fig, ax = plt.subplots(figsize=(4.2, 3.6))
+    ax.plot([0, 1], [0, 1], color="gray", lw=0.8)
+    if pairs:
+        edges = [i / bins for i in range(bins + 1)]
+        xs, ys, ns = [], [], []
+        for lo, hi in zip(edges, edges[1:]):
+            sel = [(p, o) for p, o in pairs if lo <= p < hi or (hi == 1 and p == 1)]
+            if sel:
+                xs.append(sum(p for p, _ in sel) / len(sel))
+                ys.append(sum(o for _, o in sel) / len(sel))
+                ns.append(len(sel))
+        ax.scatter(xs, ys, s=[20 + 10 * n for n in ns])
+    ax.set_xlabel("forecast P(faster than parent)")
+    ax.set_ylabel("observed frequency")
+    ax.set_title("calibration in this run")
+    return _png(fig)
+
+
+def write_report(run_dir: Path | str, title: str = "kernelscout run") -> Path:
+    run = RunDir(run_dir)
+    archive = Archive(run)
+    candidates = archive.all()
+    by_id = {c.id: c for c in candidates}
+    measurements = _measurements(run)
+    charged = [m for m in measurements if m["charged"]]
+    speedups = [m.get("speedup") if m.get("correct") and m.get("timing_valid") else None for m in charged]
+    forecast_pairs, calib = [], []
+    for f in archive.forecasts():
+        rec = by_id.get(f["candidate_id"])
+        if rec is None or rec.speedup is None:
+            continue
+        parent = 1.0 if rec.parent_id in (None, ROOT_ID) else (by_id[rec.parent_id].speedup or 1.0)
+        ratio = rec.speedup / parent
+        fc = f["forecast"]
+        if fc.get("expected_speedup"):
+            forecast_pairs.append((fc["expected_speedup"], ratio))
+        if fc.get("p_faster") is not None:
+            calib.append((fc["p_faster"], ratio > 1.0))
+    status = Budget(run).status()
+    best = archive.best()
+    rows = []
+    for c in candidates:
+        decision = next((f for f in reversed(archive.forecasts()) if f["candidate_id"] == c.id), None)
+        rows.append(
+            f"<tr><td>#{c.id}</td><td>{'ref' if c.parent_id in (None, ROOT_ID) else '#' + str(c.parent_id)}</td>"
+            f"<td>{html.escape(c.origin)}</td><td>{html.escape(json.dumps(c.params, default=str))[:80]}</td><td>{c.state}</td>"
+            f"<td>{'' if c.speedup is None else f'{c.speedup:.3f}x'}</td>"
+            f"<td>{html.escape(decision['reason']) if decision else ''}</td></tr>"
+        )
+    best_line = f"best verified: #{best.id} at {best.speedup:.3f}x" if best else "no verified candidate beat the reference"
+    body = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}} img{{margin:0.5em}} table{{border-collapse:collapse;font-size:13px}}
+td,th{{border-bottom:1px solid #ddd;padding:3px 8px;text-align:left}}</style></head><body>
+<h1>{html.escape(title)}</h1>
+<p>{best_line}. Measurements used: {status.used} of {status.cap if status.cap is not None else 'uncapped'};
+candidates considered: {len([c for c in candidates])}. Every speedup below was measured; forecasts only chose what to measure.</p>
+<img src="data:image/png;base64,{best_so_far_plot(speedups)}">
+<img src="data:image/png;base64,{forecast_plot(forecast_pairs)}">
+<img src="data:image/png;base64,{calibration_plot(calib)}">
+<h2>Lineage</h2><table><tr><th>id</th><th>parent</th><th>origin</th><th>params</th><th>state</th><th>measured</th><th>last decision</th></tr>
+{''.join(rows)}</table></body></html>"""
+    path = run.path / "report.html"
+    path.write_text(body)
+    return path

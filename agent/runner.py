@@ -1,0 +1,123 @@
+"""Start or resume a search: resolve `auto` choices, prepare the run directory, run the loop, summarise."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+from kernelscout.agent.graph import SearchSettings
+from kernelscout.agent.progress import SearchProgress
+from kernelscout.agent.session import OptimizeResult, SearchSpec, build_loop, load_spec, save_spec, summarise
+from kernelscout.tools.budget import Budget
+from kernelscout.tools.rundir import RunDir
+
+
+class OptimizeError(Exception):
+    """Bad arguments or an unusable problem; the message says what to do."""
+
+
+def _llm_configured() -> bool:
+    try:
+        from kernelscout.agent.llm import make_chat_model
+    except ImportError:
+        return False
+    try:
+        return make_chat_model() is not None
+    except Exception:
+        return False
+
+
+def resolve_choices(policy: str, surrogate: str) -> tuple[str, str, str]:
+    """Pick the LLM when a provider is configured and the offline tuner otherwise, and say which."""
+    note = []
+    if policy == "auto":
+        policy = "llm" if _llm_configured() else "tuner"
+        note.append(f"policy: {policy} ({'an LLM provider is configured' if policy == 'llm' else 'no LLM provider configured'})")
+    if surrogate == "auto":
+        surrogate = "llm" if policy == "llm" else "learned"
+        note.append(f"surrogate: {surrogate}")
+    if policy not in ("tuner", "llm"):
+        raise OptimizeError(f"unknown policy {policy!r}; use auto, tuner or llm")
+    if surrogate not in ("learned", "llm", "none"):
+        raise OptimizeError(f"unknown surrogate {surrogate!r}; use auto, learned, llm or none")
+    return policy, surrogate, "; ".join(note)
+
+
+def _problem_file(problem: str) -> Path:
+    path = Path(problem)
+    if path.is_dir():
+        path = path / "problem.py"
+    if not path.exists():
+        raise OptimizeError(f"{problem}: no such problem file (pass a KernelBench .py file or a folder with problem.py)")
+    return path.resolve()
+
+
+def start_search(problem: Optional[str], space: Optional[str], budget: int, policy: str = "auto", surrogate: str = "auto",
+                 device: str = "auto", run_dir: Optional[str] = None, seed: int = 0, proposals: int = 6, patience: int = 0,
+                 max_wall: Optional[float] = None, warm_start: Optional[list[str]] = None, quiet: bool = False) -> OptimizeResult:
+    if (problem is None) == (space is None):
+        raise OptimizeError("give either a PROBLEM file or --space FILE.json.gz")
+    if budget < 1:
+        raise OptimizeError("--budget must be at least 1")
+    policy, surrogate, note = resolve_choices(policy, surrogate)
+    settings = SearchSettings(budget=budget, seed=seed, proposals_per_iteration=proposals, patience=patience, max_wall_s=max_wall)
+    if space is not None:
+        if not Path(space).exists():
+            raise OptimizeError(f"{space}: no such recorded space")
+        if policy == "llm":
+            raise OptimizeError("a recorded space has no code for an LLM to edit; use --policy tuner")
+        spec = SearchSpec(kind="space", path=str(Path(space).resolve()), device="replay", policy="tuner", surrogate=surrogate,
+                          settings=settings, warm_start=[str(Path(w).resolve()) for w in warm_start or []])
+        name = Path(space).name.split(".json")[0]
+    else:
+        from kernelscout.tools.measure import resolve_device
+        from kernelscout.sandbox.problem import InputFileError, load_problem
+
+        path = _problem_file(problem)
+        try:
+            load_problem(path)
+            device = resolve_device(device)
+        except InputFileError as exc:
+            raise OptimizeError(str(exc)) from None
+        spec = SearchSpec(kind="problem", path=str(path), device=device, policy=policy, surrogate=surrogate, settings=settings)
+        name = path.parent.name if path.name == "problem.py" else path.stem
+    run = RunDir(run_dir or Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        save_spec(run, spec)
+    except ValueError as exc:
+        raise OptimizeError(str(exc)) from None
+    ledger = Budget(run)
+    if ledger.cap is None:
+        ledger.set_cap(budget)
+    if note and not quiet:
+        from rich.console import Console
+
+        Console(stderr=True).print(f"[dim]{note}[/dim]")
+    return _run(run, spec, resume=False, quiet=quiet)
+
+
+def resume_search(run_dir: str, quiet: bool = False) -> OptimizeResult:
+    if not (Path(run_dir) / "run.db").exists():
+        raise OptimizeError(f"{run_dir}: not a run directory (no run.db)")
+    run = RunDir(run_dir)
+    try:
+        spec = load_spec(run)
+    except ValueError as exc:
+        raise OptimizeError(str(exc)) from None
+    return _run(run, spec, resume=True, quiet=quiet)
+
+
+def _run(run: RunDir, spec: SearchSpec, resume: bool, quiet: bool) -> OptimizeResult:
+    from kernelscout.sandbox.pool import WorkerPool
+
+    title = Path(spec.path).name
+    with WorkerPool() as pool, SearchProgress(spec.settings.budget, title, live=False if quiet else None) as progress:
+        loop = build_loop(run, spec, on_event=None if quiet else progress, pool=pool)
+        state = loop.run_to_end(resume=resume)
+    result = summarise(run, spec, loop, state)
+    from kernelscout.agent.report import write_report
+
+    write_report(run.path, title=f"kernelscout: {title}")
+    run.event("finished", **result.model_dump())
+    return result

@@ -1,0 +1,97 @@
+"""Build a search from a stored spec, so `kscout optimize` and `kscout resume` construct the same loop."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Callable, Literal, Optional
+
+from pydantic import BaseModel, Field
+
+from kernelscout.agent.graph import SearchLoop, SearchSettings, considered_count, considered_per_measurement
+from kernelscout.tools.archive import Archive
+from kernelscout.tools.budget import Budget
+from kernelscout.tools.rundir import RunDir
+
+
+class SearchSpec(BaseModel):
+    kind: Literal["problem", "space"]
+    path: str
+    device: str = "cpu"
+    policy: str = "tuner"
+    surrogate: str = "learned"
+    settings: SearchSettings = Field(default_factory=SearchSettings)
+    warm_start: list[str] = Field(default_factory=list, description="recorded spaces of the same kernel on other devices")
+
+
+class OptimizeResult(BaseModel):
+    status: Literal["finished", "failed"]
+    stop_reason: Optional[str] = None
+    best_speedup: Optional[float] = Field(None, description="measured speedup of the best verified kernel over the reference")
+    best_runtime_ms: Optional[float] = None
+    best_path: Optional[str] = None
+    measurements_used: int = 0
+    candidates_considered: int = 0
+    considered_per_measurement: float = 0.0
+    run_dir: str
+    policy: str
+    surrogate: str
+    device: str
+    message: str = ""
+
+
+SPEC_KEY = "search_spec"
+
+
+def save_spec(run: RunDir, spec: SearchSpec) -> None:
+    existing = run.get_meta(SPEC_KEY)
+    if existing and SearchSpec.model_validate_json(existing).model_dump() != spec.model_dump():
+        raise ValueError(f"{run.path} already holds a different search; use `kscout resume {run.path}` or a new --run-dir")
+    run.set_meta(SPEC_KEY, spec.model_dump_json())
+
+
+def load_spec(run: RunDir) -> SearchSpec:
+    text = run.get_meta(SPEC_KEY)
+    if not text:
+        raise ValueError(f"{run.path} holds no search to resume (no {SPEC_KEY} in run.db)")
+    return SearchSpec.model_validate_json(text)
+
+
+def build_loop(run: RunDir, spec: SearchSpec, on_event: Optional[Callable[[str, dict], None]] = None, pool: Any = None) -> SearchLoop:
+    from kernelscout.agent.factory import make_policy, make_predictor, make_target
+
+    target = make_target(spec, run, pool)
+    policy = make_policy(spec, target)
+    predictor = make_predictor(spec, target)
+    return SearchLoop(run, target, policy, predictor, spec.settings, on_event=on_event)
+
+
+def summarise(run: RunDir, spec: SearchSpec, loop: SearchLoop, state: dict) -> OptimizeResult:
+    archive = Archive(run)
+    used = Budget(run).status().used
+    considered = considered_count(archive)
+    best = archive.best()
+    best_path, best_ms = None, None
+    if best is not None:
+        m = loop.target.recorded_measurement(best)
+        best_ms = m.runtime_ms if m else None
+        if best.path:
+            best_path = str(run.path / "best.py")
+            shutil.copyfile(best.path, best_path)
+        else:
+            best_path = str(run.path / "best.json")
+            Path(best_path).write_text(json.dumps({"config": best.params, "runtime_ms": best_ms, "speedup": best.speedup}, indent=2, default=str))
+    speedup = best.speedup if best else None
+    if best is None:
+        message = "no candidate beat or matched the reference with a verified, valid timing; the reference stands"
+    elif speedup <= 1.0:
+        message = f"nothing beat the reference: the best verified candidate ran at {speedup:.3f}x"
+    else:
+        message = f"best verified kernel: {speedup:.3f}x over the reference"
+    return OptimizeResult(
+        status="finished", stop_reason=state.get("stop_reason"), best_speedup=speedup, best_runtime_ms=best_ms, best_path=best_path,
+        measurements_used=used, candidates_considered=considered,
+        considered_per_measurement=round(considered_per_measurement(archive, used), 3), run_dir=str(run.path),
+        policy=spec.policy, surrogate=spec.surrogate, device=spec.device, message=message,
+    )

@@ -1,0 +1,168 @@
+"""What the search loop optimises: a KernelBench problem on a real device, or a recorded space on replay.
+
+Both answer the same questions for the loop (how to measure a candidate, what a parent looks like
+to the policy, how close to speed-of-light a result is), so `agent/graph.py` has one code path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from pathlib import Path
+from typing import Any, Optional
+
+from kernelscout.sandbox.replay import ReplaySpace
+from kernelscout.tools.archive import CandidateRecord
+from kernelscout.tools.measure import measure_replay
+from kernelscout.tools.rundir import RunDir
+from kernelscout.tools.schema import Measurement
+
+
+def recorded_measurement(run: RunDir, measurement_id: Optional[int]) -> Optional[Measurement]:
+    if measurement_id is None:
+        return None
+    with run.connect() as db:
+        row = db.execute("SELECT result_json FROM measurements WHERE id = ?", (measurement_id,)).fetchone()
+    return Measurement.model_validate_json(row[0]) if row else None
+
+
+def reference_ms(run: RunDir) -> Optional[float]:
+    """Median reference time over the run's successful measurements (each timed it alongside a candidate)."""
+    with run.connect() as db:
+        rows = db.execute("SELECT result_json FROM measurements WHERE status = 'ok'").fetchall()
+    refs = sorted(r for r in (Measurement.model_validate_json(row[0]).ref_runtime_ms for row in rows) if r)
+    return refs[len(refs) // 2] if refs else None
+
+
+def config_sha(space: ReplaySpace, config: dict[str, Any]) -> str:
+    text = json.dumps({k: config[k] for k in space.param_names}, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class ReplayTarget:
+    """A recorded brute-forced space. The reference is one configuration that compiles and runs,
+    timed in the same (replayed) session as each candidate, exactly as a real measurement does."""
+
+    def __init__(self, space: ReplaySpace, run: RunDir, seed: int = 0):
+        self.space, self.run = space, run
+        ok = [i for i in range(len(space)) if i not in space.failures]
+        self.reference = space.config(random.Random(f"reference:{seed}").choice(ok))
+        self.name = space.name
+        self.device = f"replay:{space.device_label}"
+
+    def parent_info(self, parent: Optional[CandidateRecord], tried: set[str]) -> dict[str, Any]:
+        return {"config": dict(parent.params) if parent else None, "tried": tried,
+                "sha": lambda cfg: config_sha(self.space, cfg)}
+
+    def proposal_sha(self, proposal) -> str:
+        return config_sha(self.space, proposal.params)
+
+    def measure(self, rec: CandidateRecord) -> Measurement:
+        return measure_replay(self.space, rec.params, self.run, reference=self.reference)
+
+    def recorded_measurement(self, rec: CandidateRecord) -> Optional[Measurement]:
+        return recorded_measurement(self.run, rec.measurement_id)
+
+    def headroom(self, rec: Optional[CandidateRecord]) -> Optional[float]:
+        return None  # a recorded space has no FLOP/byte counts to bound it
+
+    def below_speed_of_light(self, m: Measurement) -> Optional[str]:
+        return None
+
+    def at_speed_of_light(self, best: Optional[CandidateRecord], margin: float) -> bool:
+        return False
+
+    def best_time_ms(self, run_best: Optional[CandidateRecord]) -> Optional[float]:
+        m = recorded_measurement(self.run, run_best.measurement_id) if run_best else None
+        return m.runtime_ms if m else None
+
+    @staticmethod
+    def describe(path: Path) -> str:
+        return f"recorded space {path.name}"
+
+
+class CodeTarget:
+    """A KernelBench problem measured for real in the sandbox, with speed-of-light bounds.
+
+    A time below speed-of-light is suspect: it is measured again with more correctness trials,
+    and stays out of "best" unless the second look is both correct and not below the bound.
+    """
+
+    def __init__(self, problem: Path, device: str, run: RunDir, pool: Any = None, harness: Any = None):
+        from kernelscout.sandbox.harness import HarnessConfig
+
+        self.problem, self.device, self.run, self.pool = Path(problem), device, run, pool
+        self.harness = harness or HarnessConfig()
+        self.name = self.problem.parent.name if self.problem.name == "problem.py" else self.problem.stem
+        self.bounds = self._load_bounds()
+
+    def _load_bounds(self):
+        from kernelscout.tools.sol import SolBounds, SolRequest, sol_bounds
+
+        cached = self.run.get_meta("sol_bounds")
+        if cached:
+            return SolBounds.model_validate_json(cached) if cached != "unavailable" else None
+        try:
+            bounds = sol_bounds(SolRequest(problem=str(self.problem), device=self.device))
+        except Exception as exc:  # a bound is guidance; the search runs without one
+            self.run.event("sol_unavailable", reason=str(exc))
+            self.run.set_meta("sol_bounds", "unavailable")
+            return None
+        self.run.set_meta("sol_bounds", bounds.model_dump_json())
+        return bounds
+
+    def parent_info(self, parent: Optional[CandidateRecord], tried: set[str]):
+        from kernelscout.agent.policies.tuner import ParentInfo
+
+        return ParentInfo(
+            id=parent.id if parent else 0,
+            path=parent.path if parent else str(self.problem),
+            is_reference=parent is None,
+            problem_path=str(self.problem),
+            device=self.device,
+            speedup=parent.speedup if parent else 1.0,
+            tried_shas=set(tried),
+        )
+
+    def proposal_sha(self, proposal) -> str:
+        return hashlib.sha256(proposal.source.encode()).hexdigest()
+
+    def _measure_path(self, path: str, again: bool = False, trials: Optional[int] = None) -> Measurement:
+        from kernelscout.tools.measure import MeasureRequest, measure
+
+        harness = self.harness if trials is None else self.harness.model_copy(update={"correctness_trials": trials})
+        return measure(MeasureRequest(problem=str(self.problem), candidate=path, device=self.device, run_dir=str(self.run.path),
+                                      harness=harness, again=again), pool=self.pool)
+
+    def measure(self, rec: CandidateRecord) -> Measurement:
+        m = self._measure_path(rec.path)
+        if self.below_speed_of_light(m):
+            self.run.event("suspect", candidate=rec.id, reason=self.below_speed_of_light(m))
+            second = self._measure_path(rec.path, again=True, trials=max(10, 3 * self.harness.correctness_trials))
+            if second.status.value == "budget_exhausted":
+                return m
+            return second
+        return m
+
+    def recorded_measurement(self, rec: CandidateRecord) -> Optional[Measurement]:
+        return recorded_measurement(self.run, rec.measurement_id)
+
+    def headroom(self, rec: Optional[CandidateRecord]) -> Optional[float]:
+        from kernelscout.tools.sol import headroom
+
+        if self.bounds is None:
+            return None
+        ms = reference_ms(self.run) if rec is None else (m.runtime_ms if (m := self.recorded_measurement(rec)) else None)
+        return headroom(ms, self.bounds) if ms else None
+
+    def below_speed_of_light(self, m: Measurement) -> Optional[str]:
+        from kernelscout.tools.sol import suspicious
+
+        if self.bounds is None or not m.runtime_ms or not m.timing_valid:
+            return None
+        return suspicious(m.runtime_ms, self.bounds, cache_flushed=self.device.startswith("cuda"))
+
+    def at_speed_of_light(self, best: Optional[CandidateRecord], margin: float) -> bool:
+        h = self.headroom(best) if best else None
+        return h is not None and h <= margin

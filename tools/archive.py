@@ -1,0 +1,158 @@
+"""The archive: every candidate the search considered, its forecast, and (if measured) its measurement.
+
+Forecasts and measurements sit side by side, so calibration can be recomputed at any time, and
+a skipped candidate is recorded with the forecast that got it skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Optional
+
+from pydantic import BaseModel, Field
+
+from kernelscout.tools.rundir import RunDir
+from kernelscout.tools.schema import Measurement, MeasureStatus
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS candidates (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    sha TEXT NOT NULL UNIQUE,
+    parent_id INTEGER,
+    path TEXT,
+    origin TEXT,
+    params_json TEXT,
+    hypothesis TEXT,
+    features_json TEXT,
+    iteration INTEGER,
+    state TEXT NOT NULL DEFAULT 'proposed',
+    measurement_id INTEGER,
+    speedup REAL,
+    created REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS forecasts (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    candidate_id INTEGER NOT NULL,
+    iteration INTEGER,
+    surrogate TEXT,
+    forecast_json TEXT NOT NULL,
+    decision TEXT NOT NULL,
+    reason TEXT,
+    created REAL NOT NULL,
+    UNIQUE (candidate_id, iteration)
+);
+"""
+
+ROOT_ID = 0  # the problem's own Model: speedup 1.0 by definition
+
+
+class CandidateRecord(BaseModel):
+    id: int
+    sha: str
+    parent_id: Optional[int] = None
+    path: Optional[str] = None
+    origin: str = ""
+    params: dict[str, Any] = Field(default_factory=dict)
+    hypothesis: str = ""
+    features: dict[str, Any] = Field(default_factory=dict)
+    iteration: int = 0
+    state: str = "proposed"  # proposed | skipped | measured | failed | suspect
+    measurement_id: Optional[int] = None
+    speedup: Optional[float] = Field(None, description="measured speedup over the reference (never a forecast)")
+
+
+def _row(r) -> CandidateRecord:
+    return CandidateRecord(
+        id=r[0], sha=r[1], parent_id=r[2], path=r[3], origin=r[4] or "", params=json.loads(r[5] or "{}"),
+        hypothesis=r[6] or "", features=json.loads(r[7] or "{}"), iteration=r[8] or 0, state=r[9],
+        measurement_id=r[10], speedup=r[11],
+    )
+
+
+_COLUMNS = "id, sha, parent_id, path, origin, params_json, hypothesis, features_json, iteration, state, measurement_id, speedup"
+
+
+class Archive:
+    def __init__(self, run: RunDir):
+        self.run = run
+        with run.connect() as db:
+            db.executescript(SCHEMA)
+
+    def add(self, sha: str, source: Optional[str], parent_id: Optional[int], origin: str, params: dict, hypothesis: str,
+            features: dict, iteration: int) -> CandidateRecord:
+        """Idempotent by content: proposing the same source twice gives the same record."""
+        path = str(self.run.save_kernel(sha, source)) if source is not None else None
+        with self.run.transaction() as db:
+            db.execute(
+                "INSERT OR IGNORE INTO candidates (sha, parent_id, path, origin, params_json, hypothesis, features_json, iteration, created)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (sha, parent_id, path, origin, json.dumps(params, default=str), hypothesis, json.dumps(features, default=str), iteration, time.time()),
+            )
+            row = db.execute(f"SELECT {_COLUMNS} FROM candidates WHERE sha = ?", (sha,)).fetchone()
+        return _row(row)
+
+    def get(self, candidate_id: int) -> CandidateRecord:
+        with self.run.connect() as db:
+            row = db.execute(f"SELECT {_COLUMNS} FROM candidates WHERE id = ?", (candidate_id,)).fetchone()
+        if row is None:
+            raise KeyError(f"no candidate #{candidate_id} in {self.run.path}")
+        return _row(row)
+
+    def by_sha(self, sha: str) -> Optional[CandidateRecord]:
+        with self.run.connect() as db:
+            row = db.execute(f"SELECT {_COLUMNS} FROM candidates WHERE sha = ?", (sha,)).fetchone()
+        return _row(row) if row else None
+
+    def all(self) -> list[CandidateRecord]:
+        with self.run.connect() as db:
+            rows = db.execute(f"SELECT {_COLUMNS} FROM candidates ORDER BY id").fetchall()
+        return [_row(r) for r in rows]
+
+    def shas(self) -> set[str]:
+        with self.run.connect() as db:
+            return {r[0] for r in db.execute("SELECT sha FROM candidates")}
+
+    def record_forecast(self, candidate_id: int, iteration: int, surrogate: str, forecast: dict, decision: str, reason: str) -> None:
+        with self.run.transaction() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO forecasts (candidate_id, iteration, surrogate, forecast_json, decision, reason, created)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (candidate_id, iteration, surrogate, json.dumps(forecast, default=str), decision, reason, time.time()),
+            )
+            if decision == "skip":
+                db.execute("UPDATE candidates SET state = 'skipped' WHERE id = ? AND state = 'proposed'", (candidate_id,))
+
+    def record_measurement(self, candidate_id: int, m: Measurement, suspect: bool = False) -> None:
+        usable = m.status == MeasureStatus.ok and m.correct and m.timing_valid and m.speedup is not None
+        state = "suspect" if (usable and suspect) else "measured" if usable else "failed"
+        with self.run.transaction() as db:
+            db.execute(
+                "UPDATE candidates SET state = ?, measurement_id = ?, speedup = ? WHERE id = ?",
+                (state, m.measurement_id, m.speedup if usable else None, candidate_id),
+            )
+
+    def forecasts(self) -> list[dict]:
+        """Every forecast with the measured outcome next to it (None where the candidate was never measured)."""
+        with self.run.connect() as db:
+            rows = db.execute(
+                "SELECT f.candidate_id, f.iteration, f.surrogate, f.forecast_json, f.decision, f.reason, c.state, c.speedup, c.parent_id"
+                " FROM forecasts f JOIN candidates c ON c.id = f.candidate_id ORDER BY f.id"
+            ).fetchall()
+        return [
+            {"candidate_id": r[0], "iteration": r[1], "surrogate": r[2], "forecast": json.loads(r[3]), "decision": r[4],
+             "reason": r[5], "state": r[6], "measured_speedup": r[7], "parent_id": r[8]}
+            for r in rows
+        ]
+
+    def best(self) -> Optional[CandidateRecord]:
+        """The fastest candidate that was measured, verified and not suspect."""
+        with self.run.connect() as db:
+            row = db.execute(
+                f"SELECT {_COLUMNS} FROM candidates WHERE state = 'measured' AND speedup IS NOT NULL ORDER BY speedup DESC, id LIMIT 1"
+            ).fetchone()
+        return _row(row) if row else None
+
+    def counts(self) -> dict[str, int]:
+        with self.run.connect() as db:
+            return dict(db.execute("SELECT state, COUNT(*) FROM candidates GROUP BY state").fetchall())
