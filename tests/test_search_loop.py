@@ -1,0 +1,119 @@
+"""The search loop: predicts before it measures, never exceeds its budget, and survives kill -9."""
+
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kernelscout.agent.runner import OptimizeError, resume_search, start_search
+from kernelscout.tools.budget import Budget
+from kernelscout.tools.rundir import RunDir
+
+HUB = Path(__file__).resolve().parents[2] / "shared" / "data" / "benchmark_hub"
+if not HUB.exists():
+    HUB = Path(os.environ.get("KSCOUT_BENCHMARK_HUB", "/work/shared/data/benchmark_hub"))
+SPACE = HUB / "convolution_A100.json.gz"
+UNSEEN = Path(__file__).parent / "data" / "unseen"
+
+needs_hub = pytest.mark.skipif(not SPACE.exists(), reason="recorded spaces (shared/data/benchmark_hub) not found")
+
+
+@needs_hub
+def test_replay_search_considers_many_and_measures_within_budget(tmp_path):
+    result = start_search(problem=None, space=str(SPACE), budget=15, run_dir=str(tmp_path / "run"), quiet=True)
+    assert result.status == "finished" and result.stop_reason == "measurement budget spent"
+    assert result.measurements_used == 15
+    assert result.considered_per_measurement >= 3
+    assert result.best_speedup and result.best_speedup > 1.0
+    best = json.loads(Path(result.best_path).read_text())
+    assert best["runtime_ms"] == pytest.approx(result.best_runtime_ms)
+    assert (tmp_path / "run" / "report.html").read_text().count("<img") == 3
+    forecasts = sqlite3.connect(tmp_path / "run" / "run.db").execute("SELECT COUNT(*), COUNT(DISTINCT candidate_id) FROM forecasts").fetchone()
+    assert forecasts[1] == result.candidates_considered
+
+
+@needs_hub
+def test_surrogate_none_measures_everything_it_considers(tmp_path):
+    result = start_search(problem=None, space=str(SPACE), budget=8, surrogate="none", run_dir=str(tmp_path / "run"), quiet=True)
+    assert result.measurements_used == 8
+    assert result.considered_per_measurement <= 1.5
+
+
+def test_bad_arguments_are_clear_errors(tmp_path):
+    with pytest.raises(OptimizeError, match="either a PROBLEM"):
+        start_search(problem=None, space=None, budget=3)
+    with pytest.raises(OptimizeError, match="no such problem"):
+        start_search(problem=str(tmp_path / "nope.py"), space=None, budget=3)
+    with pytest.raises(OptimizeError, match="not a run directory"):
+        resume_search(str(tmp_path))
+
+
+def _charged_keys(run_dir: Path) -> list[str]:
+    db = sqlite3.connect(run_dir / "run.db")
+    return [r[0] for r in db.execute("SELECT key FROM measurements WHERE charged = 1")]
+
+
+def _measurement_ids(run_dir: Path) -> set[int]:
+    if not (run_dir / "run.db").exists():
+        return set()
+    db = sqlite3.connect(run_dir / "run.db")
+    try:
+        return {r[0] for r in db.execute("SELECT id FROM measurements")}
+    except sqlite3.OperationalError:
+        return set()
+
+
+@needs_hub
+@pytest.mark.slow
+def test_kill_nine_then_resume_loses_nothing_and_never_overspends(tmp_path):
+    run_dir = tmp_path / "run"
+    budget = 40
+    rng = random.Random(7)
+    cmd = [sys.executable, "-m", "kernelscout", "optimize", "--space", str(SPACE), "--budget", str(budget), "--run-dir", str(run_dir), "--json"]
+    kills = 0
+    seen: set[int] = set()
+    for attempt in range(6):
+        proc = subprocess.Popen(cmd if attempt == 0 else [sys.executable, "-m", "kernelscout", "resume", str(run_dir), "--json"],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            proc.wait(timeout=rng.uniform(2.5, 6.0))
+            out = proc.stdout.read()
+            break
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            kills += 1
+            before = _measurement_ids(run_dir)
+            assert seen <= before, "a measurement that finished before an earlier kill disappeared"
+            seen = before
+    else:
+        proc = subprocess.run([sys.executable, "-m", "kernelscout", "resume", str(run_dir), "--json"], capture_output=True, text=True, timeout=600)
+        out = proc.stdout
+    result = json.loads(out.strip().splitlines()[-1])
+    assert kills >= 1, "the run finished before it could be killed; lengthen the budget"
+    assert result["measurements_used"] <= budget
+    assert seen <= _measurement_ids(run_dir)
+    keys = _charged_keys(run_dir)
+    assert len(keys) == len(set(keys)), "a measurement was paid for twice"
+    status = Budget(RunDir(run_dir)).status()
+    assert status.used <= budget and status.reserved == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("problem", sorted(UNSEEN.glob("*.py")), ids=lambda p: p.stem)
+def test_unseen_kernelbench_problems_run_to_completion_and_report_honestly(problem, tmp_path):
+    result = start_search(problem=str(problem), space=None, budget=2, device="cpu", run_dir=str(tmp_path / "run"), quiet=True)
+    assert result.status == "finished"
+    assert result.measurements_used <= 2
+    if result.best_speedup is None or result.best_speedup <= 1.0:
+        assert "nothing beat" in result.message or "reference stands" in result.message
+    else:
+        assert Path(result.best_path).exists()
+        assert f"{result.best_speedup:.3f}x" in result.message
