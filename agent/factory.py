@@ -45,4 +45,27 @@ def make_predictor(spec: SearchSpec, target: Any) -> Forecaster:
         return make_forecaster(spec.surrogate, target.space.param_values, ref, lambda rec: dict(rec.params),
                                priors=priors, seed=spec.settings.seed)
     sol = target.bounds.time_ms if getattr(target, "bounds", None) else None
+    if spec.surrogate == "llm":
+        return llm_forecaster(target, ref, model=None, seed=spec.settings.seed)
     return make_forecaster(spec.surrogate, None, ref, lambda rec: dict(rec.features), seed=spec.settings.seed, sol_ms=sol)
+
+
+def llm_forecaster(target: Any, ref, model: Any = None, seed: int = 0, target_risk: float = 0.05, gate: Any = None) -> Forecaster:
+    """The self-reflective LLM surrogate reading parent and child code."""
+    from kernelscout.agent.llm import describe_how_to_enable, make_chat_model
+    from kernelscout.tools.archive import ROOT_ID, Archive
+    from kernelscout.tools.surrogates.llm import LLMSurrogate, read_source
+
+    model = model or make_chat_model()
+    if model is None:
+        raise ValueError("the llm surrogate needs a model provider. " + describe_how_to_enable())
+    archive = Archive(target.run)
+    bounds = getattr(target, "bounds", None)
+    sol = f"{bounds.time_ms:.4g} ms ({bounds.bound}-bound)" if bounds else "unknown"
+
+    def context(rec) -> dict:
+        parent_path = str(target.problem) if rec.parent_id in (None, ROOT_ID) else archive.get(rec.parent_id).path
+        return {"parent_source": read_source(parent_path), "device": target.device, "sol": sol}
+
+    return Forecaster(LLMSurrogate(model), ref, lambda rec: dict(rec.features), seed=seed, target_risk=target_risk,
+                      sol_ms=bounds.time_ms if bounds else None, code_context=context, gate=gate)

@@ -61,16 +61,21 @@ class OpenSpaceSurrogate:
 
 class Forecaster:
     def __init__(self, surrogate: Any, reference_ms: Callable[[], Optional[float]], features: Callable[[CandidateRecord], dict],
-                 measure_all: bool = False, target_risk: float = 0.05, seed: int = 0, sol_ms: Optional[float] = None):
+                 measure_all: bool = False, target_risk: float = 0.05, seed: int = 0, sol_ms: Optional[float] = None,
+                 code_context: Optional[Callable[[CandidateRecord], dict]] = None, gate: Optional[RiskControlledGate] = None):
         self.surrogate = surrogate
         self.reference_ms = reference_ms
         self.features = features
         self.measure_all = measure_all
-        self.gate = RiskControlledGate(target_risk=target_risk, seed=seed)
+        self.gate = gate or RiskControlledGate(target_risk=target_risk, seed=seed)
         self.sol_ms = sol_ms
-        self._pending: dict[int, tuple[Forecast, Decision, Optional[float]]] = {}
+        self.code_context = code_context
+        self._pending: dict[int, tuple[Forecast, Optional[Decision], float]] = {}  # forecast, decision, incumbent speedup
+        self._raw: dict[int, Optional[float]] = {}
 
     def forecast(self, rec: CandidateRecord, parent_speedup: float, incumbent_speedup: float) -> Forecast:
+        if self.code_context is not None:
+            return self._forecast_code(rec, parent_speedup, incumbent_speedup)
         ref = self.reference_ms()
         if ref is None:
             parent = Parent(config=self.features(rec), runtime_ms=1.0)
@@ -81,7 +86,22 @@ class Forecaster:
         forecast = predict(Candidate(config=self.features(rec), source_path=rec.path), parent, context, self.surrogate)
         if ref is None and forecast.informative:
             forecast = forecast.model_copy(update={"informative": False, "rationale": "no reference time measured yet"})
-        self._pending[rec.id] = (forecast, None, context.incumbent_runtime_ms)
+        self._pending[rec.id] = (forecast, None, incumbent_speedup)
+        return forecast
+
+    def _forecast_code(self, rec: CandidateRecord, parent_speedup: float, incumbent_speedup: float) -> Forecast:
+        """A code-reading surrogate (the LLM) forecasts from sources rather than from features."""
+        from kernelscout.tools.surrogates.llm import read_source
+
+        ctx = self.code_context(rec)
+        ref = self.reference_ms()
+        forecast = self.surrogate.forecast(
+            child_source=read_source(rec.path), parent_source=ctx["parent_source"],
+            parent_ms=ref / max(parent_speedup, 1e-9) if ref else None, parent_speedup=parent_speedup,
+            incumbent_ratio=incumbent_speedup / max(parent_speedup, 1e-9), device=ctx["device"], sol=ctx["sol"],
+        )
+        self._raw[rec.id] = getattr(self.surrogate, "last_raw_p_faster", None)
+        self._pending[rec.id] = (forecast, None, incumbent_speedup)
         return forecast
 
     def decide(self, forecast: Forecast) -> Decision:
@@ -103,10 +123,14 @@ class Forecaster:
         return p * (1.0 - forecast.p_fail) + 1e-3 * math.log(max(forecast.expected_speedup or 1.0, 1e-9))
 
     def observe(self, rec: CandidateRecord, m: Measurement, parent_speedup: float) -> None:
-        self.surrogate.update(self.features(rec), m)
+        if self.code_context is not None:
+            ratio = m.speedup / parent_speedup if (m.speedup and m.correct and m.timing_valid) else None
+            self.surrogate.observe(self._raw.pop(rec.id, None), ratio, label=f"#{rec.id} {rec.origin}: {rec.hypothesis[:80]}")
+        else:
+            self.surrogate.update(self.features(rec), m)
         entry = self._pending.pop(rec.id, None)
-        if entry and entry[1] is not None and m.status == MeasureStatus.ok and m.runtime_ms and entry[2]:
-            self.gate.observe(entry[0], beat_incumbent=m.runtime_ms < entry[2], decision=entry[1])
+        if entry and entry[1] is not None and m.status == MeasureStatus.ok and m.speedup and m.timing_valid:
+            self.gate.observe(entry[0], beat_incumbent=m.speedup > entry[2], decision=entry[1])
 
 
 def make_forecaster(name: str, tune_params: Optional[Mapping[str, Sequence[Any]]], reference_ms, features,

@@ -124,14 +124,16 @@ class SearchLoop:
     def measure(self, state: LoopState) -> LoopState:
         improved_at = state.get("last_improvement", 0)
         best = self._best_speedup()
-        for cid in state.get("to_measure", []):
+        queue = list(state.get("to_measure", []))
+        while queue:
+            cid = queue.pop(0)
             rec = self.archive.get(cid)
-            if rec.state not in ("proposed",):
+            if rec.state != "proposed":
                 continue  # measured before a crash: its result is already recorded
             m: Measurement = self.target.measure(rec)
             if m.status == MeasureStatus.budget_exhausted:
                 self._emit("budget_exhausted", candidate=cid)
-                return {"stop_reason": "measurement budget spent"}
+                return {"stop_reason": "measurement budget spent", "last_improvement": improved_at, "best_speedup": best}
             suspect = self.target.below_speed_of_light(m)
             self.archive.record_measurement(cid, m, suspect=bool(suspect))
             self.predictor.observe(self.archive.get(cid), m, parent_speedup=self._speedup_of(rec.parent_id))
@@ -140,7 +142,35 @@ class SearchLoop:
                 best, improved_at = m.speedup, used
             self._emit("measure", candidate=cid, status=m.status.value, speedup=m.speedup, timing_valid=m.timing_valid,
                        suspect=suspect or None, used=used, best=best)
+            repaired = self._repair(rec, m, state["iteration"])
+            if repaired is not None:
+                queue.insert(0, repaired)
         return {"last_improvement": improved_at, "best_speedup": best}
+
+    def _repair(self, rec: CandidateRecord, m: Measurement, iteration: int) -> Optional[int]:
+        """Give a policy that can repair (the LLM) one more try at a candidate that failed to build or was wrong."""
+        if not hasattr(self.policy, "repair") or m.status not in (MeasureStatus.compile_error, MeasureStatus.incorrect, MeasureStatus.runtime_error):
+            return None
+        if not rec.path:
+            return None
+        lineage = str(rec.params.get("repair_of", rec.id))
+        parent = None if rec.parent_id in (None, ROOT_ID) else self.archive.get(rec.parent_id)
+        info = self.target.parent_info(parent, tried=self.archive.shas())
+        from pathlib import Path
+
+        fixed = self.policy.repair(Path(rec.path).read_text(), m.status.value, m.message, info, lineage)
+        if fixed is None:
+            return None
+        params = dict(fixed.params, repair_of=int(lineage))
+        new = self.archive.add(self.target.proposal_sha(fixed), fixed.source, rec.parent_id, fixed.origin, params,
+                               fixed.hypothesis, fixed.features, iteration)
+        if new.state != "proposed":
+            return None
+        forecast = self.predictor.forecast(new, parent_speedup=self._speedup_of(new.parent_id), incumbent_speedup=self._best_speedup())
+        self.archive.record_forecast(new.id, iteration, forecast.surrogate, forecast.model_dump(), "measure",
+                                     f"repair of #{rec.id} ({m.status.value}), which the rule had chosen to measure")
+        self._emit("repair", failed=rec.id, repaired=new.id, status=m.status.value)
+        return new.id
 
     def check(self, state: LoopState) -> LoopState:
         if state.get("stop_reason"):

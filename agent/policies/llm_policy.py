@@ -1,0 +1,140 @@
+"""The LLM policy: plan several experiments per parent, write their code, repair what fails.
+
+It sees the problem, the parent's code and measurement, a contrasting kernel from the archive
+(GPU Kernel Scientist), speed-of-light headroom and a digest of what was tried. A proposal whose
+code does not even parse is repaired before it can reach the budget; a measured compile or
+correctness failure is repaired from its error text within a small allowance.
+"""
+
+from __future__ import annotations
+
+import ast
+import random
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from pydantic import BaseModel, Field
+
+from kernelscout.agent.policies.tuner import ParentInfo, Proposal
+from kernelscout.prompts import load as load_prompt
+
+
+class Experiment(BaseModel):
+    hypothesis: str
+    expected_speedup: float = Field(1.0, gt=0)
+    source: str
+
+
+class ExperimentPlan(BaseModel):
+    experiments: list[Experiment] = Field(default_factory=list)
+
+
+def static_problem(source: str) -> Optional[str]:
+    """Why this source cannot be a candidate, judged without running it (None when it can)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        return f"SyntaxError at line {exc.lineno}: {exc.msg}"
+    if not any(isinstance(n, ast.ClassDef) and n.name == "ModelNew" for n in tree.body):
+        return "the module defines no class ModelNew"
+    return None
+
+
+class LLMPolicy:
+    name = "llm"
+
+    def __init__(self, model: Any, digest: Callable[[], str], contrast: Callable[[], Optional[tuple[str, str]]],
+                 sol_text: str = "unknown", repair_allowance: int = 2):
+        self.model = model
+        self.digest = digest
+        self.contrast = contrast
+        self.sol_text = sol_text
+        self.repair_allowance = repair_allowance
+        self.repairs: dict[str, int] = {}  # lineage root sha -> repairs spent
+        self.notes: list[str] = []
+
+    def _ask(self, prompt: str, schema):
+        from kernelscout.agent.llm import Message, structured
+
+        messages = [Message.system("You write fast, correct PyTorch/Triton/C++ kernels. Answer only with the JSON asked for."),
+                    Message.user(prompt)]
+        return structured(self.model, messages, schema)
+
+    def propose(self, parent: ParentInfo, k: int, rng: random.Random) -> list[Proposal]:
+        problem_source = Path(parent.problem_path).read_text()
+        parent_source = problem_source if parent.is_reference else Path(parent.path).read_text()
+        contrast = self.contrast()
+        contrast_text = f"\n## A contrasting kernel from the archive ({contrast[0]})\n```python\n{contrast[1]}\n```\n" if contrast else ""
+        prompt = load_prompt("propose").format(
+            k=k, device=parent.device, sol=self.sol_text, problem_path=parent.problem_path, problem_source=problem_source,
+            parent_label="the reference itself" if parent.is_reference else f"candidate #{parent.id}",
+            parent_measured=f"{parent.speedup:.3f}x over the reference" if parent.speedup else "not yet",
+            parent_source=parent_source, contrast=contrast_text, digest=self.digest() or "(nothing yet)",
+        )
+        plan = self._ask(prompt, ExperimentPlan)
+        if plan is None:
+            self.notes.append("the model gave no usable plan")
+            return []
+        out = []
+        for exp in plan.experiments[:k]:
+            proposal = self._checked(exp, parent)
+            if proposal is not None and proposal.sha not in parent.tried_shas:
+                out.append(proposal)
+        return out
+
+    def _proposal(self, exp: Experiment, parent: ParentInfo, origin: str = "llm") -> Proposal:
+        return Proposal(source=exp.source, origin=origin, params={}, hypothesis=exp.hypothesis, parent_id=parent.id,
+                        features={"origin": origin, "expected_speedup": float(exp.expected_speedup)})
+
+    def _checked(self, exp: Experiment, parent: ParentInfo) -> Optional[Proposal]:
+        """Repair code that cannot parse before it costs anything."""
+        for attempt in range(self.repair_allowance + 1):
+            problem = static_problem(exp.source)
+            if problem is None:
+                return self._proposal(exp, parent, "llm" if attempt == 0 else "llm:repaired")
+            if attempt == self.repair_allowance:
+                self.notes.append(f"dropped an experiment that still failed after {attempt} repairs: {problem}")
+                return None
+            fixed = self._ask(load_prompt("repair").format(status="compile_error", message=problem, source=exp.source), Experiment)
+            if fixed is None:
+                return None
+            exp = fixed
+        return None
+
+    def repair(self, source: str, status: str, message: str, parent: ParentInfo, lineage: str) -> Optional[Proposal]:
+        """Fix a measured failure from its error text, within the allowance for this lineage."""
+        if self.repairs.get(lineage, 0) >= self.repair_allowance:
+            return None
+        self.repairs[lineage] = self.repairs.get(lineage, 0) + 1
+        fixed = self._ask(load_prompt("repair").format(status=status, message=message[-3000:], source=source), Experiment)
+        if fixed is None or static_problem(fixed.source) is not None:
+            return None
+        return self._proposal(fixed, parent, "llm:repaired")
+
+
+def make_llm_policy(spec: Any, target: Any, model: Any = None) -> LLMPolicy:
+    from kernelscout.agent.llm import describe_how_to_enable, make_chat_model
+    from kernelscout.tools.archive import Archive
+
+    model = model or make_chat_model()
+    if model is None:
+        raise ValueError("the llm policy needs a model provider. " + describe_how_to_enable())
+    archive = Archive(target.run)
+
+    def digest() -> str:
+        lines = []
+        for rec in archive.all()[-20:]:
+            result = f"{rec.speedup:.3f}x" if rec.speedup else rec.state
+            lines.append(f"- #{rec.id} ({rec.origin}) {rec.hypothesis[:100]}: {result}")
+        return "\n".join(lines)
+
+    def contrast() -> Optional[tuple[str, str]]:
+        measured = [r for r in archive.all() if r.path and r.state in ("measured", "failed")]
+        if len(measured) < 2:
+            return None
+        worst = min(measured, key=lambda r: r.speedup or 0.0)
+        return (f"#{worst.id}, {'%.3fx' % worst.speedup if worst.speedup else worst.state}", Path(worst.path).read_text())
+
+    bounds = getattr(target, "bounds", None)
+    sol = f"{bounds.time_ms:.4g} ms ({bounds.bound}-bound)" if bounds else "unknown"
+    return LLMPolicy(model, digest, contrast, sol_text=sol)

@@ -1,0 +1,149 @@
+"""The LLM surrogate: a self-reflective forecaster over code, recalibrated by what the run measures.
+
+It reads parent and child code, the parent's measurement, the device and speed-of-light, and a few
+measured examples; it answers with probabilities over ordinal speedup bins, then critiques its own
+forecast and revises it. Malformed, truncated or refused answers end as an uninformative forecast,
+which the decision rule treats as unsure (measure), never as a crash. Its P(faster) is recalibrated
+with isotonic regression once the run has measured enough outcomes of both kinds.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+from pydantic import BaseModel, Field, field_validator
+
+from kernelscout.prompts import load as load_prompt
+from kernelscout.tools.predict import Forecast, SurrogateCost
+from kernelscout.tools.surrogates.distribution import DEFAULT_EDGES, bin_labels
+
+
+class BinAnswer(BaseModel):
+    probs: list[float] = Field(description="probability of each speedup bin")
+    rationale: str = ""
+
+    @field_validator("probs")
+    @classmethod
+    def _valid(cls, v: list[float]) -> list[float]:
+        if any((not math.isfinite(p)) or p < 0 for p in v):
+            raise ValueError("probabilities must be finite and non-negative")
+        if not 0.9 <= sum(v) <= 1.1:
+            raise ValueError(f"probabilities sum to {sum(v):.3f}, not 1")
+        return v
+
+
+def _bin_bounds(edges: Sequence[float]) -> list[tuple[float, float]]:
+    lows = [edges[0] / 2] + list(edges)
+    highs = list(edges) + [edges[-1] * 2]
+    return list(zip(lows, highs))
+
+
+def p_speedup_above(probs: Sequence[float], edges: Sequence[float], r: float) -> float:
+    """P(speedup > r), interpolating log-uniformly inside the bin that contains r."""
+    total = 0.0
+    for p, (lo, hi) in zip(probs, _bin_bounds(edges)):
+        if r <= lo:
+            total += p
+        elif r < hi:
+            total += p * (math.log(hi) - math.log(r)) / (math.log(hi) - math.log(lo))
+    return min(1.0, max(0.0, total))
+
+
+class LLMSurrogate:
+    name = "llm"
+
+    def __init__(self, model: Any, edges: Sequence[float] = DEFAULT_EDGES, examples: int = 6, min_calibration: int = 10):
+        self.model = model
+        self.edges = list(edges)
+        self.examples = examples
+        self.min_calibration = min_calibration
+        self._history: list[tuple[float, bool]] = []  # (raw P(faster), measured faster)
+        self._measured: list[str] = []
+        self._calibrator = None
+
+    def _ask(self, messages) -> tuple[Optional[BinAnswer], str]:
+        from kernelscout.agent.llm import structured_outcome
+
+        outcome = structured_outcome(self.model, messages, BinAnswer)
+        if outcome.value is not None and len(outcome.value.probs) != len(self.edges) + 1:
+            return None, f"answer had {len(outcome.value.probs)} probabilities, expected {len(self.edges) + 1}"
+        return outcome.value, (outcome.failure or "") + (f": {outcome.detail}" if outcome.detail else "")
+
+    def forecast(self, child_source: str, parent_source: str, parent_ms: Optional[float], parent_speedup: float,
+                 incumbent_ratio: Optional[float], device: str, sol: str) -> Forecast:
+        """incumbent_ratio: the speedup over the parent that a new best would need."""
+        from kernelscout.agent.llm import Message
+
+        start = time.perf_counter()
+        self.last_raw_p_faster = None
+        n = len(self.edges) + 1
+        prompt = load_prompt("forecast").format(
+            device=device, parent_ms=f"{parent_ms:.4g} ms" if parent_ms else "not yet measured", parent_speedup=f"{parent_speedup:.3f}x",
+            sol=sol, parent_source=parent_source, child_source=child_source, bins=", ".join(bin_labels(self.edges)), n_bins=n,
+            examples="\n".join(self._measured[-self.examples:]) or "(none yet)",
+        )
+        messages = [Message.system("You forecast GPU kernel performance. Answer only with the JSON asked for."), Message.user(prompt)]
+        first, why = self._ask(messages)
+        if first is None:
+            return self._unsure(f"LLM forecast unusable ({why or 'no answer'}); deferring to a measurement", start)
+        messages += [Message.assistant(first.model_dump_json()), Message.user(load_prompt("reflect").format(n_bins=n))]
+        revised, why = self._ask(messages)
+        answer = revised or first
+        probs = np.asarray(answer.probs, dtype=float)
+        probs = probs / probs.sum()
+        raw_pf = p_speedup_above(probs, self.edges, 1.0)
+        self.last_raw_p_faster = raw_pf
+        pf = self._recalibrate(raw_pf)
+        probs = self._reweight(probs, raw_pf, pf)
+        bounds = _bin_bounds(self.edges)
+        expected = float(sum(p * math.sqrt(lo * hi) for p, (lo, hi) in zip(probs, bounds)))
+        pb = p_speedup_above(probs, self.edges, incumbent_ratio) if incumbent_ratio else None
+        note = "" if revised else f" (revision unusable: {why}; first answer kept)"
+        return Forecast(
+            surrogate=self.name, informative=True, bin_edges=self.edges, bin_labels=bin_labels(self.edges), bin_probs=probs.tolist(),
+            p_faster=pf, p_beats_incumbent=pb, expected_speedup=expected, confidence=abs(2 * pf - 1),
+            rationale=(answer.rationale or "LLM forecast") + note + (f" [P(faster) recalibrated {raw_pf:.2f}->{pf:.2f}]" if pf != raw_pf else ""),
+            cost=SurrogateCost(latency_ms=(time.perf_counter() - start) * 1e3),
+        )
+
+    def _unsure(self, reason: str, start: float) -> Forecast:
+        n = len(self.edges) + 1
+        return Forecast(surrogate=self.name, informative=False, bin_edges=self.edges, bin_labels=bin_labels(self.edges),
+                        bin_probs=[1.0 / n] * n, p_faster=0.5, confidence=0.0, rationale=reason,
+                        cost=SurrogateCost(latency_ms=(time.perf_counter() - start) * 1e3))
+
+    def _recalibrate(self, raw: float) -> float:
+        outcomes = [o for _, o in self._history]
+        if len(self._history) < self.min_calibration or all(outcomes) or not any(outcomes):
+            return raw
+        from sklearn.isotonic import IsotonicRegression
+
+        iso = IsotonicRegression(y_min=0.01, y_max=0.99, out_of_bounds="clip")
+        iso.fit([p for p, _ in self._history], [float(o) for o in outcomes])
+        return float(iso.predict([raw])[0])
+
+    def _reweight(self, probs: np.ndarray, raw: float, calibrated: float) -> np.ndarray:
+        """Scale mass above and below 1x so the bins agree with the recalibrated P(faster)."""
+        if abs(raw - calibrated) < 1e-9 or raw in (0.0, 1.0):
+            return probs
+        centres = [math.sqrt(lo * hi) for lo, hi in _bin_bounds(self.edges)]
+        up = np.array([c > 1.0 for c in centres])
+        out = probs.copy()
+        out[up] *= calibrated / raw
+        out[~up] *= (1 - calibrated) / (1 - raw)
+        return out / out.sum()
+
+    def observe(self, raw_p_faster: Optional[float], measured_ratio: Optional[float], label: str = "") -> None:
+        if measured_ratio is None:
+            return
+        if raw_p_faster is not None:
+            self._history.append((raw_p_faster, measured_ratio > 1.0))
+        self._measured.append(f"- {label}: measured {measured_ratio:.3f}x over its parent")
+
+
+def read_source(path: Optional[str]) -> str:
+    return Path(path).read_text() if path and Path(path).exists() else "(not available)"
