@@ -25,6 +25,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Optional
 
@@ -69,7 +70,7 @@ class ReplaySpace:
     param_names: tuple[str, ...]
     param_values: dict[str, tuple[ParamValue, ...]]
     configs: tuple[tuple[ParamValue, ...], ...]
-    times: np.ndarray  # mean time in ms per config; NaN where the config failed
+    times: np.ndarray  # the file's `time` (mean of repeats, ms) per config; NaN where it failed
     repeats: tuple[np.ndarray, ...]
     failures: dict[int, MeasureStatus]  # config index -> how it failed
     problem_size: Any = None
@@ -166,13 +167,19 @@ class ReplaySpace:
     def ok_mask(self) -> np.ndarray:
         return np.isfinite(self.times)
 
+    @cached_property
+    def median_times(self) -> np.ndarray:
+        """Median of the recorded repeats, the quantity `ReplayDevice.measure` estimates; NaN if failed."""
+        return np.asarray([np.median(r) if r.size else math.nan for r in self.repeats])
+
     @property
     def best_index(self) -> int:
-        return int(np.nanargmin(self.times))
+        return int(np.nanargmin(self.median_times))
 
     @property
     def best_time(self) -> float:
-        return float(self.times[self.best_index])
+        """Best median time in ms over the space."""
+        return float(self.median_times[self.best_index])
 
     def config(self, index: int) -> dict[str, ParamValue]:
         return dict(zip(self.param_names, self.configs[index]))

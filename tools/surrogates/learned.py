@@ -1,0 +1,195 @@
+"""The learned surrogate: an ensemble over configuration features with conformal uncertainty.
+
+Pipeline, refitted lazily after new measurements:
+
+1. encode configurations (`features.ConfigEncoder`), plus one column per warm-start prior;
+2. fit the ensemble (`ensemble.LogTimeEnsemble`) on log-time of the timed configurations;
+3. refit it on K folds to get out-of-fold means and spreads, whose normalised residuals become the
+   shape of every predictive distribution (a conformal predictive system: its quantiles hold on
+   held-out data by construction, not by a Gaussian assumption);
+4. fit an isotonic map on out-of-fold pairs so that P(child faster than a measured parent) is
+   calibrated (`calibration`);
+5. a small classifier for P(fail) when failures have been seen.
+
+With fewer than `min_points` timed configurations it forecasts nothing and says so (cold start).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+from sklearn.ensemble import ExtraTreesClassifier
+
+from kernelscout.tools.schema import Measurement, MeasureStatus
+from kernelscout.tools.surrogates.base import Configs
+from kernelscout.tools.surrogates.calibration import IsotonicCalibrator, fit_pair_calibrator
+from kernelscout.tools.surrogates.distribution import LogTimeDistribution
+from kernelscout.tools.surrogates.ensemble import DEFAULT_MEMBERS, LogTimeEnsemble, Member
+from kernelscout.tools.surrogates.features import ConfigEncoder, FeatureBlocks
+from kernelscout.tools.surrogates.warmstart import PriorSource
+
+_FAILED = {MeasureStatus.compile_error, MeasureStatus.runtime_error, MeasureStatus.crashed, MeasureStatus.timeout}
+
+
+@dataclass(frozen=True)
+class FitSummary:
+    """What a fit did, for logs and tests."""
+
+    n_timed: int
+    fitted: bool
+
+
+class LearnedSurrogate:
+    """Forecasts log-time of configurations of one tuning space from the measurements seen so far."""
+
+    def __init__(
+        self,
+        tune_params: Mapping[str, Sequence[Any]],
+        *,
+        members: Sequence[Member] = DEFAULT_MEMBERS,
+        rich_features: bool = True,
+        priors: Sequence[PriorSource] = (),
+        folds: int = 5,
+        min_points: int = 8,
+        seed: int = 0,
+        name: str = "learned",
+    ) -> None:
+        self.name = name
+        self.encoder = ConfigEncoder(tune_params, rich=rich_features)
+        self.param_names = self.encoder.param_names
+        for p in priors:
+            if not p.covers(self.param_names):
+                raise ValueError(f"prior {p.name!r} tunes other parameters than this space")
+        self.priors = list(priors)
+        self.members = tuple(members)
+        self.folds = folds
+        self.min_points = max(min_points, 3)
+        self.seed = seed
+        self._rows: list[tuple[Any, ...]] = []
+        self._logt: list[float] = []  # NaN for failures
+        self._dirty = True
+        self._model: Optional[LogTimeEnsemble] = None
+        self._residuals = np.zeros(1)
+        self._bandwidth = 1.0
+        self._calibrator = IsotonicCalibrator()
+        self._fail_model: Optional[ExtraTreesClassifier] = None
+
+    # --- data -----------------------------------------------------------------------------
+
+    def observe(self, config: Mapping[str, Any] | Sequence[Any], runtime_ms: Optional[float]) -> None:
+        """Record one outcome; `runtime_ms=None` records a failed configuration."""
+        row = tuple(config[n] for n in self.param_names) if isinstance(config, Mapping) else tuple(config)
+        ok = runtime_ms is not None and np.isfinite(runtime_ms) and runtime_ms > 0
+        self._rows.append(row)
+        self._logt.append(float(np.log(runtime_ms)) if ok else np.nan)
+        self._dirty = True
+
+    def update(self, config: Mapping[str, Any], measurement: Measurement) -> None:
+        """Learn from a measurement; outcomes that say nothing about this config's speed are ignored."""
+        if measurement.status == MeasureStatus.ok and measurement.runtime_ms:
+            self.observe(config, measurement.runtime_ms)
+        elif measurement.status in _FAILED:
+            self.observe(config, None)
+
+    @property
+    def n_timed(self) -> int:
+        return int(np.isfinite(np.asarray(self._logt, dtype=float)).sum()) if self._logt else 0
+
+    @property
+    def n_failed(self) -> int:
+        return len(self._logt) - self.n_timed
+
+    def status(self) -> str:
+        prior = f", warm start from {', '.join(p.name for p in self.priors)}" if self.priors else ""
+        if self.n_timed < self.min_points:
+            return f"cold start: only {self.n_timed} timed configurations (needs {self.min_points}){prior}"
+        return f"{'+'.join(self.members)} on {self.n_timed} timed configurations{prior}"
+
+    # --- model ----------------------------------------------------------------------------
+
+    def _features(self, configs: Configs) -> FeatureBlocks:
+        x = self.encoder.transform(configs)
+        if not self.priors:
+            return x
+        extra = np.column_stack([p.feature(configs, self.param_names) for p in self.priors])
+        return FeatureBlocks(full=np.hstack([x.full, extra]), compact=np.hstack([x.compact, extra]))
+
+    def fit(self) -> "FitSummary":
+        """Refit now (otherwise done lazily on the next forecast after new data)."""
+        logt = np.asarray(self._logt, dtype=float)
+        ok = np.isfinite(logt)
+        rows = np.asarray(self._rows, dtype=object).reshape(len(self._rows), len(self.param_names))
+        self._dirty = False
+        self._fit_failures(rows, ok)
+        if ok.sum() < self.min_points:
+            self._model = None
+            return FitSummary(n_timed=int(ok.sum()), fitted=False)
+        x = self._features(rows[ok])
+        y = logt[ok]
+        self._model = LogTimeEnsemble(self.members, seed=self.seed).fit(x, y)
+        mu_oof, s_oof = self._out_of_fold(x, y)
+        e = (y - mu_oof) / s_oof
+        self._residuals = e
+        sd = float(e.std()) or 1.0
+        self._bandwidth = 1.06 * sd * e.size ** (-0.2)  # Silverman: smooth the residual sample
+        rng = np.random.default_rng(self.seed)
+        self._calibrator = fit_pair_calibrator(y, mu_oof, s_oof, e, self._bandwidth, rng)
+        return FitSummary(n_timed=int(ok.sum()), fitted=True)
+
+    def _out_of_fold(self, x: FeatureBlocks, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        assert self._model is not None
+        n = y.size
+        k = min(self.folds, n)
+        fold = np.random.default_rng(self.seed + 1).permutation(n) % k
+        mu = np.empty(n)
+        sd = np.empty(n)
+        for f in range(k):
+            tr, te = fold != f, fold == f
+            sub = LogTimeEnsemble(self.members, seed=self.seed).fit(
+                FeatureBlocks(full=x.full[tr], compact=x.compact[tr]), y[tr], gp_kernel=self._model.gp_kernel
+            )
+            pred = sub.predict(FeatureBlocks(full=x.full[te], compact=x.compact[te]))
+            mu[te], sd[te] = pred.mean, pred.spread
+        floor = 1e-3 * max(float(y.std()), 1e-6)
+        return mu, np.maximum(sd, floor)
+
+    def _fit_failures(self, rows: np.ndarray, ok: np.ndarray) -> None:
+        self._fail_model = None
+        if (~ok).sum() >= 2 and ok.sum() >= 2:
+            x = self.encoder.transform(rows).full
+            self._fail_model = ExtraTreesClassifier(n_estimators=50, random_state=self.seed, n_jobs=1).fit(x, ~ok)
+
+    def _ensure_fitted(self) -> None:
+        if self._dirty:
+            self.fit()
+
+    # --- forecasts ------------------------------------------------------------------------
+
+    def predictive(self, configs: Configs) -> Optional[LogTimeDistribution]:
+        self._ensure_fitted()
+        if self._model is None:
+            return None
+        pred = self._model.predict(self._features(configs))
+        return LogTimeDistribution(
+            mu=pred.mean,
+            scale=np.maximum(pred.spread, 1e-9),
+            residuals=self._residuals,
+            bandwidth=self._bandwidth,
+            calibrator=self._calibrator if self._calibrator.fitted else None,
+        )
+
+    def p_fail(self, configs: Configs) -> np.ndarray:
+        self._ensure_fitted()
+        n_obs = len(self._logt)
+        base = (self.n_failed + 0.5) / (n_obs + 1.0)  # Jeffreys-style rate before any model
+        if self._fail_model is None:
+            return np.full(len(configs), base)
+        p = self._fail_model.predict_proba(self.encoder.transform(configs).full)[:, 1]
+        # Shrink towards the base rate: a forest on a handful of failures is overconfident.
+        w = n_obs / (n_obs + 20.0)
+        return w * p + (1 - w) * base
+
+

@@ -1,0 +1,50 @@
+"""Surrogates by name, so that the CLI and the agent pick them the same way.
+
+Other surrogates (the LLM forecaster) register themselves here instead of being special-cased.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from kernelscout.tools.surrogates.base import NoneSurrogate, Surrogate
+from kernelscout.tools.surrogates.learned import LearnedSurrogate
+from kernelscout.tools.surrogates.warmstart import PriorSource
+
+SurrogateFactory = Callable[..., Surrogate]
+"""factory(tune_params, *, priors, seed) -> Surrogate"""
+
+
+def _learned(tune_params: Mapping[str, Sequence[Any]], *, priors: Sequence[PriorSource] = (), seed: int = 0) -> Surrogate:
+    return LearnedSurrogate(tune_params, priors=priors, seed=seed)
+
+
+def _plain_rf(tune_params: Mapping[str, Sequence[Any]], *, priors: Sequence[PriorSource] = (), seed: int = 0) -> Surrogate:
+    """The reference point of the issue: a random forest on raw parameter values."""
+    return LearnedSurrogate(tune_params, members=("rf",), rich_features=False, priors=priors, seed=seed, name="plain-rf")
+
+
+def _none(tune_params: Mapping[str, Sequence[Any]], *, priors: Sequence[PriorSource] = (), seed: int = 0) -> Surrogate:
+    return NoneSurrogate()
+
+
+_REGISTRY: dict[str, SurrogateFactory] = {"learned": _learned, "plain-rf": _plain_rf, "none": _none}
+
+
+def register_surrogate(name: str, factory: SurrogateFactory) -> None:
+    _REGISTRY[name] = factory
+
+
+def surrogate_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def make_surrogate(
+    name: str, tune_params: Mapping[str, Sequence[Any]], *, priors: Sequence[PriorSource] = (), seed: int = 0
+) -> Surrogate:
+    try:
+        factory = _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown surrogate {name!r}; available: {', '.join(surrogate_names())}") from None
+    return factory(tune_params, priors=priors, seed=seed)
