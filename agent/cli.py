@@ -118,6 +118,9 @@ def optimize(
     proposals: int = typer.Option(6, help="candidates proposed per iteration"),
     patience: int = typer.Option(0, help="stop after this many measurements without a new best (0: never)"),
     max_wall: Optional[float] = typer.Option(None, "--max-wall", help="stop after this many seconds"),
+    max_device_s: Optional[float] = typer.Option(None, "--max-device-seconds", help="stop after this much measurement time on the device"),
+    max_usd: Optional[float] = typer.Option(None, "--max-usd", help="stop when LLM calls have cost this much"),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="stop when LLM calls have used this many tokens"),
     warm_start: list[str] = typer.Option([], "--warm-start", help="recorded space of the same kernel on another device (repeatable)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object at the end"),
 ) -> None:
@@ -127,7 +130,8 @@ def optimize(
     try:
         result = start_search(problem=problem, space=space, budget=budget, policy=policy, surrogate=surrogate, device=device,
                               run_dir=run_dir, seed=seed, proposals=proposals, patience=patience, max_wall=max_wall,
-                              warm_start=warm_start, quiet=as_json)
+                              warm_start=warm_start, quiet=as_json, max_device_s=max_device_s, max_usd=max_usd,
+                              max_llm_tokens=max_tokens)
     except OptimizeError as exc:
         if as_json:
             print(json.dumps({"status": "failed", "message": str(exc)}))

@@ -11,6 +11,26 @@ from kernelscout.agent.targets import CodeTarget, ReplayTarget, reference_ms
 from kernelscout.tools.rundir import RunDir
 
 
+_MODELS: dict[str, Any] = {}
+
+
+def metered_chat_model(spec: SearchSpec, run: RunDir):
+    """One chat model per run, its tokens and USD metered against the run's caps and persisted in run.db."""
+    key = str(run.path.resolve())
+    if key in _MODELS:
+        return _MODELS[key]
+    from kernelscout.agent.llm import make_chat_model
+    from kernelscout.agent.llm_pricing import UsageMeter, UsageState
+
+    saved = run.get_meta("llm_usage")
+    meter = UsageMeter(max_usd=spec.settings.max_usd, max_tokens_total=spec.settings.max_llm_tokens,
+                       state=UsageState.model_validate_json(saved) if saved else None,
+                       on_update=lambda state: run.set_meta("llm_usage", state.model_dump_json()))
+    model = make_chat_model(meter=meter)
+    _MODELS[key] = model
+    return model
+
+
 def make_target(spec: SearchSpec, run: RunDir, pool: Any = None):
     if spec.kind == "space":
         from kernelscout.sandbox.replay import ReplaySpace
@@ -31,7 +51,7 @@ def make_policy(spec: SearchSpec, target: Any):
     if spec.policy == "llm":
         from kernelscout.agent.policies.llm_policy import make_llm_policy
 
-        return make_llm_policy(spec, target)
+        return make_llm_policy(spec, target, model=metered_chat_model(spec, target.run))
     raise ValueError(f"unknown policy {spec.policy!r}")
 
 
@@ -46,7 +66,7 @@ def make_predictor(spec: SearchSpec, target: Any) -> Forecaster:
                                priors=priors, seed=spec.settings.seed)
     sol = target.bounds.time_ms if getattr(target, "bounds", None) else None
     if spec.surrogate == "llm":
-        return llm_forecaster(target, ref, model=None, seed=spec.settings.seed)
+        return llm_forecaster(target, ref, model=metered_chat_model(spec, target.run), seed=spec.settings.seed)
     return make_forecaster(spec.surrogate, None, ref, lambda rec: dict(rec.features), seed=spec.settings.seed, sol_ms=sol)
 
 

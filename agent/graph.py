@@ -31,6 +31,13 @@ from kernelscout.tools.budget import Budget
 from kernelscout.tools.rundir import RunDir
 from kernelscout.tools.schema import Measurement, MeasureStatus
 
+try:
+    from kernelscout.agent.llm_pricing import BudgetExceeded as _LLMBudgetExceeded
+
+    LLM_CAPS: tuple[type[BaseException], ...] = (_LLMBudgetExceeded,)
+except ImportError:  # pragma: no cover
+    LLM_CAPS = ()
+
 
 class SearchSettings(BaseModel):
     """Knobs of the loop; stored in the run directory so `kscout resume` continues with the same ones."""
@@ -42,6 +49,10 @@ class SearchSettings(BaseModel):
     patience: int = Field(0, ge=0, description="stop after this many measurements without a new best (0: never)")
     max_wall_s: Optional[float] = Field(None, description="stop after this many seconds")
     sol_margin: float = Field(1.05, description="stop when the best time is within this factor of speed-of-light")
+    near_sol: float = Field(1.5, description="within this factor of speed-of-light, spend at most half the budget")
+    max_device_s: Optional[float] = Field(None, description="stop after this many seconds of measurement time on the device")
+    max_usd: Optional[float] = Field(None, description="stop when LLM calls have cost this much")
+    max_llm_tokens: Optional[int] = Field(None, description="stop when LLM calls have used this many tokens")
     seed: int = 0
 
 
@@ -85,7 +96,11 @@ class SearchLoop:
         parent = None if parent_id == ROOT_ID else self.archive.get(parent_id)
         rng = random.Random(f"{self.settings.seed}:{iteration}")
         info = self.target.parent_info(parent, tried=self.archive.shas())
-        proposals = self.policy.propose(info, self.settings.proposals_per_iteration, rng)
+        try:
+            proposals = self.policy.propose(info, self.settings.proposals_per_iteration, rng)
+        except LLM_CAPS as exc:
+            self._emit("llm_cap", reason=str(exc))
+            return {"considered": [], "stop_reason": f"LLM cost cap reached: {exc}"}
         new_ids = []
         for p in proposals:
             sha = self.target.proposal_sha(p)
@@ -100,9 +115,15 @@ class SearchLoop:
         iteration = state["iteration"]
         incumbent = self._best_speedup()
         judged = []
+        if state.get("stop_reason"):
+            return {"to_measure": []}
         for cid in state.get("considered", []):
             rec = self.archive.get(cid)
-            forecast = self.predictor.forecast(rec, parent_speedup=self._speedup_of(rec.parent_id), incumbent_speedup=incumbent)
+            try:
+                forecast = self.predictor.forecast(rec, parent_speedup=self._speedup_of(rec.parent_id), incumbent_speedup=incumbent)
+            except LLM_CAPS as exc:
+                self._emit("llm_cap", reason=str(exc))
+                return {"to_measure": [], "stop_reason": f"LLM cost cap reached: {exc}"}
             judged.append((cid, forecast, self.predictor.decide(forecast)))
         # highest priority first; among equals (e.g. cold start) the policy's own order, oldest first
         wanted = sorted(((self.predictor.priority(f), -cid), cid) for cid, f, d in judged if d.action == "measure")[::-1]
@@ -186,6 +207,10 @@ class SearchLoop:
             reason = f"no new best in {s.patience} measurements"
         elif self.target.at_speed_of_light(self.archive.best(), s.sol_margin):
             reason = "best kernel is within the speed-of-light margin"
+        elif s.max_device_s and self._device_seconds() >= s.max_device_s:
+            reason = f"device-time budget of {s.max_device_s:g} s spent"
+        elif status.cap and status.used >= math.ceil(status.cap / 2) and self._near_sol(s.near_sol):
+            reason = f"within {s.near_sol:g}x of speed-of-light: a problem this close gets at most half the budget"
         dry = state.get("dry_iterations", 0) + 1 if not state.get("to_measure") else 0
         if reason is None and dry >= 3:
             reason = "the policy has nothing left worth measuring"
@@ -194,6 +219,19 @@ class SearchLoop:
         return {"stop_reason": reason, "dry_iterations": dry}
 
     # -- helpers ------------------------------------------------------------------------------
+    def _near_sol(self, factor: float) -> bool:
+        best = self.archive.best()
+        headroom = self.target.headroom(best) if best else self.target.headroom(None)
+        return headroom is not None and headroom <= factor
+
+    def _device_seconds(self) -> float:
+        """Measurement time spent on the device, from the supervisor's wall clock of each charged measurement."""
+        import json as _json
+
+        with self.run.connect() as db:
+            rows = db.execute("SELECT result_json FROM measurements WHERE charged = 1").fetchall()
+        return sum(_json.loads(r[0]).get("wall_s") or 0.0 for r in rows)
+
     def _best_speedup(self) -> float:
         best = self.archive.best()
         return best.speedup if best and best.speedup else 1.0

@@ -55,13 +55,15 @@ def _problem_file(problem: str) -> Path:
 
 def start_search(problem: Optional[str], space: Optional[str], budget: int, policy: str = "auto", surrogate: str = "auto",
                  device: str = "auto", run_dir: Optional[str] = None, seed: int = 0, proposals: int = 6, patience: int = 0,
-                 max_wall: Optional[float] = None, warm_start: Optional[list[str]] = None, quiet: bool = False) -> OptimizeResult:
+                 max_wall: Optional[float] = None, warm_start: Optional[list[str]] = None, quiet: bool = False,
+                 max_device_s: Optional[float] = None, max_usd: Optional[float] = None, max_llm_tokens: Optional[int] = None) -> OptimizeResult:
     if (problem is None) == (space is None):
         raise OptimizeError("give either a PROBLEM file or --space FILE.json.gz")
     if budget < 1:
         raise OptimizeError("--budget must be at least 1")
     policy, surrogate, note = resolve_choices(policy, surrogate)
-    settings = SearchSettings(budget=budget, seed=seed, proposals_per_iteration=proposals, patience=patience, max_wall_s=max_wall)
+    settings = SearchSettings(budget=budget, seed=seed, proposals_per_iteration=proposals, patience=patience, max_wall_s=max_wall,
+                              max_device_s=max_device_s, max_usd=max_usd, max_llm_tokens=max_llm_tokens)
     if space is not None:
         if not Path(space).exists():
             raise OptimizeError(f"{space}: no such recorded space")

@@ -429,6 +429,8 @@ class CompileParams(BaseModel):
     CPP_WRAPPER: bool = Field(False, description="host-side wrapper in C++ instead of Python")
     AGGRESSIVE_FUSION: bool = Field(False, description="fuse even nodes that share no memory access")
     SIMDLEN: int = Field(0, description="inductor cpp.simdlen in bits; 0 detects the widest the CPU has")
+    MIN_CHUNK_SIZE: int = Field(512, description="inductor cpp.min_chunk_size: least work per parallel chunk")
+    SPLIT_REDUCTIONS: bool = Field(True, description="split large reductions into two parallel stages")
 
 
 class TorchCompile(Rewrite):
@@ -453,6 +455,10 @@ class TorchCompile(Rewrite):
             why.append("aggressive fusion merges loops that share no buffer, saving passes and launches")
         if p.SIMDLEN:
             why.append(f"a {p.SIMDLEN}-bit vector width can avoid AVX-512 frequency drops")
+        if p.MIN_CHUNK_SIZE > 512:
+            why.append("bigger parallel chunks cut OpenMP scheduling overhead when each loop is short")
+        if not p.SPLIT_REDUCTIONS:
+            why.append("unsplit reductions save a second pass and a temporary when there is already enough parallelism")
         return "; ".join(why) + "."
 
     def applies(self, device: str, features: StaticFeatures) -> bool:
@@ -470,7 +476,9 @@ class TorchCompile(Rewrite):
             out["FREEZING"] = [False, True]
         out.update(FULLGRAPH=[False, True], CPP_WRAPPER=[False, True], AGGRESSIVE_FUSION=[False, True])
         if _base(device) == "cpu":
-            out["SIMDLEN"] = [0, 256]
+            out.update(SIMDLEN=[0, 256], MIN_CHUNK_SIZE=[512, 4096])
+        if features.n_reductions:
+            out["SPLIT_REDUCTIONS"] = [True, False]
         return out
 
     def starting_points(self, device: str, features: StaticFeatures) -> list[dict[str, Any]]:
@@ -498,6 +506,8 @@ OPTIONS = {
     "freezing": FREEZING,
     "cpp_wrapper": CPP_WRAPPER,
     "aggressive_fusion": AGGRESSIVE_FUSION,
+    "cpp.min_chunk_size": MIN_CHUNK_SIZE,
+    "split_reductions": SPLIT_REDUCTIONS,
 }
 if SIMDLEN:
     OPTIONS["cpp.simdlen"] = SIMDLEN

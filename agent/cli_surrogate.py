@@ -1,0 +1,93 @@
+"""`kscout eval-surrogate`: how well does a surrogate forecast, on recorded tuning spaces?
+
+Kept apart from agent/cli.py so that the surrogate work registers its command without touching the
+main CLI: `register(app)` adds it to any Typer app.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from kernelscout.sandbox.replay import load_spaces
+from kernelscout.tools.surrogates.evaluation import EvalReport, EvalSettings, SpaceResult, evaluate
+from kernelscout.tools.surrogates.registry import surrogate_names
+
+_COLUMNS = (
+    ("pairwise_accuracy", "pair acc", "{:.3f}"),
+    ("direction_accuracy", "dir acc", "{:.3f}"),
+    ("spearman", "spearman", "{:.3f}"),
+    ("brier", "brier", "{:.3f}"),
+    ("rps", "rps", "{:.3f}"),
+    ("ece_p_faster", "ECE", "{:.3f}"),
+    ("aurc", "AURC", "{:.3f}"),
+    ("top10_recovery", "top10%", "{:.3f}"),
+)
+
+
+def _table(report: EvalReport) -> Table:
+    s = report.settings
+    title = f"{s.surrogate}, {s.train} timed training configs, {s.seeds} seeds" + (", warm start" if s.warm_start else "")
+    table = Table(title=title)
+    table.add_column("space")
+    for _, head, _ in _COLUMNS:
+        table.add_column(head, justify="right")
+    for name, res in report.spaces.items():
+        table.add_row(name, *[fmt.format(getattr(res, key)) for key, _, fmt in _COLUMNS])
+    table.add_row("mean", *[fmt.format(report.mean[key]) for key, _, fmt in _COLUMNS], style="bold")
+    return table
+
+
+def eval_surrogate(
+    spaces: list[Path] = typer.Argument(..., help="Kernel Tuner cache files (.json/.json.gz) or folders of them"),
+    train: int = typer.Option(50, "--train", "-n", help="timed training configurations per space and seed"),
+    seeds: int = typer.Option(10, "--seeds", "-s", help="random train/held-out splits per space"),
+    surrogate: str = typer.Option("learned", "--surrogate", help="learned, plain-rf, none (or a registered one)"),
+    warm_start: bool = typer.Option(
+        False, "--warm-start", help="use the other given spaces of the same kernel (other GPUs) as priors"
+    ),
+    pairs: int = typer.Option(20000, "--pairs", help="(parent, child) pairs scored per space and seed"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object with `spaces` and `mean`"),
+    plots: Optional[Path] = typer.Option(
+        Path("."), "--plots", help="folder for eval-surrogate-reliability.png and -risk-coverage.png"
+    ),
+    no_plots: bool = typer.Option(False, "--no-plots", help="write no PNG files"),
+) -> None:
+    """Train a surrogate on N random measured configurations, score its forecasts on the held-out rest."""
+    if surrogate not in surrogate_names():
+        raise typer.BadParameter(
+            f"surrogate {surrogate!r} is not available; choose from {', '.join(surrogate_names())}",
+            param_hint="--surrogate",
+        )
+    loaded = load_spaces(spaces)
+    settings = EvalSettings(surrogate=surrogate, train=train, seeds=seeds, pairs=pairs, warm_start=warm_start)
+    err = Console(stderr=True)
+
+    def progress(res: SpaceResult) -> None:
+        err.print(
+            f"[dim]{res.space}: pair acc {res.pairwise_accuracy:.3f}, ECE {res.ece_p_faster:.3f}, "
+            f"top10% {res.top10_recovery:.3f} ({res.seconds:.0f}s)[/dim]"
+        )
+
+    report = evaluate(loaded, settings, progress=progress)
+    written = []
+    if not no_plots and plots is not None:
+        from kernelscout.tools.surrogates.plots import write_plots  # matplotlib only when asked
+
+        written = write_plots(report, plots)
+    if as_json:
+        sys.stdout.write(report.model_dump_json(indent=2) + "\n")
+    else:
+        Console().print(_table(report))
+    for p in written:
+        err.print(f"wrote {p}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add `eval-surrogate` to a Typer app (agent/cli.py calls this)."""
+    app.command("eval-surrogate")(eval_surrogate)
