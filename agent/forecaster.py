@@ -28,6 +28,7 @@ class OpenSpaceSurrogate:
         self.name, self.seed = name, seed
         self._seen: list[tuple[dict, Measurement]] = []
         self._last = None
+        self._cache = None  # (key, fitted model): one fit serves every forecast until something new is seen
 
     def _fresh(self, configs: Sequence[Mapping[str, Any]]):
         rows = [c for c, _ in self._seen] + list(configs)
@@ -38,10 +39,13 @@ class OpenSpaceSurrogate:
             return {n: r[n] if numeric[n] else str(r.get(n, "-")) for n in names}
 
         space = {n: sorted({encode(r)[n] for r in rows}) for n in names}
-        model = make_surrogate(self.name, space, seed=self.seed)
-        for cfg, m in self._seen:
-            model.update(encode(cfg), m)
-        return model, [encode(c) for c in configs]
+        key = (len(self._seen), tuple((n, tuple(v)) for n, v in space.items()))
+        if self._cache is None or self._cache[0] != key:
+            model = make_surrogate(self.name, space, seed=self.seed)
+            for cfg, m in self._seen:
+                model.update(encode(cfg), m)
+            self._cache = (key, model)
+        return self._cache[1], [encode(c) for c in configs]
 
     def predictive(self, configs):
         model, encoded = self._fresh(configs)
@@ -88,6 +92,26 @@ class Forecaster:
             forecast = forecast.model_copy(update={"informative": False, "rationale": "no reference time measured yet"})
         self._pending[rec.id] = (forecast, None, incumbent_speedup)
         return forecast
+
+    def forecast_batch(self, recs: Sequence[CandidateRecord], parent_speedups: Sequence[float], incumbent_speedup: float) -> list[Forecast]:
+        """Forecast many candidates with one surrogate fit per parent (the learned model refits lazily)."""
+        if self.code_context is not None or self.reference_ms() is None:
+            return [self.forecast(r, p, incumbent_speedup) for r, p in zip(recs, parent_speedups)]
+        from kernelscout.tools.predict import predict_many
+
+        ref = self.reference_ms()
+        out: list[Optional[Forecast]] = [None] * len(recs)
+        groups: dict[float, list[int]] = {}
+        for i, p in enumerate(parent_speedups):
+            groups.setdefault(p, []).append(i)
+        context = PredictContext(incumbent_runtime_ms=ref / max(incumbent_speedup, 1e-9), sol_runtime_ms=self.sol_ms)
+        for p, idx in groups.items():
+            parent = Parent(config=self.features(recs[idx[0]]), runtime_ms=ref / max(p, 1e-9))
+            cands = [Candidate(config=self.features(recs[i]), source_path=recs[i].path) for i in idx]
+            for i, f in zip(idx, predict_many(cands, parent, context, self.surrogate)):
+                out[i] = f
+                self._pending[recs[i].id] = (f, None, incumbent_speedup)
+        return out
 
     def _forecast_code(self, rec: CandidateRecord, parent_speedup: float, incumbent_speedup: float) -> Forecast:
         """A code-reading surrogate (the LLM) forecasts from sources rather than from features."""

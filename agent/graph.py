@@ -117,14 +117,14 @@ class SearchLoop:
         judged = []
         if state.get("stop_reason"):
             return {"to_measure": []}
-        for cid in state.get("considered", []):
-            rec = self.archive.get(cid)
-            try:
-                forecast = self.predictor.forecast(rec, parent_speedup=self._speedup_of(rec.parent_id), incumbent_speedup=incumbent)
-            except LLM_CAPS as exc:
-                self._emit("llm_cap", reason=str(exc))
-                return {"to_measure": [], "stop_reason": f"LLM cost cap reached: {exc}"}
-            judged.append((cid, forecast, self.predictor.decide(forecast)))
+        recs = [self.archive.get(cid) for cid in state.get("considered", [])]
+        try:
+            forecasts = self.predictor.forecast_batch(recs, [self._speedup_of(r.parent_id) for r in recs], incumbent)
+        except LLM_CAPS as exc:
+            self._emit("llm_cap", reason=str(exc))
+            return {"to_measure": [], "stop_reason": f"LLM cost cap reached: {exc}"}
+        for rec, forecast in zip(recs, forecasts):
+            judged.append((rec.id, forecast, self.predictor.decide(forecast)))
         # highest priority first; among equals (e.g. cold start) the policy's own order, oldest first
         wanted = sorted(((self.predictor.priority(f), -cid), cid) for cid, f, d in judged if d.action == "measure")[::-1]
         room = self.budget.status().remaining

@@ -1,0 +1,63 @@
+"""`kscout optimize` on the examples (CPU, offline), against a plain torch.compile of the reference.
+
+Run: python benchmarks/optimize_examples.py [--budgets 5,10,20] [--problems softmax,layernorm] [--out FILE]
+Each row is one fresh search; the torch.compile baseline is measured by the same harness in the
+same run directory, so its speedup is a same-session ratio like every other number here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+from kernelscout.agent.policies.rewrites import render
+from kernelscout.agent.runner import start_search
+from kernelscout.sandbox.pool import WorkerPool
+from kernelscout.tools.measure import MeasureRequest, measure
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def compile_baseline(problem: Path, run_dir: str, pool: WorkerPool) -> str:
+    path = Path(run_dir) / "torch_compile_baseline.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render("torch_compile", problem, {"MODE": "default"}))
+    m = measure(MeasureRequest(problem=str(problem), candidate=str(path), device="cpu", run_dir=run_dir), pool=pool)
+    if m.status.value != "ok" or not m.timing_valid:
+        return f"{m.status.value}"
+    return f"{m.speedup:.2f}x"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--budgets", default="10")
+    ap.add_argument("--problems", default="")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    budgets = [int(b) for b in args.budgets.split(",")]
+    problems = sorted(p.parent for p in (REPO / "examples").glob("*/problem.py"))
+    if args.problems:
+        problems = [p for p in problems if p.name in args.problems.split(",")]
+    lines = ["| problem | budget | best speedup | torch.compile of the reference | measurements | considered | per measurement | wall |",
+             "|---|---|---|---|---|---|---|---|"]
+    with tempfile.TemporaryDirectory() as tmp:
+        for problem in problems:
+            with WorkerPool() as pool:
+                baseline = compile_baseline(problem / "problem.py", f"{tmp}/{problem.name}-baseline", pool)
+            for budget in budgets:
+                t0 = time.monotonic()
+                r = start_search(problem=str(problem), space=None, budget=budget, device="cpu", run_dir=f"{tmp}/{problem.name}-{budget}", quiet=True)
+                wall = time.monotonic() - t0
+                best = f"{r.best_speedup:.2f}x" if r.best_speedup else "none"
+                line = (f"| {problem.name} | {budget} | {best} | {baseline} | {r.measurements_used} | {r.candidates_considered} | "
+                        f"{r.considered_per_measurement:.1f} | {wall / 60:.1f} min |")
+                lines.append(line)
+                print(line, flush=True)
+    if args.out:
+        Path(args.out).write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
