@@ -439,8 +439,8 @@ class TorchCompile(Rewrite):
     blocked_after = frozenset({"torch_compile", "jit_freeze", "cuda_graphs"})
 
     def hypothesis(self, p: CompileParams) -> str:
-        why = ["Inductor fuses chains of elementwise and reduction ops into single generated loops, "
-               "so intermediates never round-trip through memory"]
+        why = [("Inductor fuses chains of elementwise and reduction ops into single generated loops, "
+                "so intermediates never round-trip through memory")]
         if p.FREEZING:
             why.append("freezing turns the weights into constants so convolution/GEMM weights are pre-packed once")
         if p.MODE.startswith("max-autotune"):
