@@ -57,34 +57,16 @@ def snapshot() -> dict[str, dict[str, int]]:
     return {label: _entries(obj) for label, obj in _watched()}
 
 
-_TRUSTED_DIRS = tuple(
-    os.path.dirname(m.__file__) + os.sep for m in (torch,) if getattr(m, "__file__", None)
-)
-
-
-def _defined_by_library(value: Any) -> bool:
-    """True when a replacement comes from PyTorch's own code (torch.compile patches nn.Module lazily)."""
-    fn = getattr(value, "__func__", value)
-    fn = getattr(fn, "__wrapped__", fn)
-    code = getattr(fn, "__code__", None)
-    return code is not None and code.co_filename.startswith(_TRUSTED_DIRS)
-
-
 def changed_since(before: dict[str, dict[str, int]]) -> list[str]:
-    """Names whose object was replaced by candidate code.
-
-    New names (lazily imported submodules) are not tampering, and neither are replacements whose
-    code lives inside PyTorch itself: importing torch._dynamo rewraps a few nn.Module methods.
-    """
+    """Names whose object was replaced since the snapshot (new names, such as lazily imported
+    submodules, are not tampering). The worker installs torch.compile's own patches before any
+    snapshot (see `install_library_patches`), so every replacement seen here is the candidate's."""
     after = snapshot()
-    spaces = dict(_watched())
     changes = []
     for label, entries in before.items():
         now = after.get(label, {})
         for name, ident in entries.items():
             if name in now and now[name] != ident:
-                if _defined_by_library(vars(spaces[label]).get(name)):
-                    continue
                 changes.append(f"{label}.{name}")
             elif name not in now:
                 changes.append(f"{label}.{name} (deleted)")
@@ -99,6 +81,22 @@ def changed_since(before: dict[str, dict[str, int]]) -> list[str]:
         if now is not orig and name not in changes:
             changes.append(name)
     return sorted(set(changes))
+
+
+def install_library_patches() -> None:
+    """Let torch.compile make its process-wide patches now, before the first snapshot.
+
+    Importing torch._dynamo replaces torch.manual_seed, and its first use rewraps nn.Module.__init__
+    and __setstate__. Done here, they are part of the baseline, so an allowlist (which a candidate
+    could imitate) is not needed. Costs about two seconds once per worker.
+    """
+    try:
+        import torch._dynamo  # noqa: F401
+        from torch._dynamo.mutation_guard import install_generation_tagging_init
+
+        install_generation_tagging_init()
+    except Exception:  # an older or stripped torch: nothing to pre-install
+        pass
 
 
 def os_thread_count() -> int:

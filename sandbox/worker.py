@@ -109,6 +109,7 @@ class Worker:
         if threads > 0:
             torch.set_num_threads(threads)
         integrity.pin_precision()
+        integrity.install_library_patches()
         self.memory_limit = int(os.environ.get("KSCOUT_WORKER_MEMORY_BYTES", "0"))
         self.timer = CallTimer(self.device)
         self.problem = None
