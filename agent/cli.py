@@ -173,9 +173,11 @@ def _finish_search(result, as_json: bool) -> None:
 
 
 def _register_tool_commands() -> None:
-    from kernelscout.agent import cli_sol
+    from kernelscout.agent import cli_serve, cli_sol, cli_surrogate
 
     cli_sol.register(app)
+    cli_surrogate.register(app)
+    cli_serve.register(app)
 
 
 _register_tool_commands()

@@ -24,7 +24,7 @@ class BudgetExhausted(Exception):
         super().__init__(
             f"the measurement budget is spent: {status.used} of {status.cap} used"
             + (f" ({status.reserved} in flight)" if status.reserved else "")
-            + "; raise it with --budget on a new run, or `kscout budget set RUN_DIR N`"
+            + "; raise it with --budget on a new run, or `kscout budget RUN_DIR --set N`"
         )
 
 
