@@ -220,6 +220,8 @@ class SearchLoop:
 
     # -- helpers ------------------------------------------------------------------------------
     def _near_sol(self, factor: float) -> bool:
+        if not getattr(self.target, "bound_is_datasheet", False):
+            return False
         best = self.archive.best()
         headroom = self.target.headroom(best) if best else self.target.headroom(None)
         return headroom is not None and headroom <= factor
