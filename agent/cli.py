@@ -45,7 +45,7 @@ def measure(
     budget: Optional[int] = typer.Option(None, help="measurement cap for the run directory"),
     again: bool = typer.Option(False, "--again", help="measure even if this exact candidate was already measured in the run"),
     timeout: float = typer.Option(120.0, help="seconds allowed for running the candidate (checks and timing)"),
-    timing_budget: float = typer.Option(2.0, "--timing-budget", help="timed seconds per side to aim for"),
+    timing_budget: float = typer.Option(2.0, "--timing-budget", help="timed seconds to aim for, both sides together"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Check a candidate against its problem and time both in one sandboxed session."""

@@ -19,6 +19,29 @@ from kernelscout.tools.measure import MeasureRequest, measure
 
 REPO = Path(__file__).resolve().parents[1]
 
+SMALL_PROBLEM = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x, y):
+        return torch.relu(x * 1.5 + y) + 0.5 * x
+
+def get_inputs():
+    return [torch.randn(256, 512), torch.randn(256, 512)]
+
+def get_init_inputs():
+    return []
+"""
+SMALL_CANDIDATE = """
+import torch
+import torch.nn as nn
+
+class ModelNew(nn.Module):
+    def forward(self, x, y):
+        return torch.relu(x * 1.5 + y).add_(x, alpha=0.5)
+"""
+
 
 def timed_work_s(m) -> float:
     """Seconds spent inside timed calls (both sides, timed rounds only)."""
@@ -27,14 +50,18 @@ def timed_work_s(m) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--problem", default=str(REPO / "examples/gated_gelu/problem.py"))
-    ap.add_argument("--candidate", default=str(REPO / "examples/gated_gelu/fast.py"))
+    ap.add_argument("--problem", default="", help="problem file [default: a small built-in elementwise problem]")
+    ap.add_argument("--candidate", default="")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--timing-budget", type=float, default=HarnessConfig().timing_budget_s)
     args = ap.parse_args()
     config = HarnessConfig(timing_budget_s=args.timing_budget)
     rows = []
     with tempfile.TemporaryDirectory() as tmp, WorkerPool() as pool:
+        if not args.problem:
+            args.problem, args.candidate = f"{tmp}/small_problem.py", f"{tmp}/small_candidate.py"
+            Path(args.problem).write_text(SMALL_PROBLEM)
+            Path(args.candidate).write_text(SMALL_CANDIDATE)
         t0 = time.monotonic()
         pool.prewarm("cpu")
         cold = time.monotonic() - t0
@@ -50,7 +77,8 @@ def main() -> None:
     speedups = [r[4] for r in rows]
     med_rt = statistics.median(runtimes)
     print(f"- machine: {platform.processor() or platform.machine()}, {platform.system()}; worker start (cold, once): {cold:.2f} s")
-    print(f"- problem: `{Path(args.problem).relative_to(REPO)}`, candidate `{Path(args.candidate).relative_to(REPO)}`, timing budget {args.timing_budget} s per side")
+    name = Path(args.problem).relative_to(REPO) if Path(args.problem).is_relative_to(REPO) else "built-in 256x512 elementwise problem"
+    print(f"- problem: `{name}`, candidate `{Path(args.candidate).name}`, timing budget {args.timing_budget} s (both sides together)")
     print()
     print("| run | wall s | timed work s | overhead s | rounds | candidate ms | reference ms | speedup |")
     print("|---|---|---|---|---|---|---|---|")

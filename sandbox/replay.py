@@ -60,7 +60,7 @@ def _value_text(value: ParamValue) -> str:
     return str(value)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ReplaySpace:
     """One kernel's brute-forced space on one device, as recorded in a Kernel Tuner cache."""
 
@@ -77,7 +77,7 @@ class ReplaySpace:
     _index: dict[tuple[str, ...], int] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
-    def load(cls, path: str | Path) -> "ReplaySpace":
+    def load(cls, path: str | Path) -> ReplaySpace:
         """Read a Kernel Tuner cache file (.json or .json.gz)."""
         path = Path(path)
         raw = _read_json(path)
@@ -105,7 +105,9 @@ class ReplaySpace:
                 repeats.append(np.empty(0))
                 continue
             reps = record.get("times")
-            reps_arr = np.asarray([r for r in reps if isinstance(r, (int, float))], dtype=float) if reps else np.empty(0)
+            reps_arr = (
+                np.asarray([r for r in reps if isinstance(r, (int, float))], dtype=float) if reps else np.empty(0)
+            )
             reps_arr = reps_arr[np.isfinite(reps_arr) & (reps_arr > 0)]
             times.append(float(t))
             repeats.append(reps_arr if reps_arr.size else np.asarray([float(t)]))
@@ -196,7 +198,7 @@ class ReplaySpace:
                 return None
         return self._index.get(tuple(_value_text(v) for v in values))
 
-    def same_kernel(self, other: "ReplaySpace") -> bool:
+    def same_kernel(self, other: ReplaySpace) -> bool:
         """Whether two spaces tune the same kernel, so one can warm-start a model of the other."""
         return self.kernel_name == other.kernel_name and set(self.param_names) == set(other.param_names)
 

@@ -33,3 +33,8 @@ def test_a_call_longer_than_the_wall_clock_is_impossible():
 def test_summary_uses_median_and_iqr():
     s = summarise([1.0, 2.0, 3.0, 4.0, 100.0])
     assert s.median_ms == 3.0 and s.iqr_ms == 2.0 and s.repeats == 5 and s.min_ms == 1.0
+
+
+def test_a_timer_that_over_reports_the_candidate_cannot_inflate_a_speedup_and_is_tolerated():
+    # timer says the candidate is slower than the wall clock does: scheduling noise, not an attack
+    assert wall_clock_disagreement(*_rounds(2.0, 2.0, claimed_cand=2.25)) is None
