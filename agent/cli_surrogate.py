@@ -32,7 +32,9 @@ _COLUMNS = (
 
 def _table(report: EvalReport) -> Table:
     s = report.settings
-    title = f"{s.surrogate}, {s.train} timed training configs, {s.seeds} seeds" + (", warm start" if s.warm_start else "")
+    title = f"{s.surrogate}, {s.train} timed training configs, {s.seeds} seeds" + (
+        ", warm start" if s.warm_start else ""
+    )
     table = Table(title=title)
     table.add_column("space")
     for _, head, _ in _COLUMNS:

@@ -13,10 +13,12 @@ from collections.abc import Sequence
 from typing import Optional
 
 import numpy as np
-from scipy.special import ndtr
 from sklearn.isotonic import IsotonicRegression
 
+from kernelscout.tools.surrogates.distribution import kernel_cdf
+
 MIN_POINTS = 12  # below this the pairs are too few and too correlated to fit a map
+RAW_SHARE = 0.1  # weight of the uncalibrated probability in the calibrated one
 MAX_POINTS = 200  # pairs grow quadratically; 200 points give ~40k pairs, plenty
 
 
@@ -30,7 +32,7 @@ class IsotonicCalibrator:
     def fitted(self) -> bool:
         return self._iso is not None
 
-    def fit(self, probs: np.ndarray, outcomes: np.ndarray) -> "IsotonicCalibrator":
+    def fit(self, probs: np.ndarray, outcomes: np.ndarray) -> IsotonicCalibrator:
         probs = np.asarray(probs, dtype=float).ravel()
         outcomes = np.asarray(outcomes, dtype=float).ravel()
         # Pin the ends so that a certain forecast stays certain-ish and the map stays a CDF transform.
@@ -44,9 +46,12 @@ class IsotonicCalibrator:
         return self
 
     def __call__(self, p: np.ndarray) -> np.ndarray:
+        p = np.asarray(p, dtype=float)
         if self._iso is None:
-            return np.asarray(p, dtype=float)
-        return np.interp(np.asarray(p, dtype=float), self._xs, self._ys)
+            return p
+        # Isotonic steps are flat, and the lowest is often exactly 0: every tail candidate would look
+        # equally hopeless. A small share of the raw probability keeps the map strictly increasing.
+        return (1.0 - RAW_SHARE) * np.interp(p, self._xs, self._ys) + RAW_SHARE * p
 
 
 def out_of_fold_pair_probs(
@@ -69,8 +74,8 @@ def out_of_fold_pair_probs(
     z = (y[:, None] - mu[None, :]) / scale[None, :]  # z[i, j]: parent i's time under child j's forecast
     total = np.zeros((m, m))
     for e in residuals:
-        total += ndtr((z - e) / bandwidth)
-    own = ndtr((z - residuals[None, :]) / bandwidth)
+        total += kernel_cdf((z - e) / bandwidth)
+    own = kernel_cdf((z - residuals[None, :]) / bandwidth)
     probs = (total - own) / max(m - 1, 1)
     outcome = (y[None, :] < y[:, None]).astype(float)
     keep = ~np.eye(m, dtype=bool) & (y[None, :] != y[:, None])

@@ -56,7 +56,7 @@ class LogTimeEnsemble:
         self._gp_scale: Optional[_Standardizer] = None
         self.gp_kernel: Optional[Kernel] = None
 
-    def fit(self, x: FeatureBlocks, y: np.ndarray, gp_kernel: Optional[Kernel] = None) -> "LogTimeEnsemble":
+    def fit(self, x: FeatureBlocks, y: np.ndarray, gp_kernel: Optional[Kernel] = None) -> LogTimeEnsemble:
         """Fit every member; `gp_kernel` reuses fitted GP hyperparameters (cheap refits for CV)."""
         y = np.asarray(y, dtype=float)
         self._models = {}

@@ -117,7 +117,7 @@ class LearnedSurrogate:
         extra = np.column_stack([p.feature(configs, self.param_names) for p in self.priors])
         return FeatureBlocks(full=np.hstack([x.full, extra]), compact=np.hstack([x.compact, extra]))
 
-    def fit(self) -> "FitSummary":
+    def fit(self) -> FitSummary:
         """Refit now (otherwise done lazily on the next forecast after new data)."""
         logt = np.asarray(self._logt, dtype=float)
         ok = np.isfinite(logt)
@@ -191,5 +191,3 @@ class LearnedSurrogate:
         # Shrink towards the base rate: a forest on a handful of failures is overconfident.
         w = n_obs / (n_obs + 20.0)
         return w * p + (1 - w) * base
-
-

@@ -16,13 +16,19 @@ SurrogateFactory = Callable[..., Surrogate]
 """factory(tune_params, *, priors, seed) -> Surrogate"""
 
 
-def _learned(tune_params: Mapping[str, Sequence[Any]], *, priors: Sequence[PriorSource] = (), seed: int = 0) -> Surrogate:
+def _learned(
+    tune_params: Mapping[str, Sequence[Any]], *, priors: Sequence[PriorSource] = (), seed: int = 0
+) -> Surrogate:
     return LearnedSurrogate(tune_params, priors=priors, seed=seed)
 
 
-def _plain_rf(tune_params: Mapping[str, Sequence[Any]], *, priors: Sequence[PriorSource] = (), seed: int = 0) -> Surrogate:
+def _plain_rf(
+    tune_params: Mapping[str, Sequence[Any]], *, priors: Sequence[PriorSource] = (), seed: int = 0
+) -> Surrogate:
     """The reference point of the issue: a random forest on raw parameter values."""
-    return LearnedSurrogate(tune_params, members=("rf",), rich_features=False, priors=priors, seed=seed, name="plain-rf")
+    return LearnedSurrogate(
+        tune_params, members=("rf",), rich_features=False, priors=priors, seed=seed, name="plain-rf"
+    )
 
 
 def _none(tune_params: Mapping[str, Sequence[Any]], *, priors: Sequence[PriorSource] = (), seed: int = 0) -> Surrogate:

@@ -38,7 +38,7 @@ def synthetic_time(config: dict, device_skew: float = 0.0) -> float:
 
 
 def _outcome(config: dict) -> str | None:
-    if config["block_size_x"] * config["tile_size"] > 768:
+    if config["block_size_x"] * config["tile_size"] > 640:
         return "RuntimeFailedConfig"
     if config["block_size_x"] == 16 and config["tile_size"] == 4 and config["use_shmem"]:
         return "CompilationFailedConfig"
@@ -85,7 +85,7 @@ def write_synthetic_cache(
     }
     text = json.dumps(doc)
     if unterminated:  # as an interrupted Kernel Tuner run leaves it
-        text = text[: -2] + ",\n"
+        text = text[:-2] + ",\n"
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "wt", encoding="utf-8") as fh:

@@ -58,7 +58,7 @@ class PriorSource:
         self._fallback: Optional[tuple[ConfigEncoder, ExtraTreesRegressor]] = None
 
     @classmethod
-    def from_space(cls, space: Any, seed: int = 0) -> "PriorSource":
+    def from_space(cls, space: Any, seed: int = 0) -> PriorSource:
         """Build from a `ReplaySpace` (duck-typed to keep tools independent of the sandbox)."""
         return cls(
             name=space.device_label,

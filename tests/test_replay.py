@@ -1,0 +1,143 @@
+"""The replay device answers `measure` as the recorded hardware did."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kernelscout.sandbox.replay import ReplayDevice, ReplaySpace, load_spaces
+from kernelscout.tools.schema import MeasureStatus
+from kernelscout.tools.surrogates.synthetic import write_synthetic_cache
+
+HUB = Path("/work/shared/data/benchmark_hub")
+
+
+@pytest.fixture(scope="module")
+def space(tmp_path_factory: pytest.TempPathFactory) -> ReplaySpace:
+    return ReplaySpace.load(write_synthetic_cache(tmp_path_factory.mktemp("replay") / "synthetic_A.json.gz"))
+
+
+def _first_ok(space: ReplaySpace) -> dict:
+    return space.config(int(np.flatnonzero(space.ok_mask)[0]))
+
+
+def test_load_lists_params_configs_and_failures(space: ReplaySpace) -> None:
+    assert space.param_names == ("block_size_x", "tile_size", "use_shmem", "variant", "filter")
+    assert space.param_values["variant"] == ("plain", "unrolled")
+    assert len(space) == 248  # 256 in the product, 8 excluded by the restriction
+    statuses = set(space.failures.values())
+    assert statuses == {MeasureStatus.compile_error, MeasureStatus.runtime_error}
+    assert np.isnan(space.times[list(space.failures)]).all()
+    assert space.best_time == pytest.approx(np.nanmin(space.median_times))
+    assert space.ok_mask.sum() == len(space) - len(space.failures)
+
+
+def test_measure_draws_time_from_recorded_repeats(space: ReplaySpace) -> None:
+    device = ReplayDevice(space, name="A")
+    config = _first_ok(space)
+    reps = space.repeats[space.index_of(config)]
+    m = device.measure(config, np.random.default_rng(0))
+    assert m.status == MeasureStatus.ok and m.correct and m.timing_valid
+    assert m.charged is True
+    assert m.device == "replay:A"
+    assert reps.min() <= m.runtime_ms <= reps.max()
+    assert m.candidate_timing is not None and m.candidate_timing.repeats == reps.size
+
+
+def test_measure_is_reproducible_for_a_seed_and_noisy_across_seeds(space: ReplaySpace) -> None:
+    device = ReplayDevice(space)
+    config = _first_ok(space)
+    a = device.measure(config, np.random.default_rng(1)).runtime_ms
+    b = device.measure(config, np.random.default_rng(1)).runtime_ms
+    draws = {device.measure(config, np.random.default_rng(s)).runtime_ms for s in range(20)}
+    assert a == b
+    assert len(draws) > 1
+
+
+def test_failed_configs_fail_as_recorded_and_are_charged(space: ReplaySpace) -> None:
+    device = ReplayDevice(space)
+    for idx, status in space.failures.items():
+        m = device.measure(space.config(idx), np.random.default_rng(0))
+        assert m.status == status
+        assert m.charged is True
+        assert m.runtime_ms is None
+
+
+def test_config_outside_the_space_is_invalid_and_not_charged(space: ReplaySpace) -> None:
+    device = ReplayDevice(space)
+    excluded = {"block_size_x": 64, "tile_size": 3, "use_shmem": 1, "variant": "plain", "filter": 15}
+    unknown_value = {**_first_ok(space), "block_size_x": 17}
+    missing_param = {k: v for k, v in _first_ok(space).items() if k != "filter"}
+    for config in (excluded, unknown_value, missing_param):
+        m = device.measure(config, np.random.default_rng(0))
+        assert m.status == MeasureStatus.invalid_problem
+        assert m.charged is False
+        assert "outside the recorded space" in m.message
+
+
+def test_config_may_be_a_value_sequence(space: ReplaySpace) -> None:
+    config = _first_ok(space)
+    values = [config[n] for n in space.param_names]
+    assert space.index_of(values) == space.index_of(config)
+
+
+def test_reference_gives_a_same_session_speedup(space: ReplaySpace) -> None:
+    device = ReplayDevice(space)
+    ok = np.flatnonzero(space.ok_mask)
+    fast = space.config(space.best_index)
+    slow = space.config(int(ok[np.nanargmax(space.median_times[ok])]))
+    m = device.measure(fast, np.random.default_rng(0), reference=slow)
+    assert m.speedup == pytest.approx(m.ref_runtime_ms / m.runtime_ms)
+    assert m.speedup > 1.5
+
+
+def test_unterminated_cache_from_an_interrupted_run_loads(tmp_path: Path) -> None:
+    complete = ReplaySpace.load(write_synthetic_cache(tmp_path / "done.json"))
+    partial = ReplaySpace.load(write_synthetic_cache(tmp_path / "partial.json", unterminated=True))
+    assert len(partial) == len(complete)
+
+
+def test_legacy_failure_time_and_configs_known_only_by_key(tmp_path: Path) -> None:
+    doc = {
+        "kernel_name": "k",
+        "device_name": "",
+        "tune_params_keys": ["a", "b"],
+        "tune_params": {"a": [1, 2], "b": ["x", "y"]},
+        "cache": {
+            "1,x": {"time": 2.0, "times": [1.9, 2.1]},
+            "1,y": {"time": 1e20},
+            "2,x": {"time": "InvalidConfig"},
+            "2,y": {"time": 3.0},
+        },
+    }
+    path = tmp_path / "legacy_dev.json.gz"
+    with gzip.open(path, "wt") as fh:
+        json.dump(doc, fh)
+    space = ReplaySpace.load(path)
+    assert len(space) == 3  # InvalidConfig is outside the space
+    assert space.failures == {1: MeasureStatus.runtime_error}
+    assert space.index_of({"a": 2, "b": "y"}) == 2
+    assert space.device_label == "legacy_dev"  # empty device_name falls back to the file name
+    assert space.repeats[2].tolist() == [3.0]  # no repeats recorded: the time is the only draw
+
+
+def test_load_spaces_accepts_a_folder(tmp_path: Path) -> None:
+    write_synthetic_cache(tmp_path / "a.json.gz")
+    write_synthetic_cache(tmp_path / "b.json", device_skew=0.3)
+    (tmp_path / "notes.txt").write_text("not a cache")
+    names = [s.name for s in load_spaces([tmp_path])]
+    assert names == ["a", "b"]
+
+
+@pytest.mark.skipif(not HUB.exists(), reason="benchmark_hub data not available")
+def test_real_cache_matches_its_readme() -> None:
+    space = ReplaySpace.load(HUB / "convolution_A100.json.gz")
+    assert len(space) == 4362
+    statuses = list(space.failures.values())
+    assert statuses.count(MeasureStatus.runtime_error) == 155
+    assert statuses.count(MeasureStatus.compile_error) == 6
+    assert space.device_label == "NVIDIA A100-PCIE-40GB"

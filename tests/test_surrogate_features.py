@@ -1,0 +1,66 @@
+"""Configurations of any Kernel Tuner space become numeric features, derived from values alone."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kernelscout.tools.surrogates.features import ConfigEncoder
+
+TUNE = {
+    "block_size_x": [16, 32, 48, 64],
+    "unroll": [0, 1],
+    "scale": [0.5, 1.5],
+    "layout": ["row", "col", "tiled"],
+    "constant": [7],
+}
+
+
+def _configs() -> list[dict]:
+    return [
+        {"block_size_x": 48, "unroll": 1, "scale": 0.5, "layout": "col", "constant": 7},
+        {"block_size_x": 64, "unroll": 0, "scale": 1.5, "layout": "tiled", "constant": 7},
+    ]
+
+
+def test_constant_parameters_carry_no_features() -> None:
+    enc = ConfigEncoder(TUNE)
+    assert "constant" not in enc.varying_params
+    assert enc.param_names[-1] == "constant"  # still part of a config's identity
+
+
+def test_string_values_are_encoded_by_their_position_in_the_space() -> None:
+    enc = ConfigEncoder(TUNE)
+    raw = enc.values_matrix(_configs())
+    layout = enc.varying_params.index("layout")
+    assert raw[:, layout].tolist() == [1.0, 2.0]
+    unknown = enc.values_matrix([{**_configs()[0], "layout": "diagonal"}])
+    assert unknown[0, layout] == -1.0
+
+
+def test_power_of_two_structure_separates_48_from_64() -> None:
+    """48 and 64 are neighbours in value but not in hardware terms: 64 is a power of two, 48 is not."""
+    enc = ConfigEncoder({"block_size_x": [16, 32, 48, 64], "other": [1, 2]})
+    x = enc.transform([{"block_size_x": b, "other": 1} for b in (16, 32, 48, 64)]).compact
+    # compact columns per integer parameter: log2, 2-adic valuation, log2 of the odd part
+    log2, valuation, odd = x[:, 0], x[:, 1], x[:, 2]
+    assert log2.tolist() == [4.0, 5.0, np.log2(48), 6.0]
+    assert valuation.tolist() == [4.0, 5.0, 4.0, 6.0]
+    assert odd.tolist() == [0.0, 0.0, np.log2(3), 0.0]
+
+
+def test_dicts_and_value_rows_encode_the_same() -> None:
+    enc = ConfigEncoder(TUNE)
+    rows = np.asarray([[c[n] for n in enc.param_names] for c in _configs()], dtype=object)
+    a, b = enc.transform(_configs()), enc.transform(rows)
+    np.testing.assert_array_equal(a.full, b.full)
+    np.testing.assert_array_equal(a.compact, b.compact)
+
+
+def test_rich_features_add_pairwise_products_raw_does_not() -> None:
+    rich = ConfigEncoder(TUNE).transform(_configs())
+    raw = ConfigEncoder(TUNE, rich=False).transform(_configs())
+    assert raw.full.shape == (2, 4)
+    log_product = np.log2([48 * 0.5, 64 * 1.5])  # block_size_x * scale, the only positive pair
+    assert any(np.allclose(col, log_product) for col in rich.full.T)
+    assert not any(np.allclose(col, log_product) for col in raw.full.T)
+    assert np.isfinite(rich.full).all() and np.isfinite(rich.compact).all()

@@ -1,0 +1,116 @@
+"""The learned surrogate ranks unseen configurations, knows how unsure it is, and learns online."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kernelscout.sandbox.replay import ReplayDevice, ReplaySpace
+from kernelscout.tools.schema import Measurement, MeasureStatus
+from kernelscout.tools.surrogates import metrics as M
+from kernelscout.tools.surrogates.learned import LearnedSurrogate
+from kernelscout.tools.surrogates.synthetic import write_synthetic_cache
+from kernelscout.tools.surrogates.warmstart import PriorSource
+
+
+@pytest.fixture(scope="module")
+def spaces(tmp_path_factory: pytest.TempPathFactory) -> tuple[ReplaySpace, ReplaySpace]:
+    d = tmp_path_factory.mktemp("learned")
+    a = ReplaySpace.load(write_synthetic_cache(d / "syn_A.json", "GPU A", device_skew=0.0, seed=1))
+    b = ReplaySpace.load(write_synthetic_cache(d / "syn_B.json", "GPU B", device_skew=0.6, seed=2))
+    return a, b
+
+
+def _train(space: ReplaySpace, n: int, seed: int, **kwargs) -> tuple[LearnedSurrogate, np.ndarray]:
+    """Measure random configs until `n` have a time; return the surrogate and the held-out indices."""
+    rng = np.random.default_rng(seed)
+    device = ReplayDevice(space)
+    surrogate = LearnedSurrogate(space.param_values, seed=seed, **kwargs)
+    order = rng.permutation(len(space))
+    used = 0
+    while surrogate.n_timed < n:
+        config = space.config(int(order[used]))
+        surrogate.update(config, device.measure(config, rng))
+        used += 1
+    return surrogate, order[used:]
+
+
+def _heldout_accuracy(space: ReplaySpace, surrogate: LearnedSurrogate, pool: np.ndarray) -> float:
+    pool = pool[space.ok_mask[pool]]
+    dist = surrogate.predictive(np.asarray(space.configs, dtype=object)[pool])
+    truth = np.log(space.median_times[pool])
+    i, j = M.sample_pairs(pool.size, 5000, np.random.default_rng(0))
+    return M.pairwise_accuracy(dist.mu, truth, i, j)
+
+
+def test_ranks_held_out_configurations(spaces: tuple[ReplaySpace, ReplaySpace]) -> None:
+    space, _ = spaces
+    surrogate, pool = _train(space, 40, seed=0)
+    assert _heldout_accuracy(space, surrogate, pool) > 0.85
+
+
+def test_conformal_interval_covers_about_its_level(spaces: tuple[ReplaySpace, ReplaySpace]) -> None:
+    space, _ = spaces
+    surrogate, pool = _train(space, 40, seed=1)
+    pool = pool[space.ok_mask[pool]]
+    dist = surrogate.predictive(np.asarray(space.configs, dtype=object)[pool])
+    lo, hi = dist.quantiles([0.1, 0.9]).T
+    truth = np.log(space.median_times[pool])
+    covered = np.mean((truth >= lo) & (truth <= hi))
+    assert 0.65 <= covered <= 0.97
+
+
+def test_update_learns_from_a_measurement(spaces: tuple[ReplaySpace, ReplaySpace]) -> None:
+    space, _ = spaces
+    surrogate, pool = _train(space, 20, seed=2)
+    target = space.config(int(pool[space.ok_mask[pool]][0]))
+    surprising = float(np.exp(surrogate.predictive([target]).mu[0])) * 3.0
+    before = surrogate.predictive([target]).mu[0]
+    for _ in range(3):
+        surrogate.update(target, Measurement(status=MeasureStatus.ok, runtime_ms=surprising))
+    after = surrogate.predictive([target]).mu[0]
+    assert after > before + 0.2  # moved towards the surprising time
+    assert surrogate.n_timed == 23
+
+
+def test_failures_teach_where_configs_fail(spaces: tuple[ReplaySpace, ReplaySpace]) -> None:
+    space, _ = spaces
+    surrogate, pool = _train(space, 60, seed=3)
+    assert surrogate.n_failed >= 2
+    values = np.asarray(space.configs, dtype=object)[pool]
+    p = surrogate.p_fail(values)
+    failed = np.isin(pool, list(space.failures))
+    assert p[failed].mean() > 2 * p[~failed].mean()
+
+
+def test_irrelevant_measurements_are_ignored(spaces: tuple[ReplaySpace, ReplaySpace]) -> None:
+    space, _ = spaces
+    surrogate = LearnedSurrogate(space.param_values)
+    surrogate.update(space.config(0), Measurement(status=MeasureStatus.budget_exhausted))
+    surrogate.update(space.config(0), Measurement(status=MeasureStatus.invalid_problem))
+    assert surrogate.n_timed == 0 and surrogate.n_failed == 0
+    assert surrogate.predictive([space.config(0)]) is None
+
+
+def test_warm_start_from_another_gpu_beats_a_cold_start_with_few_measurements(
+    spaces: tuple[ReplaySpace, ReplaySpace],
+) -> None:
+    target, other = spaces
+    prior = PriorSource.from_space(other)
+    cold, warm = [], []
+    for seed in range(2):
+        s_cold, pool = _train(target, 12, seed=seed)
+        s_warm, pool_w = _train(target, 12, seed=seed, priors=[prior])
+        cold.append(_heldout_accuracy(target, s_cold, pool))
+        warm.append(_heldout_accuracy(target, s_warm, pool_w))
+    assert np.mean(warm) > np.mean(cold) + 0.02
+    assert "warm start from GPU B" in s_warm.status()
+
+
+def test_prior_of_another_kernel_is_refused(spaces: tuple[ReplaySpace, ReplaySpace], tmp_path: Path) -> None:
+    target, _ = spaces
+    other = PriorSource("elsewhere", {"x": [1, 2]}, [[1], [2]], [1.0, 2.0])
+    with pytest.raises(ValueError, match="other parameters"):
+        LearnedSurrogate(target.param_values, priors=[other])
