@@ -122,6 +122,8 @@ def optimize(
     max_usd: Optional[float] = typer.Option(None, "--max-usd", help="stop when LLM calls have cost this much"),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="stop when LLM calls have used this many tokens"),
     warm_start: list[str] = typer.Option([], "--warm-start", help="recorded space of the same kernel on another device (repeatable)"),
+    workers: Optional[int] = typer.Option(None, "--workers", help="measure on N workers at once (local processes; with --ray, N actors)"),
+    ray: Optional[str] = typer.Option(None, "--ray", help="measure on a Ray cluster: auto, local, or its address (needs kernelscout[ray])"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object at the end"),
 ) -> None:
     """Search for a faster verified kernel within a hard measurement budget."""
@@ -131,7 +133,7 @@ def optimize(
         result = start_search(problem=problem, space=space, budget=budget, policy=policy, surrogate=surrogate, device=device,
                               run_dir=run_dir, seed=seed, proposals=proposals, patience=patience, max_wall=max_wall,
                               warm_start=warm_start, quiet=as_json, max_device_s=max_device_s, max_usd=max_usd,
-                              max_llm_tokens=max_tokens)
+                              max_llm_tokens=max_tokens, workers=workers, ray=ray)
     except OptimizeError as exc:
         if as_json:
             print(json.dumps({"status": "failed", "message": str(exc)}))
@@ -149,6 +151,12 @@ def resume(
     """Continue a search after an interruption: no measurement lost, none repeated, no budget spent twice."""
     from kernelscout.agent.runner import OptimizeError, resume_search
 
+    from kernelscout.agent.headless import is_headless_run
+
+    if is_headless_run(run_dir):  # a multi-problem `kscout run`: resume it as a whole
+        from kernelscout.agent.cli_run import resume_run
+
+        return resume_run(run_dir, as_json)
     try:
         result = resume_search(run_dir, quiet=as_json)
     except OptimizeError as exc:
@@ -178,6 +186,8 @@ def _register_tool_commands() -> None:
     cli_sol.register(app)
     cli_surrogate.register(app)
     cli_serve.register(app)
+    from kernelscout.agent import cli_chat; cli_chat.register(app)  # noqa: E702
+    from kernelscout.agent import cli_run; cli_run.register(app)  # noqa: E702
 
 
 _register_tool_commands()

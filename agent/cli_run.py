@@ -1,0 +1,119 @@
+"""`kscout run`: many problems in one headless run, and `kscout resume` for such a run.
+
+Kept out of agent/cli.py; cli.py calls `register(app)`, and its `resume` command hands a run
+directory holding a manifest to `resume_run`. The work itself is in agent/headless.py.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+err = Console(stderr=True)
+out = Console()
+
+
+def _exit_code(summary) -> int:
+    """0: every problem finished; 1: some problem failed, was skipped or is still pending."""
+    return 0 if summary.status == "complete" and set(summary.counts) <= {"finished"} else 1
+
+
+def print_summary(summary, console: Optional[Console] = None) -> None:
+    from kernelscout.agent.headless import HEADERS, summary_rows
+
+    console = console or (out if out.is_terminal else Console(width=150))  # a pipe or a log file gets the full table
+    table = Table(title=f"kernelscout run: {Path(summary.run_dir).name} ({summary.status})", title_justify="left")
+    for h in HEADERS:
+        table.add_column(h, justify="right" if h in ("best speedup", "measurements", "considered", "wall") else "left",
+                         overflow="fold")
+    colours = {"finished": "green", "failed": "red", "skipped": "yellow"}
+    for o, row in zip(summary.problems, summary_rows(summary)):
+        c = colours.get(o.status)
+        table.add_row(*[row[0], f"[{c}]{row[1]}[/{c}]" if c else row[1], *row[2:]])
+    console.print(table)
+    fast = "  ".join(f"{k} {v:.3f}" for k, v in summary.fast_p.items())
+    console.print(f"{fast}  geomean speedup {summary.geomean_speedup:.3f}x", highlight=False)
+    console.print(f"{summary.measurements_used} measurements, {summary.candidates_considered} candidates considered, "
+                  f"{summary.wall_s:.0f} s of running" + (f", LLM {summary.llm_tokens} tokens ${summary.llm_usd:.4f}" if summary.llm_tokens else ""),
+                  highlight=False)
+    for note in summary.notes:
+        console.print(f"[dim]{note}[/dim]", highlight=False)
+    console.print(f"report: {Path(summary.run_dir) / 'summary.md'}, {Path(summary.run_dir) / 'index.html'}", highlight=False, soft_wrap=True)
+
+
+def _finish(summary, as_json: bool) -> None:
+    if as_json:
+        print(summary.model_dump_json())
+    else:
+        print_summary(summary)
+    raise typer.Exit(_exit_code(summary))
+
+
+def _fail(message: str, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"status": "failed", "message": message}))
+    else:
+        err.print(f"[red]error:[/red] {message}", soft_wrap=True, highlight=False)
+    raise typer.Exit(2)
+
+
+def resume_run(run_dir: str, as_json: bool = False) -> None:
+    """Continue a multi-problem run: finished and failed problems stay as they are, an interrupted one resumes."""
+    from kernelscout.agent.headless import HeadlessError, HeadlessRun, RunProgress
+
+    try:
+        run = HeadlessRun.open(run_dir)
+    except HeadlessError as exc:
+        _fail(str(exc), as_json)
+    _finish(run.run(quiet=as_json, progress=RunProgress(len(run.manifest.problems))), as_json)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `run` command to a typer app."""
+
+    @app.command("run")
+    def run(
+        problems: list[str] = typer.Argument(..., help="problem files or folders: a folder with problem.py is one problem, "
+                                                      "a folder of such folders (or of KernelBench .py files, or of recorded spaces .json.gz) is many"),
+        budget: int = typer.Option(10, help="measurement budget of each problem"),
+        run_dir: Optional[str] = typer.Option(None, "--run-dir", help="top run directory [default: runs/run-<time>]"),
+        policy: str = typer.Option("auto", help="auto, tuner or llm (auto uses the tuner for recorded spaces)"),
+        surrogate: str = typer.Option("auto", help="auto, learned, llm or none"),
+        device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N"),
+        seed: int = typer.Option(0, help="seed of the search policy"),
+        proposals: int = typer.Option(6, help="candidates proposed per iteration"),
+        patience: int = typer.Option(0, help="stop a problem after this many measurements without a new best (0: never)"),
+        problem_wall: Optional[float] = typer.Option(None, "--problem-wall", help="stop each problem's search after this many seconds"),
+        max_wall: Optional[float] = typer.Option(None, "--max-wall", help="global: stop starting or continuing problems after this many seconds"),
+        max_measurements: Optional[int] = typer.Option(None, "--max-measurements", help="global: measurements over all problems"),
+        max_usd: Optional[float] = typer.Option(None, "--max-usd", help="global: LLM spend over all problems"),
+        max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="global: LLM tokens over all problems"),
+        as_json: bool = typer.Option(False, "--json", help="print one JSON object at the end"),
+    ) -> None:
+        """Search many problems in one headless run, each with its own budget, all under optional global caps."""
+        from kernelscout.agent.headless import HeadlessError, HeadlessRun, RunCaps, RunManifest, RunProgress, discover
+
+        if budget < 1:
+            _fail("--budget must be at least 1", as_json)
+        if policy not in ("auto", "tuner", "llm") or surrogate not in ("auto", "learned", "llm", "none"):
+            _fail("--policy takes auto, tuner or llm; --surrogate takes auto, learned, llm or none", as_json)
+        if max_measurements is not None and max_measurements < 1:
+            _fail("--max-measurements must be at least 1", as_json)
+        try:
+            refs = discover(problems)
+            manifest = RunManifest(problems=refs, budget=budget, policy=policy, surrogate=surrogate, device=device, seed=seed,
+                                   proposals=proposals, patience=patience, problem_wall_s=problem_wall,
+                                   caps=RunCaps(max_wall_s=max_wall, max_measurements=max_measurements, max_usd=max_usd, max_tokens=max_tokens))
+            path = run_dir or str(Path("runs") / f"run-{time.strftime('%Y%m%d-%H%M%S')}")
+            headless = HeadlessRun.create(path, manifest)
+        except HeadlessError as exc:
+            _fail(str(exc), as_json)
+        if not as_json:
+            err.print(f"[dim]{len(refs)} problems, budget {budget} each; run directory {headless.path}[/dim]", soft_wrap=True, highlight=False)
+        _finish(headless.run(quiet=as_json, progress=RunProgress(len(refs))), as_json)

@@ -1,0 +1,607 @@
+"""Headless multi-problem runs: many searches, one after another, resumable as a whole.
+
+A top run directory holds `manifest.json` (what to run and with which budgets, written once),
+`headless.db` (one row per problem: pending, running, finished, failed or skipped) and one sub run
+directory per problem under `problems/<name>/`. Each sub run directory is an ordinary search run
+directory, so every guarantee of a single search (no measurement lost, no budget spent twice)
+holds per problem; this module only decides which problem runs next, how much of the global caps
+it may use, and what a problem's outcome was. A problem that cannot run (bad file, crash,
+exception) is recorded with its reason and the run goes on.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import os
+import re
+import sqlite3
+import sys
+import time
+import traceback
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Literal, Optional
+
+from pydantic import BaseModel, Field
+
+MANIFEST = "manifest.json"
+STATE_DB = "headless.db"
+FAST_P = (0.0, 1.0, 1.5, 2.0)
+SPACE_SUFFIXES = (".json.gz", ".json")
+
+GEOMEAN_NOTE = ("geometric mean over all problems; a problem without a verified kernel faster than its reference "
+                "(no improvement, failed or skipped) counts as 1.0, because the reference is what you keep")
+FAST_P_NOTE = ("fast_p: fraction of all problems (failed and skipped included) with a verified correct kernel "
+               "more than p times faster than the reference; fast_0 is the fraction with any correct kernel")
+
+
+class HeadlessError(Exception):
+    """Unusable arguments for a whole run (nothing to run, unknown path); the message says what to do."""
+
+
+class ProblemRef(BaseModel):
+    name: str = Field(description="unique within the run; also the name of its sub run directory")
+    kind: Literal["problem", "space"] = Field(description="a KernelBench file, or a recorded space replayed")
+    path: str
+
+
+class RunCaps(BaseModel):
+    """Caps over the whole run, shared by all problems; each problem gets at most what is left."""
+
+    max_wall_s: Optional[float] = Field(None, description="seconds of running, summed over sessions")
+    max_measurements: Optional[int] = Field(None, description="measurements over all problems")
+    max_usd: Optional[float] = Field(None, description="LLM spend over all problems")
+    max_tokens: Optional[int] = Field(None, description="LLM tokens over all problems")
+
+
+class RunManifest(BaseModel):
+    version: int = 1
+    problems: list[ProblemRef]
+    budget: int = Field(ge=1, description="measurement budget of each problem")
+    policy: str = "auto"
+    surrogate: str = "auto"
+    device: str = "auto"
+    seed: int = 0
+    proposals: int = 6
+    patience: int = 0
+    problem_wall_s: Optional[float] = Field(None, description="wall-clock limit of one problem's search")
+    caps: RunCaps = Field(default_factory=RunCaps)
+
+
+ProblemStatus = Literal["pending", "running", "finished", "failed", "skipped"]
+
+
+class ProblemOutcome(BaseModel):
+    name: str
+    kind: str
+    path: str
+    status: ProblemStatus = "pending"
+    reason: Optional[str] = Field(None, description="why it failed or was skipped")
+    stop_reason: Optional[str] = None
+    best_speedup: Optional[float] = Field(None, description="measured speedup of the best verified kernel")
+    best_path: Optional[str] = None
+    measurements_used: int = 0
+    candidates_considered: int = 0
+    wall_s: Optional[float] = None
+    device: Optional[str] = None
+    policy: Optional[str] = None
+    llm_usd: float = 0.0
+    llm_tokens: int = 0
+    run_dir: str
+    report: Optional[str] = None
+
+
+class RunSummary(BaseModel):
+    status: Literal["complete", "incomplete"]
+    run_dir: str
+    problems: list[ProblemOutcome]
+    counts: dict[str, int]
+    fast_p: dict[str, float]
+    geomean_speedup: float
+    measurements_used: int
+    candidates_considered: int
+    wall_s: float
+    llm_usd: float = 0.0
+    llm_tokens: int = 0
+    notes: list[str] = Field(default_factory=lambda: [FAST_P_NOTE, GEOMEAN_NOTE])
+
+
+# -- discovery ----------------------------------------------------------------------------------
+
+def _is_space(path: Path) -> bool:
+    return path.name.endswith(SPACE_SUFFIXES)
+
+
+def _name_of(path: Path) -> str:
+    if path.name == "problem.py":
+        base = path.parent.name
+    elif path.name.endswith(".json.gz"):
+        base = path.name[: -len(".json.gz")]
+    else:
+        base = path.stem
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", base).strip("._") or "problem"
+
+
+def _files_in(folder: Path) -> list[Path]:
+    """A folder with problem.py is one problem; otherwise its problem folders, KernelBench files and recorded spaces."""
+    if (folder / "problem.py").is_file():
+        return [folder / "problem.py"]
+    found = []
+    for child in sorted(folder.iterdir()):
+        if child.name.startswith((".", "_")):
+            continue
+        if child.is_dir() and (child / "problem.py").is_file():
+            found.append(child / "problem.py")
+        elif child.is_file() and (child.suffix == ".py" or _is_space(child)):
+            found.append(child)
+    return found
+
+
+def discover(paths: list[str]) -> list[ProblemRef]:
+    """Turn command-line paths into problems, in the order given (a folder's problems sorted by name)."""
+    if not paths:
+        raise HeadlessError("give at least one problem: a KernelBench .py file, a folder with problem.py, "
+                            "a folder of such folders, or a recorded space .json.gz")
+    refs: list[ProblemRef] = []
+    seen_paths: set[str] = set()
+    names: set[str] = set()
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            files = _files_in(path)
+            if not files:
+                raise HeadlessError(f"{raw}: no problems found (expected problem.py, folders holding problem.py, "
+                                    "KernelBench .py files or recorded spaces .json.gz)")
+        elif path.is_file():
+            files = [path]
+        else:
+            raise HeadlessError(f"{raw}: no such file or folder")
+        for f in files:
+            resolved = str(f.resolve())
+            if resolved in seen_paths:
+                continue
+            seen_paths.add(resolved)
+            name, n = _name_of(f), 2
+            while name in names:
+                name, n = f"{_name_of(f)}-{n}", n + 1
+            names.add(name)
+            refs.append(ProblemRef(name=name, kind="space" if _is_space(f) else "problem", path=resolved))
+    return refs
+
+
+# -- maths of the summary ------------------------------------------------------------------------
+
+def fast_p(speedups: list[Optional[float]], p: float) -> float:
+    """KernelBench's fast_p: the share of problems whose verified kernel beats p times the reference.
+
+    `None` means no verified correct kernel (failed, skipped, or nothing correct was measured).
+    """
+    if not speedups:
+        return 0.0
+    return sum(1 for s in speedups if s is not None and s > p) / len(speedups)
+
+
+def geomean_speedup(speedups: list[Optional[float]]) -> float:
+    """Geometric mean where anything not faster than the reference counts as 1.0 (the reference is kept)."""
+    if not speedups:
+        return 1.0
+    kept = [s if (s is not None and s > 1.0) else 1.0 for s in speedups]
+    return math.exp(sum(math.log(s) for s in kept) / len(kept))
+
+
+def fast_p_key(p: float) -> str:
+    return f"fast_{p:g}"
+
+
+# -- persistence --------------------------------------------------------------------------------
+
+def is_headless_run(run_dir: str | Path) -> bool:
+    return (Path(run_dir) / MANIFEST).is_file()
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class RunState:
+    """headless.db: each problem's outcome and the running time of earlier sessions, in SQLite transactions."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        with self._db() as db:
+            db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
+            db.execute("CREATE TABLE IF NOT EXISTS problems (name TEXT PRIMARY KEY, position INTEGER, status TEXT, "
+                       "outcome_json TEXT, updated REAL)")
+
+    @contextmanager
+    def _db(self) -> Iterator[sqlite3.Connection]:
+        db = sqlite3.connect(self.path / STATE_DB, timeout=60.0, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            yield db
+        finally:
+            db.close()
+
+    def ensure(self, refs: list[ProblemRef], run_path: Path) -> None:
+        with self._db() as db:
+            for i, ref in enumerate(refs):
+                outcome = ProblemOutcome(name=ref.name, kind=ref.kind, path=ref.path, run_dir=str(run_path / "problems" / ref.name))
+                db.execute("INSERT OR IGNORE INTO problems VALUES (?, ?, 'pending', ?, ?)", (ref.name, i, outcome.model_dump_json(), time.time()))
+
+    def put(self, outcome: ProblemOutcome) -> None:
+        with self._db() as db:
+            db.execute("UPDATE problems SET status = ?, outcome_json = ?, updated = ? WHERE name = ?",
+                       (outcome.status, outcome.model_dump_json(), time.time(), outcome.name))
+
+    def get(self, name: str) -> ProblemOutcome:
+        with self._db() as db:
+            row = db.execute("SELECT outcome_json FROM problems WHERE name = ?", (name,)).fetchone()
+        return ProblemOutcome.model_validate_json(row[0])
+
+    def all(self) -> list[ProblemOutcome]:
+        with self._db() as db:
+            rows = db.execute("SELECT outcome_json FROM problems ORDER BY position").fetchall()
+        return [ProblemOutcome.model_validate_json(r[0]) for r in rows]
+
+    def elapsed(self) -> float:
+        with self._db() as db:
+            row = db.execute("SELECT value FROM meta WHERE key = 'elapsed_s'").fetchone()
+        return float(row[0]) if row else 0.0
+
+    def set_elapsed(self, seconds: float) -> None:
+        with self._db() as db:
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('elapsed_s', ?)", (repr(seconds),))
+
+
+# -- reading a sub run directory -----------------------------------------------------------------
+
+def _sub_has_search(sub: Path) -> bool:
+    if not (sub / "run.db").exists():
+        return False
+    try:
+        with sqlite3.connect(sub / "run.db") as db:
+            return db.execute("SELECT 1 FROM meta WHERE key = 'search_spec'").fetchone() is not None
+    except sqlite3.Error:
+        return False
+
+
+def _sub_numbers(sub: Path) -> dict[str, Any]:
+    """Measurements, candidates considered, best verified speedup and LLM use, read from the sub run's own run.db."""
+    numbers: dict[str, Any] = {"measurements_used": 0, "candidates_considered": 0, "best_speedup": None, "llm_usd": 0.0, "llm_tokens": 0}
+    if not (sub / "run.db").exists():
+        return numbers
+    from kernelscout.agent.graph import considered_count
+    from kernelscout.tools.archive import Archive
+    from kernelscout.tools.budget import Budget
+    from kernelscout.tools.rundir import RunDir
+
+    run = RunDir(sub)
+    numbers["measurements_used"] = Budget(run).status().used
+    try:
+        archive = Archive(run)
+        numbers["candidates_considered"] = considered_count(archive)
+        best = archive.best()
+        numbers["best_speedup"] = best.speedup if best else None
+    except sqlite3.OperationalError:
+        pass  # the search never got as far as creating its archive
+    usage = run.get_meta("llm_usage")
+    if usage:
+        data = json.loads(usage)
+        numbers["llm_usd"] = float(data.get("cost_usd") or 0.0)
+        numbers["llm_tokens"] = int(data.get("input_tokens") or 0) + int(data.get("output_tokens") or 0)
+    return numbers
+
+
+def _failure_of_measurements(sub: Path) -> Optional[str]:
+    """A problem is failed, not merely unimproved, when every measurement failed the same way for a problem-side reason."""
+    if not (sub / "run.db").exists():
+        return None
+    with sqlite3.connect(sub / "run.db") as db:
+        try:
+            rows = db.execute("SELECT status, result_json FROM measurements ORDER BY id").fetchall()
+        except sqlite3.OperationalError:
+            return None
+    statuses = {r[0] for r in rows}
+    if len(statuses) != 1 or not statuses <= {"invalid_problem", "timeout", "crashed"}:
+        return None
+    status = rows[0][0]
+    message = json.loads(rows[0][1]).get("message") or ""
+    label = {"invalid_problem": "invalid problem", "timeout": "every measurement timed out",
+             "crashed": "every measurement crashed"}.get(status, status)
+    return f"{label}: {message}".strip().rstrip(":")
+
+
+# -- progress -----------------------------------------------------------------------------------
+
+def escape(text: str) -> str:
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
+class RunProgress:
+    """One line per problem as it starts and ends: rich markup on a terminal, plain timestamped lines in a pipe."""
+
+    def __init__(self, total: int, console: Any = None, enabled: bool = True):
+        from rich.console import Console
+
+        self.console = console or Console(stderr=True)
+        self.total, self.enabled = total, enabled
+        self._t0 = time.monotonic()
+
+    def _say(self, rich_text: str, plain: str) -> None:
+        if not self.enabled:
+            return
+        if self.console.is_terminal:
+            self.console.print(rich_text, highlight=False)
+        else:
+            print(f"[{time.monotonic() - self._t0:7.1f}s] {plain}", file=sys.stderr, flush=True)
+
+    def start(self, index: int, ref: ProblemRef, budget: int, resumed: bool) -> None:
+        verb = "resuming" if resumed else "starting"
+        self._say(f"[bold]\\[{index}/{self.total}] {escape(ref.name)}[/bold]: {verb} (budget {budget} measurements)",
+                  f"[{index}/{self.total}] {ref.name}: {verb} (budget {budget} measurements)")
+
+    def done(self, index: int, o: ProblemOutcome) -> None:
+        sp = f"{o.best_speedup:.3f}x" if o.best_speedup is not None else "no verified kernel"
+        detail = (f"{o.status}: best {sp}, {o.measurements_used} measurements, {o.candidates_considered} considered"
+                  + (f", {o.wall_s:.0f} s" if o.wall_s is not None else ""))
+        if o.status != "finished" and o.reason:
+            detail += f" ({o.reason.splitlines()[0]})"
+        colour = {"finished": "green", "failed": "red", "skipped": "yellow"}.get(o.status, "white")
+        self._say(f"\\[{index}/{self.total}] {escape(o.name)}: [{colour}]{escape(detail)}[/{colour}]", f"[{index}/{self.total}] {o.name}: {detail}")
+
+    def skip(self, index: int, name: str, reason: str) -> None:
+        self._say(f"\\[{index}/{self.total}] {escape(name)}: [yellow]skipped[/yellow] ({escape(reason)})",
+                  f"[{index}/{self.total}] {name}: skipped ({reason})")
+
+
+# -- the run ------------------------------------------------------------------------------------
+
+class HeadlessRun:
+    """A multi-problem run in one top run directory."""
+
+    def __init__(self, path: Path | str, manifest: RunManifest):
+        self.path = Path(path)
+        self.manifest = manifest
+        self.state = RunState(self.path)
+        self.state.ensure(manifest.problems, self.path)
+
+    # construction ----------------------------------------------------------------------------
+    @classmethod
+    def create(cls, path: Path | str, manifest: RunManifest) -> "HeadlessRun":
+        """Start a run, or continue the one already in `path` if it was started with the same manifest."""
+        path = Path(path)
+        if (path / "run.db").exists() and not is_headless_run(path):
+            raise HeadlessError(f"{path} holds a single search; use `kscout resume {path}` or a new --run-dir")
+        if is_headless_run(path):
+            existing = RunManifest.model_validate_json((path / MANIFEST).read_text())
+            if existing.model_dump() != manifest.model_dump():
+                raise HeadlessError(f"{path} already holds a different run; use `kscout resume {path}` or a new --run-dir")
+            return cls(path, existing)
+        path.mkdir(parents=True, exist_ok=True)
+        _atomic_write(path / MANIFEST, manifest.model_dump_json(indent=2))
+        return cls(path, manifest)
+
+    @classmethod
+    def open(cls, path: Path | str) -> "HeadlessRun":
+        path = Path(path)
+        if not is_headless_run(path):
+            raise HeadlessError(f"{path}: not a multi-problem run directory (no {MANIFEST})")
+        return cls(path, RunManifest.model_validate_json((path / MANIFEST).read_text()))
+
+    # caps -----------------------------------------------------------------------------------------
+    def _spent(self) -> dict[str, float]:
+        totals = {"measurements": 0, "usd": 0.0, "tokens": 0}
+        for ref in self.manifest.problems:
+            n = _sub_numbers(self.path / "problems" / ref.name)
+            totals["measurements"] += n["measurements_used"]
+            totals["usd"] += n["llm_usd"]
+            totals["tokens"] += n["llm_tokens"]
+        return totals
+
+    def _cap_reached(self, elapsed: float) -> Optional[str]:
+        caps, spent = self.manifest.caps, self._spent()
+        if caps.max_wall_s is not None and elapsed >= caps.max_wall_s:
+            return f"global wall-clock cap of {caps.max_wall_s:g} s reached"
+        if caps.max_measurements is not None and spent["measurements"] >= caps.max_measurements:
+            return f"global measurement cap of {caps.max_measurements} reached"
+        if caps.max_usd is not None and spent["usd"] >= caps.max_usd:
+            return f"global LLM cost cap of ${caps.max_usd:g} reached"
+        if caps.max_tokens is not None and spent["tokens"] >= caps.max_tokens:
+            return f"global LLM token cap of {caps.max_tokens} reached"
+        return None
+
+    def _allowance(self, elapsed: float) -> dict[str, Any]:
+        """What the next problem may use: its own budget, cut down to what the global caps have left."""
+        caps, spent, m = self.manifest.caps, self._spent(), self.manifest
+        budget = m.budget if caps.max_measurements is None else min(m.budget, int(caps.max_measurements - spent["measurements"]))
+        walls = [w for w in (m.problem_wall_s, None if caps.max_wall_s is None else caps.max_wall_s - elapsed) if w is not None]
+        return {
+            "budget": max(1, budget),
+            "max_wall": min(walls) if walls else None,
+            "max_usd": None if caps.max_usd is None else caps.max_usd - spent["usd"],
+            "max_llm_tokens": None if caps.max_tokens is None else int(caps.max_tokens - spent["tokens"]),
+        }
+
+    # running --------------------------------------------------------------------------------------
+    def run(self, quiet: bool = False, progress: Optional[RunProgress] = None) -> RunSummary:
+        """Run every problem not yet finished or failed; an interrupted one resumes where it stopped."""
+        progress = progress or RunProgress(len(self.manifest.problems))
+        before, t0 = self.state.elapsed(), time.monotonic()
+        self._event("session_start", problems=len(self.manifest.problems))
+        try:
+            for index, ref in enumerate(self.manifest.problems, 1):
+                outcome = self.state.get(ref.name)
+                if outcome.status in ("finished", "failed"):
+                    continue
+                elapsed = before + time.monotonic() - t0
+                reason = self._cap_reached(elapsed)
+                if reason:
+                    outcome = outcome.model_copy(update={"status": "skipped", "reason": reason, **self._numbers(ref)})
+                    self.state.put(outcome)
+                    self._event("problem_skipped", name=ref.name, reason=reason)
+                    progress.skip(index, ref.name, reason)
+                    continue
+                outcome = self._run_problem(index, ref, self._allowance(elapsed), quiet, progress)
+                self.state.set_elapsed(before + time.monotonic() - t0)
+                progress.done(index, outcome)
+        finally:
+            self.state.set_elapsed(before + time.monotonic() - t0)
+        summary = self.summary()
+        write_reports(self.path, summary)
+        self._event("session_end", **{k: v for k, v in summary.model_dump().items() if k != "problems"})
+        return summary
+
+    def _numbers(self, ref: ProblemRef) -> dict[str, Any]:
+        sub = self.path / "problems" / ref.name
+        n = _sub_numbers(sub)
+        report = sub / "report.html"
+        return {**n, "report": str(report) if report.exists() else None}
+
+    def _run_problem(self, index: int, ref: ProblemRef, allow: dict[str, Any], quiet: bool, progress: RunProgress) -> ProblemOutcome:
+        from kernelscout.agent.runner import OptimizeError, resume_search, start_search
+
+        sub = self.path / "problems" / ref.name
+        resumed = _sub_has_search(sub)
+        outcome = self.state.get(ref.name).model_copy(update={"status": "running", "reason": None})
+        self.state.put(outcome)
+        self._event("problem_start", name=ref.name, resumed=resumed, **allow)
+        progress.start(index, ref, allow["budget"], resumed)
+        m = self.manifest
+        started = time.monotonic()
+        update: dict[str, Any]
+        try:
+            if resumed:
+                result = resume_search(str(sub), quiet=quiet)
+            else:
+                policy = "tuner" if (ref.kind == "space" and m.policy == "auto") else m.policy
+                result = start_search(
+                    problem=ref.path if ref.kind == "problem" else None, space=ref.path if ref.kind == "space" else None,
+                    budget=allow["budget"], policy=policy, surrogate=m.surrogate, device=m.device, run_dir=str(sub), seed=m.seed,
+                    proposals=m.proposals, patience=m.patience, max_wall=allow["max_wall"], quiet=quiet,
+                    max_usd=allow["max_usd"], max_llm_tokens=allow["max_llm_tokens"],
+                )
+            failure = _failure_of_measurements(sub)
+            update = {"status": "failed" if failure else "finished", "reason": failure, "stop_reason": result.stop_reason,
+                      "best_path": result.best_path, "device": result.device, "policy": result.policy}
+        except OptimizeError as exc:
+            update = {"status": "failed", "reason": str(exc)}
+        except Exception as exc:  # a crash in one problem must not end the night
+            update = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"}
+            self._event("problem_error", name=ref.name, traceback=traceback.format_exc())
+        wall = time.monotonic() - started
+        previous = outcome.wall_s or 0.0
+        outcome = outcome.model_copy(update={**update, **self._numbers(ref), "wall_s": round(previous + wall, 3)})
+        self.state.put(outcome)
+        self._event("problem_end", **outcome.model_dump())
+        return outcome
+
+    # reporting ------------------------------------------------------------------------------------
+    def summary(self) -> RunSummary:
+        outcomes = self.state.all()
+        done = {"finished", "failed", "skipped"}
+        # what fast_p and the mean count: a verified kernel's speedup, from the sub run's archive
+        speedups = [o.best_speedup for o in outcomes]
+        counts = {s: sum(1 for o in outcomes if o.status == s) for s in ("finished", "failed", "skipped", "pending", "running")}
+        return RunSummary(
+            status="complete" if all(o.status in done for o in outcomes) else "incomplete",
+            run_dir=str(self.path),
+            problems=outcomes,
+            counts={k: v for k, v in counts.items() if v},
+            fast_p={fast_p_key(p): round(fast_p(speedups, p), 4) for p in FAST_P},
+            geomean_speedup=round(geomean_speedup(speedups), 4),
+            measurements_used=sum(o.measurements_used for o in outcomes),
+            candidates_considered=sum(o.candidates_considered for o in outcomes),
+            wall_s=round(self.state.elapsed(), 1),
+            llm_usd=round(sum(o.llm_usd for o in outcomes), 6),
+            llm_tokens=sum(o.llm_tokens for o in outcomes),
+        )
+
+    def _event(self, kind: str, /, **data: Any) -> None:
+        line = json.dumps({"ts": time.time(), "event": kind, "pid": os.getpid(), "data": data}, default=str)
+        with open(self.path / "events.jsonl", "a") as f:
+            f.write(line + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+# -- reports ------------------------------------------------------------------------------------
+
+def _fmt_speedup(s: Optional[float]) -> str:
+    return f"{s:.3f}x" if s is not None else "-"
+
+
+def _why(o: ProblemOutcome) -> str:
+    text = o.reason if o.status in ("failed", "skipped") and o.reason else (o.stop_reason or "")
+    return text.splitlines()[0].replace(o.path, Path(o.path).name) if text else ""
+
+
+def summary_rows(summary: RunSummary) -> list[list[str]]:
+    return [[o.name, o.status, _fmt_speedup(o.best_speedup), str(o.measurements_used), str(o.candidates_considered),
+             "-" if o.wall_s is None else f"{o.wall_s:.0f} s", _why(o)] for o in summary.problems]
+
+
+HEADERS = ["problem", "status", "best speedup", "measurements", "considered", "wall", "stop / reason"]
+
+
+def summary_markdown(summary: RunSummary) -> str:
+    lines = [f"# kernelscout run: {Path(summary.run_dir).name}", "",
+             f"Status: {summary.status}. {len(summary.problems)} problems; "
+             + ", ".join(f"{v} {k}" for k, v in summary.counts.items())
+             + f". {summary.measurements_used} measurements, {summary.candidates_considered} candidates considered, "
+             f"{summary.wall_s:.0f} s of running.", "",
+             "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    for row in summary_rows(summary):
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
+    lines += ["", "| " + " | ".join(summary.fast_p) + " | geomean speedup |", "|" + "---|" * (len(summary.fast_p) + 1),
+              "| " + " | ".join(f"{v:.3f}" for v in summary.fast_p.values()) + f" | {summary.geomean_speedup:.3f}x |", ""]
+    if summary.llm_tokens:
+        lines += [f"LLM use: {summary.llm_tokens} tokens, ${summary.llm_usd:.4f}.", ""]
+    lines += [f"- {n}" for n in summary.notes]
+    return "\n".join(lines) + "\n"
+
+
+def summary_html(summary: RunSummary) -> str:
+    e = html.escape
+    rows = []
+    for o, row in zip(summary.problems, summary_rows(summary)):
+        name = e(row[0])
+        if o.report:
+            rel = os.path.relpath(o.report, summary.run_dir)
+            name = f'<a href="{e(rel)}">{name}</a>'
+        rows.append("<tr><td>" + name + "</td>" + "".join(f"<td>{e(c)}</td>" for c in row[1:]) + "</tr>")
+    fast = "".join(f"<th>{e(k)}</th>" for k in summary.fast_p)
+    fast_vals = "".join(f"<td>{v:.3f}</td>" for v in summary.fast_p.values())
+    notes = "".join(f"<li>{e(n)}</li>" for n in summary.notes)
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>kernelscout run {e(Path(summary.run_dir).name)}</title>
+<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left}}</style>
+</head><body>
+<h1>kernelscout run: {e(Path(summary.run_dir).name)}</h1>
+<p>Status: {e(summary.status)}. {len(summary.problems)} problems; {e(", ".join(f"{v} {k}" for k, v in summary.counts.items()))}.
+{summary.measurements_used} measurements, {summary.candidates_considered} candidates considered, {summary.wall_s:.0f} s of running.
+Each problem name links to its own report.</p>
+<table><tr>{"".join(f"<th>{e(h)}</th>" for h in HEADERS)}</tr>
+{chr(10).join(rows)}
+</table>
+<h2>Over all problems</h2>
+<table><tr>{fast}<th>geomean speedup</th></tr><tr>{fast_vals}<td>{summary.geomean_speedup:.3f}x</td></tr></table>
+<ul>{notes}</ul>
+</body></html>
+"""
+
+
+def write_reports(path: Path, summary: RunSummary) -> None:
+    """summary.json, summary.md and index.html in the top run directory; all three from the same RunSummary."""
+    _atomic_write(path / "summary.json", summary.model_dump_json(indent=2))
+    _atomic_write(path / "summary.md", summary_markdown(summary))
+    _atomic_write(path / "index.html", summary_html(summary))

@@ -1,0 +1,261 @@
+"""Headless `kscout run`: many problems in one run, failures recorded, resumable as a whole, summarised honestly."""
+
+import json
+import math
+import os
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kernelscout.agent.cli import app
+from kernelscout.agent.headless import (
+    HeadlessError,
+    HeadlessRun,
+    RunManifest,
+    discover,
+    fast_p,
+    geomean_speedup,
+)
+
+HUB = Path(__file__).resolve().parents[2] / "shared" / "data" / "benchmark_hub"
+if not HUB.exists():
+    HUB = Path(os.environ.get("KSCOUT_BENCHMARK_HUB", "/work/shared/data/benchmark_hub"))
+SPACES = [HUB / "convolution_A100.json.gz", HUB / "pnpoly_RTX_3090.json.gz"]
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+needs_hub = pytest.mark.skipif(not all(s.exists() for s in SPACES), reason="recorded spaces (shared/data/benchmark_hub) not found")
+
+BROKEN = "import torch\nclass Model(:\n"
+RAISING_REFERENCE = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        raise RuntimeError("the reference itself is broken")
+
+def get_inputs():
+    return [torch.randn(64, 64)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def _problems_folder(tmp_path: Path, broken: bool = True) -> Path:
+    """Two recorded spaces and (optionally) a KernelBench file that does not parse, in one folder."""
+    folder = tmp_path / "problems"
+    folder.mkdir()
+    for space in SPACES:
+        shutil.copyfile(space, folder / space.name)
+    if broken:
+        (folder / "a_broken.py").write_text(BROKEN)
+    return folder
+
+
+def _run(args: list[str]):
+    result = CliRunner().invoke(app, ["run", *args, "--json"])
+    return result, json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _charged_keys(run_dir: Path) -> list[str]:
+    with sqlite3.connect(run_dir / "run.db") as db:
+        return [r[0] for r in db.execute("SELECT key FROM ledger WHERE state = 'charged'")]
+
+
+def _measurement_ids(run_dir: Path) -> list[int]:
+    with sqlite3.connect(run_dir / "run.db") as db:
+        return [r[0] for r in db.execute("SELECT id FROM measurements ORDER BY id")]
+
+
+# -- discovery ---------------------------------------------------------------------------------
+
+def test_discovery_reads_problem_folders_files_and_spaces(tmp_path):
+    (tmp_path / "one").mkdir()
+    (tmp_path / "one" / "problem.py").write_text("x = 1\n")
+    (tmp_path / "one" / "fast.py").write_text("x = 1\n")  # a candidate, not a problem
+    assert [(r.name, r.kind) for r in discover([str(tmp_path / "one")])] == [("one", "problem")]
+
+    many = tmp_path / "many"
+    for name in ("b", "a"):
+        (many / name).mkdir(parents=True)
+        (many / name / "problem.py").write_text("x = 1\n")
+    (many / "3_Max_Abs.py").write_text("x = 1\n")
+    (many / "space.json.gz").write_bytes(b"")
+    (many / "notes.md").write_text("not a problem\n")
+    refs = discover([str(many), str(tmp_path / "one" / "problem.py")])
+    assert [(r.name, r.kind) for r in refs] == [("3_Max_Abs", "problem"), ("a", "problem"), ("b", "problem"),
+                                                 ("space", "space"), ("one", "problem")]
+    # the same folder twice is one set of problems; two different problems with one name get distinct names
+    assert len(discover([str(many), str(many)])) == 4
+    (tmp_path / "other" / "a").mkdir(parents=True)
+    (tmp_path / "other" / "a" / "problem.py").write_text("x = 1\n")
+    assert [r.name for r in discover([str(many / "a"), str(tmp_path / "other" / "a")])] == ["a", "a-2"]
+
+
+def test_discovery_refuses_missing_paths_and_empty_folders(tmp_path):
+    with pytest.raises(HeadlessError, match="no such file or folder"):
+        discover([str(tmp_path / "typo")])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(HeadlessError, match="no problems found"):
+        discover([str(tmp_path / "empty")])
+    with pytest.raises(HeadlessError, match="at least one problem"):
+        discover([])
+
+
+def test_examples_folder_is_six_problems():
+    refs = discover([str(EXAMPLES)])
+    assert sorted(r.name for r in refs) == ["conv2d_relu", "gated_gelu", "layernorm", "linear_gelu", "masked_mean", "softmax"]
+    assert all(r.path.endswith("problem.py") for r in refs)
+
+
+# -- the maths of the summary ------------------------------------------------------------------
+
+def test_fast_p_counts_correct_kernels_beating_p_times_the_reference_over_all_problems():
+    # a 3x kernel, a 1.2x kernel, a correct but slower kernel, and a problem with no correct kernel
+    speedups = [3.0, 1.2, 0.8, None]
+    assert fast_p(speedups, 0.0) == 0.75  # three problems have a correct kernel
+    assert fast_p(speedups, 1.0) == 0.5
+    assert fast_p(speedups, 1.5) == 0.25
+    assert fast_p(speedups, 2.0) == 0.25
+    assert fast_p(speedups, 3.0) == 0.0  # strictly faster than p times
+    assert fast_p([], 1.0) == 0.0
+
+
+def test_geomean_counts_no_improvement_as_one():
+    assert geomean_speedup([4.0, 1.0]) == pytest.approx(2.0)
+    # slower kernels, failures and skips keep the reference: 1.0 each
+    assert geomean_speedup([4.0, 0.5, None, 1.0]) == pytest.approx(math.sqrt(2.0))
+    assert geomean_speedup([None, None]) == 1.0
+
+
+# -- whole runs on recorded spaces -------------------------------------------------------------
+
+@needs_hub
+def test_a_bad_file_among_good_problems_is_recorded_and_the_run_goes_on(tmp_path):
+    run_dir = tmp_path / "run"
+    result, summary = _run([str(_problems_folder(tmp_path)), "--budget", "3", "--run-dir", str(run_dir)])
+    assert result.exit_code == 1  # one problem failed
+    by_name = {p["name"]: p for p in summary["problems"]}
+    assert by_name["a_broken"]["status"] == "failed" and "syntax error" in by_name["a_broken"]["reason"]
+    for name in ("convolution_A100", "pnpoly_RTX_3090"):
+        p = by_name[name]
+        assert p["status"] == "finished" and p["measurements_used"] == 3
+        assert p["candidates_considered"] >= p["measurements_used"]
+        assert p["best_speedup"] is not None and Path(p["report"]).is_file()
+        assert len(_charged_keys(run_dir / "problems" / name)) == 3  # each problem has its own ledger and budget
+    assert summary["status"] == "complete" and summary["counts"] == {"finished": 2, "failed": 1}
+    assert summary["measurements_used"] == 6
+    speedups = [p["best_speedup"] for p in summary["problems"]]
+    assert summary["fast_p"]["fast_0"] == pytest.approx(2 / 3, abs=1e-3)
+    assert summary["fast_p"]["fast_1"] == pytest.approx(round(fast_p(speedups, 1.0), 4))
+    assert set(summary["fast_p"]) == {"fast_0", "fast_1", "fast_1.5", "fast_2"}
+    assert summary["geomean_speedup"] == pytest.approx(round(geomean_speedup(speedups), 4))
+    # the same summary on disk, as markdown and as an HTML index linking each problem's report
+    assert json.loads((run_dir / "summary.json").read_text())["geomean_speedup"] == summary["geomean_speedup"]
+    md = (run_dir / "summary.md").read_text()
+    assert "| a_broken | failed |" in md and "geomean" in md and "counts as 1.0" in md
+    index = (run_dir / "index.html").read_text()
+    assert 'href="problems/convolution_A100/report.html"' in index
+
+
+@needs_hub
+def test_a_crash_inside_one_search_fails_that_problem_only(tmp_path, monkeypatch):
+    import kernelscout.agent.targets as targets
+
+    real = targets.measure_replay
+
+    def crash_on_pnpoly(space, *args, **kwargs):
+        if "pnpoly" in str(space.path):
+            raise RuntimeError("device fell over")
+        return real(space, *args, **kwargs)
+
+    monkeypatch.setattr(targets, "measure_replay", crash_on_pnpoly)
+    result, summary = _run([str(_problems_folder(tmp_path, broken=False)), "--budget", "2", "--run-dir", str(tmp_path / "run")])
+    by_name = {p["name"]: p for p in summary["problems"]}
+    assert by_name["pnpoly_RTX_3090"]["status"] == "failed"
+    assert by_name["pnpoly_RTX_3090"]["reason"] == "RuntimeError: device fell over"
+    assert by_name["convolution_A100"]["status"] == "finished"
+    events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    assert any(e["event"] == "problem_error" and "device fell over" in e["data"]["traceback"] for e in events)
+
+
+@needs_hub
+def test_global_measurement_cap_splits_across_problems_and_skips_the_rest(tmp_path):
+    folder = _problems_folder(tmp_path, broken=False)
+    shutil.copyfile(SPACES[0], folder / "zz_again.json.gz")
+    result, summary = _run([str(folder), "--budget", "4", "--max-measurements", "5", "--run-dir", str(tmp_path / "run")])
+    used = [p["measurements_used"] for p in summary["problems"]]
+    assert used == [4, 1, 0]  # the second problem gets only what the global cap leaves
+    assert summary["problems"][2]["status"] == "skipped"
+    assert summary["problems"][2]["reason"] == "global measurement cap of 5 reached"
+    assert summary["measurements_used"] == 5 and result.exit_code == 1
+
+
+@needs_hub
+def test_resume_after_an_interruption_reruns_nothing_finished_and_spends_nothing_twice(tmp_path, monkeypatch):
+    import kernelscout.agent.targets as targets
+
+    folder = _problems_folder(tmp_path, broken=False)
+    run_dir = tmp_path / "run"
+    real = targets.measure_replay
+    calls = {"pnpoly": 0}
+
+    def interrupt_second_problem(space, *args, **kwargs):
+        m = real(space, *args, **kwargs)  # recorded and charged in the ledger ...
+        if "pnpoly" in str(space.path):
+            calls["pnpoly"] += 1
+            if calls["pnpoly"] == 3:
+                raise KeyboardInterrupt  # ... but the loop never sees it: the process "dies" here
+        return m
+
+    monkeypatch.setattr(targets, "measure_replay", interrupt_second_problem)
+    manifest = RunManifest(problems=discover([str(folder)]), budget=5, policy="tuner")
+    with pytest.raises(KeyboardInterrupt):
+        HeadlessRun.create(run_dir, manifest).run(quiet=True)
+    monkeypatch.setattr(targets, "measure_replay", real)
+
+    first, second = run_dir / "problems" / "convolution_A100", run_dir / "problems" / "pnpoly_RTX_3090"
+    state = {o.name: o.status for o in HeadlessRun.open(run_dir).state.all()}
+    assert state == {"convolution_A100": "finished", "pnpoly_RTX_3090": "running"}
+    first_ids, second_keys = _measurement_ids(first), _charged_keys(second)
+    assert len(second_keys) == 3
+
+    result = CliRunner().invoke(app, ["resume", str(run_dir), "--json"])
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert result.exit_code == 0, result.stdout
+    assert summary["status"] == "complete" and summary["counts"] == {"finished": 2}
+    assert _measurement_ids(first) == first_ids  # the finished problem was not run again
+    keys = _charged_keys(second)
+    assert len(keys) == 5 and len(set(keys)) == 5  # the interrupted one used its budget exactly, nothing charged twice
+    assert keys[:3] == second_keys
+    assert [p["measurements_used"] for p in summary["problems"]] == [5, 5]
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    starts = [(e["data"]["name"], e["data"]["resumed"]) for e in events if e["event"] == "problem_start"]
+    assert starts == [("convolution_A100", False), ("pnpoly_RTX_3090", False), ("pnpoly_RTX_3090", True)]
+
+
+def test_a_different_run_in_the_same_directory_is_refused(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for p in (a, b):
+        p.mkdir()
+        (p / "problem.py").write_text(BROKEN)
+    HeadlessRun.create(tmp_path / "run", RunManifest(problems=discover([str(a)]), budget=2))
+    with pytest.raises(HeadlessError, match="different run"):
+        HeadlessRun.create(tmp_path / "run", RunManifest(problems=discover([str(b)]), budget=2))
+    result = CliRunner().invoke(app, ["run", str(tmp_path / "nowhere"), "--json"])
+    assert result.exit_code == 2 and "no such file or folder" in json.loads(result.stdout)["message"]
+
+
+@pytest.mark.slow
+def test_a_problem_whose_reference_raises_is_failed_with_the_reason(tmp_path):
+    (tmp_path / "bad_reference").mkdir()
+    (tmp_path / "bad_reference" / "problem.py").write_text(RAISING_REFERENCE)
+    result, summary = _run([str(tmp_path / "bad_reference"), "--budget", "2", "--policy", "tuner", "--device", "cpu",
+                            "--run-dir", str(tmp_path / "run")])
+    (problem,) = summary["problems"]
+    assert problem["status"] == "failed" and problem["measurements_used"] == 0
+    assert problem["reason"].startswith("invalid problem:") and "the reference itself is broken" in problem["reason"]
