@@ -47,6 +47,17 @@ def print_summary(summary, console: Optional[Console] = None) -> None:
     console.print(f"report: {Path(summary.run_dir) / 'summary.md'}, {Path(summary.run_dir) / 'index.html'}", highlight=False, soft_wrap=True)
 
 
+def _run(headless, as_json: bool) -> None:
+    from kernelscout.agent.headless import RunProgress
+
+    try:
+        summary = headless.run(quiet=as_json, progress=RunProgress(len(headless.manifest.problems)))
+    except KeyboardInterrupt:
+        err.print(f"interrupted; nothing measured is lost. Continue with: kscout resume {headless.path}", soft_wrap=True, highlight=False)
+        raise typer.Exit(130)
+    _finish(summary, as_json)
+
+
 def _finish(summary, as_json: bool) -> None:
     if as_json:
         print(summary.model_dump_json())
@@ -65,13 +76,13 @@ def _fail(message: str, as_json: bool) -> None:
 
 def resume_run(run_dir: str, as_json: bool = False) -> None:
     """Continue a multi-problem run: finished and failed problems stay as they are, an interrupted one resumes."""
-    from kernelscout.agent.headless import HeadlessError, HeadlessRun, RunProgress
+    from kernelscout.agent.headless import HeadlessError, HeadlessRun
 
     try:
         run = HeadlessRun.open(run_dir)
     except HeadlessError as exc:
         _fail(str(exc), as_json)
-    _finish(run.run(quiet=as_json, progress=RunProgress(len(run.manifest.problems))), as_json)
+    _run(run, as_json)
 
 
 def register(app: typer.Typer) -> None:
@@ -97,7 +108,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print one JSON object at the end"),
     ) -> None:
         """Search many problems in one headless run, each with its own budget, all under optional global caps."""
-        from kernelscout.agent.headless import HeadlessError, HeadlessRun, RunCaps, RunManifest, RunProgress, discover
+        from kernelscout.agent.headless import HeadlessError, HeadlessRun, RunCaps, RunManifest, discover
 
         if budget < 1:
             _fail("--budget must be at least 1", as_json)
@@ -116,4 +127,4 @@ def register(app: typer.Typer) -> None:
             _fail(str(exc), as_json)
         if not as_json:
             err.print(f"[dim]{len(refs)} problems, budget {budget} each; run directory {headless.path}[/dim]", soft_wrap=True, highlight=False)
-        _finish(headless.run(quiet=as_json, progress=RunProgress(len(refs))), as_json)
+        _run(headless, as_json)

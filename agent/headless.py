@@ -427,7 +427,7 @@ class HeadlessRun:
         walls = [w for w in (m.problem_wall_s, None if caps.max_wall_s is None else caps.max_wall_s - elapsed) if w is not None]
         return {
             "budget": max(1, budget),
-            "max_wall": min(walls) if walls else None,
+            "max_wall": max(0.1, round(min(walls), 1)) if walls else None,  # rounded for the stop message; never 0 (0 means no limit)
             "max_usd": None if caps.max_usd is None else caps.max_usd - spent["usd"],
             "max_llm_tokens": None if caps.max_tokens is None else int(caps.max_tokens - spent["tokens"]),
         }
@@ -454,6 +454,9 @@ class HeadlessRun:
                 outcome = self._run_problem(index, ref, self._allowance(elapsed), quiet, progress)
                 self.state.set_elapsed(before + time.monotonic() - t0)
                 progress.done(index, outcome)
+        except KeyboardInterrupt:
+            self._event("session_interrupted")
+            raise
         finally:
             self.state.set_elapsed(before + time.monotonic() - t0)
         summary = self.summary()
@@ -507,7 +510,9 @@ class HeadlessRun:
 
     # reporting ------------------------------------------------------------------------------------
     def summary(self) -> RunSummary:
-        outcomes = self.state.all()
+        # the numbers are read again from each problem's own run.db, so the summary is what the ledgers hold
+        stored = {o.name: o for o in self.state.all()}
+        outcomes = [stored[ref.name].model_copy(update=self._numbers(ref)) for ref in self.manifest.problems]
         done = {"finished", "failed", "skipped"}
         # what fast_p and the mean count: a verified kernel's speedup, from the sub run's archive
         speedups = [o.best_speedup for o in outcomes]

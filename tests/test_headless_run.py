@@ -175,6 +175,7 @@ def test_a_crash_inside_one_search_fails_that_problem_only(tmp_path, monkeypatch
 
     monkeypatch.setattr(targets, "measure_replay", crash_on_pnpoly)
     result, summary = _run([str(_problems_folder(tmp_path, broken=False)), "--budget", "2", "--run-dir", str(tmp_path / "run")])
+    assert result.exit_code == 1
     by_name = {p["name"]: p for p in summary["problems"]}
     assert by_name["pnpoly_RTX_3090"]["status"] == "failed"
     assert by_name["pnpoly_RTX_3090"]["reason"] == "RuntimeError: device fell over"
@@ -193,6 +194,42 @@ def test_global_measurement_cap_splits_across_problems_and_skips_the_rest(tmp_pa
     assert summary["problems"][2]["status"] == "skipped"
     assert summary["problems"][2]["reason"] == "global measurement cap of 5 reached"
     assert summary["measurements_used"] == 5 and result.exit_code == 1
+
+
+@needs_hub
+def test_global_wall_clock_cap_stops_the_running_search_and_skips_the_rest(tmp_path):
+    folder = _problems_folder(tmp_path, broken=False)
+    result, summary = _run([str(folder), "--budget", "50", "--max-wall", "1", "--run-dir", str(tmp_path / "run")])
+    first, second = summary["problems"]
+    assert first["status"] == "finished" and first["stop_reason"].startswith("wall-clock limit of")
+    assert 1 <= first["measurements_used"] < 50
+    assert second["status"] == "skipped" and second["reason"] == "global wall-clock cap of 1 s reached"
+    assert result.exit_code == 1
+
+
+@needs_hub
+def test_global_llm_cost_cap_counts_what_earlier_problems_spent(tmp_path):
+    from kernelscout.agent.llm_pricing import UsageState
+    from kernelscout.tools.rundir import RunDir
+
+    folder = tmp_path / "p"
+    folder.mkdir()
+    shutil.copyfile(SPACES[0], folder / "a_llm_run.json.gz")
+    shutil.copyfile(SPACES[1], folder / "b_next.json.gz")
+    manifest = RunManifest(problems=discover([str(folder)]), budget=2, caps={"max_usd": 0.5})
+    run = HeadlessRun.create(tmp_path / "run", manifest)
+    # the first problem's search already ran with an LLM and left its metered spend in its run directory
+    RunDir(tmp_path / "run" / "problems" / "a_llm_run").set_meta("llm_usage", UsageState(calls=3, input_tokens=900, output_tokens=100,
+                                                                                              cost_usd=0.6).model_dump_json())
+    first = run.state.get("a_llm_run")
+    run.state.put(first.model_copy(update={"status": "finished"}))
+    summary = run.run(quiet=True)
+    skipped = summary.problems[1]
+    assert skipped.status == "skipped" and skipped.reason == "global LLM cost cap of $0.5 reached"
+    assert skipped.measurements_used == 0
+    assert summary.problems[0].llm_usd == pytest.approx(0.6) and summary.problems[0].llm_tokens == 1000
+    assert summary.llm_usd == pytest.approx(0.6)
+    assert "LLM use: 1000 tokens, $0.6000" in (tmp_path / "run" / "summary.md").read_text()
 
 
 @needs_hub
@@ -257,5 +294,6 @@ def test_a_problem_whose_reference_raises_is_failed_with_the_reason(tmp_path):
     result, summary = _run([str(tmp_path / "bad_reference"), "--budget", "2", "--policy", "tuner", "--device", "cpu",
                             "--run-dir", str(tmp_path / "run")])
     (problem,) = summary["problems"]
+    assert result.exit_code == 1
     assert problem["status"] == "failed" and problem["measurements_used"] == 0
     assert problem["reason"].startswith("invalid problem:") and "the reference itself is broken" in problem["reason"]
