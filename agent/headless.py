@@ -355,7 +355,7 @@ class RunProgress:
         detail = (f"{o.status}: best {sp}, {o.measurements_used} measurements, {o.candidates_considered} considered"
                   + (f", {o.wall_s:.0f} s" if o.wall_s is not None else ""))
         if o.status != "finished" and o.reason:
-            detail += f" ({o.reason.splitlines()[0]})"
+            detail += f" ({o.reason.splitlines()[0].replace(o.path, Path(o.path).name)})"
         colour = {"finished": "green", "failed": "red", "skipped": "yellow"}.get(o.status, "white")
         self._say(f"\\[{index}/{self.total}] {escape(o.name)}: [{colour}]{escape(detail)}[/{colour}]", f"[{index}/{self.total}] {o.name}: {detail}")
 
@@ -483,6 +483,13 @@ class HeadlessRun:
         started = time.monotonic()
         update: dict[str, Any]
         try:
+            # the cap goes into the problem's ledger before its search exists, so no kill leaves it uncapped
+            from kernelscout.tools.budget import Budget
+            from kernelscout.tools.rundir import RunDir
+
+            ledger = Budget(RunDir(sub))
+            if ledger.cap is None:
+                ledger.set_cap(allow["budget"])
             if resumed:
                 result = resume_search(str(sub), quiet=quiet)
             else:

@@ -297,3 +297,41 @@ def test_a_problem_whose_reference_raises_is_failed_with_the_reason(tmp_path):
     assert result.exit_code == 1
     assert problem["status"] == "failed" and problem["measurements_used"] == 0
     assert problem["reason"].startswith("invalid problem:") and "the reference itself is broken" in problem["reason"]
+
+
+@needs_hub
+@pytest.mark.slow
+def test_kill_nine_at_any_moment_then_resume_loses_nothing_and_never_overspends(tmp_path):
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    folder = _problems_folder(tmp_path, broken=False)
+    run_dir = tmp_path / "run"
+    budget = 12
+    cmd = [sys.executable, "-m", "kernelscout", "run", str(folder), "--budget", str(budget), "--surrogate", "none",
+           "--run-dir", str(run_dir), "--json"]
+    rng = random.Random(3)
+    seen: dict[str, list[int]] = {}
+    for _ in range(2):  # kill twice, at random moments
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        time.sleep(rng.uniform(4.0, 9.0))
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        for name in ("convolution_A100", "pnpoly_RTX_3090"):
+            sub = run_dir / "problems" / name
+            if (sub / "run.db").exists():
+                ids = _measurement_ids(sub)
+                assert set(seen.get(name, [])) <= set(ids)  # nothing recorded before a kill ever disappears
+                seen[name] = ids
+    result = CliRunner().invoke(app, ["resume", str(run_dir), "--json"])
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["status"] == "complete" and summary["counts"] == {"finished": 2}
+    for problem in summary["problems"]:
+        sub = Path(problem["run_dir"])
+        keys = _charged_keys(sub)
+        assert len(keys) == len(set(keys)) == problem["measurements_used"] <= budget  # never charged twice, never over the cap
+        assert set(seen.get(problem["name"], [])) <= set(_measurement_ids(sub))
