@@ -19,7 +19,7 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -141,23 +141,24 @@ class ChatToolbox:
         self.device = device
         # predict_model=None: no LLM, so predict says honestly that it has no forecast (the server's rule)
         self._server = build_server(str(self.run.path), device=device, harness=harness, pool=pool, chat_model=predict_model)
-        self._tools: dict[str, tuple[type[BaseModel], Callable[..., BaseModel], str]] = {
-            "predict": (PredictArgs, self.predict, (
+        # tool name -> (arguments model, method name, description); methods are looked up per call
+        self._tools: dict[str, tuple[type[BaseModel], str, str]] = {
+            "predict": (PredictArgs, "predict", (
                 "Forecast the candidate's speedup over the reference (or over a measured parent) before spending a "
                 "measurement: P(faster), expected speedup, confidence. Costs no measurement.")),
-            "measure": (MeasureArgs, self.measure, (
+            "measure": (MeasureArgs, "measure", (
                 "Check the candidate against the reference and time both in the sandbox. Spends ONE measurement of the "
                 "hard budget (a file already measured in this run is free unless again=true). Status ok with correct=true "
                 "and timing_valid=true is the only usable result.")),
-            "budget_status": (NoArgs, self.budget, "The measurement budget: cap, used, in flight, remaining."),
-            "sol_bounds": (NoArgs, self.sol, (
+            "budget_status": (NoArgs, "budget", "The measurement budget: cap, used, in flight, remaining."),
+            "sol_bounds": (NoArgs, "sol", (
                 "Speed-of-light bound of the problem on this device: the least time any kernel could take. No measurement.")),
-            "list_candidates": (NoArgs, self.list_candidates, (
+            "list_candidates": (NoArgs, "list_candidates", (
                 "Every candidate measured (or searched) in this run directory with its status and measured speedup.")),
-            "best_candidate": (NoArgs, self.best, "The fastest candidate measured correct with valid timing in this run."),
-            "diff": (DiffArgs, self.diff, "Unified diff of two files (candidates or 'reference')."),
-            "read_file": (ReadArgs, self.read_file, "The source of a .py file (a candidate, an example, or 'reference')."),
-            "write_candidate": (WriteArgs, self.write_candidate, (
+            "best_candidate": (NoArgs, "best", "The fastest candidate measured correct with valid timing in this run."),
+            "diff": (DiffArgs, "diff", "Unified diff of two files (candidates or 'reference')."),
+            "read_file": (ReadArgs, "read_file", "The source of a .py file (a candidate, an example, or 'reference')."),
+            "write_candidate": (WriteArgs, "write_candidate", (
                 "Save a new candidate module in the run directory (never overwrites) and check its structure "
                 "without running it. Returns its path for predict and measure.")),
         }
@@ -181,14 +182,14 @@ class ChatToolbox:
         if name not in self._tools:
             return ToolResult(name=name, arguments=arguments, ok=False,
                               error=f"unknown tool {name!r}; the tools are: {', '.join(self._tools)}")
-        args_model, fn, _ = self._tools[name]
+        args_model, method, _ = self._tools[name]
         try:
             args = args_model.model_validate(arguments or {})
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}" for e in exc.errors())
             return ToolResult(name=name, arguments=arguments, ok=False, error=f"bad arguments for {name}: {problems}")
         try:
-            value = fn(**args.model_dump())
+            value = getattr(self, method)(**args.model_dump())
         except ToolFailure as exc:
             return ToolResult(name=name, arguments=arguments, ok=False, error=str(exc))
         except Exception as exc:  # the MCP methods raise ToolError with the message; anything else is logged too

@@ -210,11 +210,15 @@ class ChatREPL:
 
     def _finish_earlier_turn(self) -> None:
         agent = self.session.agent
+        if self.session.model is None:
+            if agent.pending_question() is not None or agent.unfinished_turn():
+                self.console.print("[dim]the last session left a turn unfinished; it goes on once a model is configured[/dim]")
+            return
         question = agent.pending_question()
         if question is not None:
             self.console.print("[bold]The last session stopped at a question:[/bold]")
             self._drive(lambda: agent.answer(self.ask(question)))
-        elif agent.unfinished_turn() and self.session.model is not None:
+        elif agent.unfinished_turn():
             self.console.print("[bold]Finishing the turn the last session left in the middle...[/bold]")
             self._drive(agent.continue_turn)
 
@@ -294,7 +298,7 @@ class ChatREPL:
         else:
             c.print(shown)
 
-    def footer(self) -> None:
+    def footer(self, turn: bool = True) -> None:
         status = Budget(self.session.run).status()
         budget = (f"{status.used} used, uncapped" if status.cap is None
                   else f"{status.used} of {status.cap} used, {status.remaining} left")
@@ -307,8 +311,9 @@ class ChatREPL:
             turn_tokens = now.total_tokens - before.total_tokens
             turn_usd = now.cost_usd - before.cost_usd
             priced = "" if not now.unpriced_models else f" (unpriced: {', '.join(now.unpriced_models)})"
-            line += (f"  |  LLM this turn: {turn_tokens:,} tokens, ${turn_usd:.4f}"
-                     f"  |  run: {now.total_tokens:,} tokens, ${now.cost_usd:.4f}{priced}")
+            if turn:
+                line += f"  |  LLM this turn: {turn_tokens:,} tokens, ${turn_usd:.4f}"
+            line += f"  |  LLM so far: {now.total_tokens:,} tokens, ${now.cost_usd:.4f}{priced}"
         self.console.print(f"[dim]{line}[/dim]", highlight=False)
 
     def _usage(self) -> Any:
@@ -334,7 +339,7 @@ class ChatREPL:
             confirm = "asks before each measurement" if s.agent.settings.confirm else "measures without asking"
             c.print(f"[dim]model {getattr(s.model, 'model', '?')}; the agent {confirm}. /help lists slash commands.[/dim]",
                     highlight=False)
-        self.footer()
+        self.footer(turn=False)
 
 
 # -- formatting helpers --------------------------------------------------------------------------------------------

@@ -201,7 +201,7 @@ def test_leaving_and_coming_back_continues_the_session(tmp_path, problem, pool):
     assert second.agent_requests[0].messages[1].content == "please measure good.py"
     assert "You asked me 2 things." in out
 
-    with pytest.raises(ValueError, match="holds a chat about"):
+    with pytest.raises(ValueError, match="holds a chat about"):  # one conversation, one problem
         other = tmp_path / "other.py"
         other.write_text(textwrap.dedent(SMALL_PROBLEM).replace("[1.5]", "[2.5]"))
         open_chat(str(other), run_dir, device="cpu", model=None)
@@ -243,10 +243,13 @@ def test_tool_errors_and_provider_failures_are_shown_and_the_session_goes_on(tmp
     )
     session = open_chat(str(problem), str(tmp_path / "run"), device="cpu", budget=2, model=model_for(agent))
     try:
-        term = run_repl(session, "go", "again", "/budget")
+        term = run_repl(session, f"/predict {tmp_path / 'good.py'}", "go", "again", "/budget")
     finally:
         session.close()
     out = term.text
+    # what the user did by hand reaches the model with the next message
+    assert agent.agent_requests[0].messages[-1].content.startswith(
+        f"[Since your last reply the user ran: /predict {tmp_path / 'good.py'} -> forecast P(faster)=")
     assert "no such file" in out and "not usable" in out and "ModelNew" in out
     assert not (tmp_path / "escape.py").exists() and not (tmp_path / "run" / "candidates" / "nomodel.py").exists()
     assert "LLMUnavailableError" in out and "HTTP 529" in out
@@ -311,3 +314,31 @@ def test_kscout_chat_command_starts_in_slash_command_mode(tmp_path, problem, mon
     missing = CliRunner().invoke(app, ["chat", "nope.py"])
     assert missing.exit_code == 2 and "no such problem file" in missing.output
     assert os.path.exists(tmp_path / "run" / "checkpoints.db")
+
+
+def test_a_turn_cut_off_in_the_middle_of_a_tool_is_finished_by_the_next_session(tmp_path, problem, pool, monkeypatch):
+    run_dir = str(tmp_path / "run")
+    first = Agent(call("measure", 1, candidate=str(tmp_path / "good.py")))
+    session = open_chat(str(problem), run_dir, device="cpu", budget=2, harness=QUICK, pool=pool, model=model_for(first),
+                        settings=ChatSettings(confirm=False))
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # as if the process stopped while the measurement was being set up
+
+    monkeypatch.setattr(session.toolbox, "measure", killed)
+    try:
+        term = run_repl(session, "measure good.py")
+    finally:
+        session.close()
+    assert "interrupted: the turn stopped" in term.text
+    assert Budget(RunDir(run_dir)).status().used == 0
+
+    second = Agent(lambda req: say(f"Measured {last_tool_result(req)['speedup']:.2f}x."))
+    session = open_chat(None, run_dir, device="cpu", harness=QUICK, pool=pool, model=model_for(second),
+                        settings=ChatSettings(confirm=False))
+    try:
+        term = run_repl(session)
+    finally:
+        session.close()
+    assert "Finishing the turn the last session left" in term.text and "Measured " in term.text
+    assert Budget(RunDir(run_dir)).status().used == 1
