@@ -6,7 +6,8 @@
 
 Each iteration proposes several candidates, forecasts every one, and measures only the few the
 decision rule of `predict` selects (promising or unsure), so far more candidates are considered
-than measured. Everything durable lives in the run directory: the archive and the ledger in
+than measured. With several measurement workers (`--workers N`, `--ray`; agent/dispatch.py) the
+rule's top N go out together and are recorded as each returns. Everything durable lives in the run directory: the archive and the ledger in
 run.db, LangGraph's checkpoints in checkpoints.db. Each node is idempotent (content-addressed
 candidates, forecasts keyed by candidate and iteration, measurements keyed by content and
 device), so replaying the node that a kill -9 interrupted neither loses nor repeats a
@@ -19,12 +20,14 @@ import math
 import random
 import sqlite3
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, Callable, Optional, TypedDict
 
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
 from pydantic import BaseModel, Field
 
+from kernelscout.agent.dispatch import InlineExecutor
 from kernelscout.agent.selection import Node, select
 from kernelscout.tools.archive import ROOT_ID, Archive, CandidateRecord
 from kernelscout.tools.budget import Budget
@@ -77,7 +80,13 @@ class SearchLoop:
         self.archive = Archive(run)
         self.budget = Budget(run)
         self.on_event = on_event or (lambda kind, data: None)
+        self.workers = 1  # measurements in flight at once; see scale_out
         self._rebuild_predictor()
+
+    def scale_out(self, dispatcher: Any) -> None:
+        """Measure on the dispatcher's workers (agent/dispatch.py), keeping one candidate in flight per worker."""
+        self.target.dispatcher = dispatcher
+        self.workers = dispatcher.size
 
     # -- nodes --------------------------------------------------------------------------------
     def select_parent(self, state: LoopState) -> LoopState:
@@ -128,7 +137,8 @@ class SearchLoop:
         # highest priority first; among equals (e.g. cold start) the policy's own order, oldest first
         wanted = sorted(((self.predictor.priority(f), -cid), cid) for cid, f, d in judged if d.action == "measure")[::-1]
         room = self.budget.status().remaining
-        per_iteration = len(wanted) if self.predictor.measure_all else self.settings.measure_per_iteration
+        # batch selection: the rule's best, one per free worker, never more than the budget has room for
+        per_iteration = len(wanted) if self.predictor.measure_all else max(self.settings.measure_per_iteration, self.workers)
         batch = per_iteration if room is None else min(per_iteration, room)
         chosen = [cid for _, cid in wanted[:batch]]
         dropped = {cid for _, cid in wanted[batch + self.settings.pending_limit:]}
@@ -143,30 +153,43 @@ class SearchLoop:
         return {"to_measure": chosen}
 
     def measure(self, state: LoopState) -> LoopState:
-        improved_at = state.get("last_improvement", 0)
-        best = self._best_speedup()
-        queue = list(state.get("to_measure", []))
-        while queue:
-            cid = queue.pop(0)
-            rec = self.archive.get(cid)
-            if rec.state != "proposed":
-                continue  # measured before a crash: its result is already recorded
-            m: Measurement = self.target.measure(rec)
-            if m.status == MeasureStatus.budget_exhausted:
-                self._emit("budget_exhausted", candidate=cid)
-                return {"stop_reason": "measurement budget spent", "last_improvement": improved_at, "best_speedup": best}
-            suspect = self.target.below_speed_of_light(m)
-            self.archive.record_measurement(cid, m, suspect=bool(suspect))
-            self.predictor.observe(self.archive.get(cid), m, parent_speedup=self._speedup_of(rec.parent_id))
-            used = self.budget.status().used
-            if m.speedup and m.timing_valid and m.correct and not suspect and m.speedup > best:
-                best, improved_at = m.speedup, used
-            self._emit("measure", candidate=cid, status=m.status.value, speedup=m.speedup, timing_valid=m.timing_valid,
-                       suspect=suspect or None, used=used, best=best)
-            repaired = self._repair(rec, m, state["iteration"])
-            if repaired is not None:
-                queue.insert(0, repaired)
-        return {"last_improvement": improved_at, "best_speedup": best}
+        """Measure the chosen candidates, `self.workers` at a time, and record each as it returns.
+
+        The ledger reserves every measurement before it is dispatched, so the cap holds however the
+        results interleave; a repair of a failed candidate joins the queue and takes the free worker.
+        """
+        progress = {"last_improvement": state.get("last_improvement", 0), "best_speedup": self._best_speedup()}
+        queue, stop = list(state.get("to_measure", [])), None
+        with ThreadPoolExecutor(self.workers, thread_name_prefix="measure") if self.workers > 1 else InlineExecutor() as pool:
+            running: dict[Future, CandidateRecord] = {}
+            while queue or running:
+                while queue and len(running) < self.workers:
+                    rec = self.archive.get(queue.pop(0))
+                    if rec.state == "proposed":  # otherwise measured before a crash: its result is already recorded
+                        running[pool.submit(self.target.measure, rec)] = rec
+                done, _ = wait(running, return_when=FIRST_COMPLETED) if running else (set(), None)
+                for future in done:
+                    rec, m = running.pop(future), future.result()
+                    if m.status == MeasureStatus.budget_exhausted:
+                        self._emit("budget_exhausted", candidate=rec.id)
+                        stop, queue = "measurement budget spent", []
+                        continue
+                    repaired = self._record(rec, m, progress, state["iteration"])
+                    if repaired is not None and stop is None:
+                        queue.insert(0, repaired)
+        return {**progress, "stop_reason": stop} if stop else progress
+
+    def _record(self, rec: CandidateRecord, m: Measurement, progress: dict, iteration: int) -> Optional[int]:
+        """Archive one measurement, teach the predictor, track the best; returns a repaired candidate to measure."""
+        suspect = self.target.below_speed_of_light(m)
+        self.archive.record_measurement(rec.id, m, suspect=bool(suspect))
+        self.predictor.observe(self.archive.get(rec.id), m, parent_speedup=self._speedup_of(rec.parent_id))
+        used = self.budget.status().used
+        if m.speedup and m.timing_valid and m.correct and not suspect and m.speedup > progress["best_speedup"]:
+            progress.update(best_speedup=m.speedup, last_improvement=used)
+        self._emit("measure", candidate=rec.id, status=m.status.value, speedup=m.speedup, timing_valid=m.timing_valid,
+                   suspect=suspect or None, used=used, best=progress["best_speedup"])
+        return self._repair(rec, m, iteration)
 
     def _repair(self, rec: CandidateRecord, m: Measurement, iteration: int) -> Optional[int]:
         """Give a policy that can repair (the LLM) one more try at a candidate that failed to build or was wrong."""

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 from typing import Optional
+
+from pydantic import BaseModel, Field
 
 from kernelscout.agent.graph import SearchSettings
 from kernelscout.agent.progress import SearchProgress
@@ -15,6 +18,21 @@ from kernelscout.tools.rundir import RunDir
 
 class OptimizeError(Exception):
     """Bad arguments or an unusable problem; the message says what to do."""
+
+
+class Scaling(BaseModel):
+    """Where measurements run. Stored in the run directory, so `kscout resume` uses the same workers."""
+
+    workers: Optional[int] = Field(None, ge=1, description="local measurement workers, or Ray actors (default: one per GPU)")
+    ray: Optional[str] = Field(None, description="Ray cluster address: auto, local, HOST:PORT or ray://HOST:PORT")
+    replay_delay_s: float = Field(0.0, ge=0, description="simulated device seconds per replayed measurement (benchmarks)")
+
+    @property
+    def dispatched(self) -> bool:
+        return self.workers is not None or self.ray is not None
+
+
+SCALING_KEY = "scaling"
 
 
 def _llm_configured() -> bool:
@@ -56,11 +74,15 @@ def _problem_file(problem: str) -> Path:
 def start_search(problem: Optional[str], space: Optional[str], budget: int, policy: str = "auto", surrogate: str = "auto",
                  device: str = "auto", run_dir: Optional[str] = None, seed: int = 0, proposals: int = 6, patience: int = 0,
                  max_wall: Optional[float] = None, warm_start: Optional[list[str]] = None, quiet: bool = False,
-                 max_device_s: Optional[float] = None, max_usd: Optional[float] = None, max_llm_tokens: Optional[int] = None) -> OptimizeResult:
+                 max_device_s: Optional[float] = None, max_usd: Optional[float] = None, max_llm_tokens: Optional[int] = None,
+                 workers: Optional[int] = None, ray: Optional[str] = None, replay_delay_s: float = 0.0) -> OptimizeResult:
     if (problem is None) == (space is None):
         raise OptimizeError("give either a PROBLEM file or --space FILE.json.gz")
     if budget < 1:
         raise OptimizeError("--budget must be at least 1")
+    if workers is not None and workers < 1:
+        raise OptimizeError("--workers must be at least 1")
+    scaling = Scaling(workers=workers, ray=ray, replay_delay_s=replay_delay_s)
     policy, surrogate, note = resolve_choices(policy, surrogate)
     settings = SearchSettings(budget=budget, seed=seed, proposals_per_iteration=proposals, patience=patience, max_wall_s=max_wall,
                               max_device_s=max_device_s, max_usd=max_usd, max_llm_tokens=max_llm_tokens)
@@ -79,7 +101,7 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
         path = _problem_file(problem)
         try:
             load_problem(path)
-            device = resolve_device(device)
+            device = _cluster_device(device, ray) if ray else resolve_device(device)
         except InputFileError as exc:
             raise OptimizeError(str(exc)) from None
         spec = SearchSpec(kind="problem", path=str(path), device=device, policy=policy, surrogate=surrogate, settings=settings)
@@ -92,11 +114,26 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
     ledger = Budget(run)
     if ledger.cap is None:
         ledger.set_cap(budget)
+    run.set_meta(SCALING_KEY, scaling.model_dump_json())
     if note and not quiet:
         from rich.console import Console
 
         Console(stderr=True).print(f"[dim]{note}[/dim]")
     return _run(run, spec, resume=False, quiet=quiet)
+
+
+def _cluster_device(device: str, address: str) -> str:
+    """With --ray, `auto` means the cluster's GPUs if it has any: this machine may have none."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise OptimizeError(f"with --ray, use --device auto, cpu or cuda (got {device!r}); Ray assigns each actor its GPU")
+    if device != "auto":
+        return device
+    try:
+        from kernelscout.sandbox.ray_pool import connect
+
+        return "cuda" if connect(address).get("GPU", 0) > 0 else "cpu"
+    except (ImportError, ValueError) as exc:
+        raise OptimizeError(str(exc)) from None
 
 
 def resume_search(run_dir: str, quiet: bool = False) -> OptimizeResult:
@@ -110,12 +147,34 @@ def resume_search(run_dir: str, quiet: bool = False) -> OptimizeResult:
     return _run(run, spec, resume=True, quiet=quiet)
 
 
+def _open_dispatcher(run: RunDir, spec: SearchSpec, quiet: bool):
+    """Scale-out workers for this run, or nothing (measure in this process, one at a time)."""
+    saved = run.get_meta(SCALING_KEY)
+    scaling = Scaling.model_validate_json(saved) if saved else Scaling()
+    if not scaling.dispatched:
+        return contextlib.nullcontext()
+    from kernelscout.agent.dispatch import open_dispatcher
+
+    try:
+        dispatcher = open_dispatcher(run, spec.device, scaling.workers, scaling.ray, replay_delay_s=scaling.replay_delay_s)
+    except (ImportError, ValueError) as exc:
+        raise OptimizeError(str(exc)) from None
+    if not quiet:
+        from rich.console import Console
+
+        Console(stderr=True).print(f"[dim]measuring on {dispatcher.describe()}[/dim]")
+    return dispatcher
+
+
 def _run(run: RunDir, spec: SearchSpec, resume: bool, quiet: bool) -> OptimizeResult:
     from kernelscout.sandbox.pool import WorkerPool
 
     title = Path(spec.path).name
-    with WorkerPool() as pool, SearchProgress(spec.settings.budget, title, live=False if quiet else None) as progress:
+    with WorkerPool() as pool, _open_dispatcher(run, spec, quiet) as dispatcher, \
+            SearchProgress(spec.settings.budget, title, live=False if quiet else None) as progress:
         loop = build_loop(run, spec, on_event=None if quiet else progress, pool=pool)
+        if dispatcher is not None:
+            loop.scale_out(dispatcher)
         state = loop.run_to_end(resume=resume)
     result = summarise(run, spec, loop, state)
     from kernelscout.agent.report import write_report

@@ -44,8 +44,9 @@ class ReplayTarget:
     """A recorded brute-forced space. The reference is one configuration that compiles and runs,
     timed in the same (replayed) session as each candidate, exactly as a real measurement does."""
 
-    def __init__(self, space: ReplaySpace, run: RunDir, seed: int = 0):
+    def __init__(self, space: ReplaySpace, run: RunDir, seed: int = 0, dispatcher: Any = None):
         self.space, self.run = space, run
+        self.dispatcher = dispatcher  # agent/dispatch.py: replay on scale-out workers instead of in this thread
         ok = [i for i in range(len(space)) if i not in space.failures]
         self.reference = space.config(random.Random(f"reference:{seed}").choice(ok))
         self.name = space.name
@@ -59,7 +60,8 @@ class ReplayTarget:
         return config_sha(self.space, proposal.params)
 
     def measure(self, rec: CandidateRecord) -> Measurement:
-        return measure_replay(self.space, rec.params, self.run, reference=self.reference)
+        execute = self.dispatcher.replay(self.space, rec.params, self.reference) if self.dispatcher else None
+        return measure_replay(self.space, rec.params, self.run, reference=self.reference, execute=execute)
 
     def recorded_measurement(self, rec: CandidateRecord) -> Optional[Measurement]:
         return recorded_measurement(self.run, rec.measurement_id)
@@ -89,10 +91,11 @@ class CodeTarget:
     and stays out of "best" unless the second look is both correct and not below the bound.
     """
 
-    def __init__(self, problem: Path, device: str, run: RunDir, pool: Any = None, harness: Any = None):
+    def __init__(self, problem: Path, device: str, run: RunDir, pool: Any = None, harness: Any = None, dispatcher: Any = None):
         from kernelscout.sandbox.harness import HarnessConfig
 
         self.problem, self.device, self.run, self.pool = Path(problem), device, run, pool
+        self.dispatcher = dispatcher  # agent/dispatch.py: measure on scale-out workers instead of `pool`
         self.harness = harness or HarnessConfig()
         self.name = self.problem.parent.name if self.problem.name == "problem.py" else self.problem.stem
         self.bounds = self._load_bounds()
@@ -133,7 +136,8 @@ class CodeTarget:
 
         harness = self.harness if trials is None else self.harness.model_copy(update={"correctness_trials": trials})
         return measure(MeasureRequest(problem=str(self.problem), candidate=path, device=self.device, run_dir=str(self.run.path),
-                                      harness=harness, again=again), pool=self.pool)
+                                      harness=harness, again=again), pool=self.pool,
+                       execute=self.dispatcher.code if self.dispatcher else None)
 
     def measure(self, rec: CandidateRecord) -> Measurement:
         m = self._measure_path(rec.path)

@@ -1,0 +1,222 @@
+"""Measure on many workers at once, under the one budget of the run directory.
+
+The budget never leaves the agent: `measure()` and `measure_replay()` reserve a measurement in the
+run's ledger *before* they hand the job to a `Dispatcher`, and settle it when the result returns
+(tools/measure.py, `ledgered`). The dispatcher only decides *where* a job runs:
+
+* `LocalSlots`: N measurement slots in this process (`--workers N`), each driving its own sandbox
+  worker process (one per GPU on a GPU machine, CPU workers otherwise);
+* `RayPool` (sandbox/ray_pool.py): one Ray actor per GPU (or per CPU slot) of a cluster (`--ray`).
+
+A worker that is lost mid-job (its actor or node died, or stopped answering) is not a verdict on the
+candidate: the job runs again on another worker *under the same reservation*, so the measurement is
+paid for once. After `max_attempts` losses the measurement is recorded as crashed and charged once,
+so a candidate that keeps killing its workers cannot loop forever.
+
+Every job leaves a trace in the run directory, wherever it ran: `dispatch` and `worker_lost` events
+in events.jsonl, the sandbox worker's output in workers/<worker>.log, and a JSON crash report in
+crashes/ for a crash, a timeout or a lost worker.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from concurrent.futures import Executor, Future
+from pathlib import Path
+from typing import Any, Callable, Optional, Protocol
+
+from kernelscout.sandbox.harness import HarnessConfig
+from kernelscout.sandbox.problem import SourceFile
+from kernelscout.sandbox.slot import CodeJob, Job, MeasureSlot, ReplayJob, SlotResult, WorkerLost, file_sha
+from kernelscout.tools.rundir import RunDir
+from kernelscout.tools.schema import Measurement, MeasureStatus
+
+
+class Backend(Protocol):
+    """Where jobs run. `call` blocks until worker `index` returns, or raises WorkerLost."""
+
+    names: list[str]
+
+    def call(self, index: int, job: Job) -> SlotResult: ...
+
+    def describe(self) -> str: ...
+
+    def close(self) -> None: ...
+
+
+class LocalSlots:
+    """N slots in this process. Threads only wait on pipes; the candidates run in the slots' sandbox workers."""
+
+    def __init__(self, n: int, device: str = "cpu", instance: str = "local"):
+        from kernelscout.sandbox.pool import default_memory_bytes, default_threads
+
+        gpus = _local_gpus() if device.startswith("cuda") else 0
+        if device.startswith("cuda") and gpus == 0:
+            raise ValueError("no CUDA device is visible here; use --device cpu")
+        cores = default_threads()
+        self.devices = [f"cuda:{i % gpus}" if gpus else "cpu" for i in range(n)]
+        # CPU slots share the cores and the memory; GPU slots each get a device of their own
+        threads = max(1, cores // n)
+        memory = default_memory_bytes() // (n if not gpus else 1)
+        self.slots = [MeasureSlot(f"local-{i}", d, threads=threads, memory_bytes=memory, instance=instance)
+                      for i, d in enumerate(self.devices)]
+        self.names = [s.name for s in self.slots]
+        self.threads = threads
+
+    def call(self, index: int, job: Job) -> SlotResult:
+        return self.slots[index].run(job)
+
+    def describe(self) -> str:
+        if self.devices[0].startswith("cuda"):
+            return f"{len(self.slots)} local workers on {', '.join(self.devices)}"
+        return f"{len(self.slots)} local CPU workers ({self.threads} thread{'s' if self.threads > 1 else ''} each)"
+
+    def close(self) -> None:
+        for slot in self.slots:
+            slot.close()
+
+
+def _local_gpus() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError:
+        return 0
+
+
+class Dispatcher:
+    """Hands each job to a free worker, retries a lost worker's job on another one, and files its logs.
+
+    Thread-safe: the search loop calls it from one thread per job in flight.
+    """
+
+    def __init__(self, backend: Backend, run: RunDir, max_attempts: int = 3, replay_delay_s: float = 0.0):
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        self.backend, self.run, self.max_attempts, self.replay_delay_s = backend, run, max_attempts, replay_delay_s
+        self._free: queue.Queue[int] = queue.Queue()
+        for i in range(len(backend.names)):
+            self._free.put(i)
+        self._shas: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self.lost = 0  # workers lost mid-job over this dispatcher's life
+
+    @property
+    def size(self) -> int:
+        return len(self.backend.names)
+
+    def describe(self) -> str:
+        return self.backend.describe()
+
+    # -- the hooks measure() and measure_replay() call between reserve and settle ---------------
+    def code(self, problem: SourceFile, candidate: SourceFile, config: HarnessConfig) -> Measurement:
+        return self.run_job(CodeJob.from_files(problem, candidate, config), label=candidate.path.name)
+
+    def replay(self, space: Any, config: dict, reference: Optional[dict]) -> Callable[[int], Measurement]:
+        path = str(Path(space.path).resolve())
+        with self._lock:
+            sha = self._shas.get(path) or self._shas.setdefault(path, file_sha(path))
+
+        def execute(seed: int) -> Measurement:
+            job = ReplayJob(space_path=path, space_sha=sha, config=dict(config), reference=reference, seed=seed,
+                            delay_s=self.replay_delay_s)
+            return self.run_job(job, label=json.dumps(config, default=str))
+
+        return execute
+
+    # -- dispatching -----------------------------------------------------------------------------
+    def run_job(self, job: Job, label: str = "") -> Measurement:
+        """Run one job to a result. Only WorkerLost is retried: any verdict on the candidate is final."""
+        losses: list[str] = []
+        for attempt in range(1, self.max_attempts + 1):
+            index = self._free.get()  # FIFO: a worker that was just lost goes to the back of the line
+            name = self.backend.names[index]
+            self.run.event("dispatch", worker=name, job=job.kind, candidate=label, attempt=attempt)
+            try:
+                result = self.backend.call(index, job)
+            except WorkerLost as exc:
+                losses.append(f"{name}: {exc}")
+                with self._lock:
+                    self.lost += 1
+                self.run.event("worker_lost", worker=name, candidate=label, attempt=attempt, reason=str(exc))
+                self._crash_report(name, label, job, {"lost": str(exc), "attempt": attempt})
+                continue
+            finally:
+                self._free.put(index)
+            self._file(result, label, job)
+            if losses:
+                result.measurement.warnings.append(f"measured again after losing {len(losses)} worker(s): " + "; ".join(losses))
+            return result.measurement
+        message = (f"lost {len(losses)} workers while measuring this candidate ({'; '.join(losses)}); recorded as crashed and "
+                   "charged once, since it may have run on the device each time")
+        device = job.harness.device if isinstance(job, CodeJob) else "replay"
+        return Measurement(status=MeasureStatus.crashed, charged=True, message=message, device=device)
+
+    def _file(self, result: SlotResult, label: str, job: Job) -> None:
+        """Put a worker's output and any crash into the run directory, as for a local measurement."""
+        m = result.measurement
+        logs = self.run.path / "workers"
+        logs.mkdir(exist_ok=True)
+        header = f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {result.worker} {label} -> {m.status.value}\n"
+        with open(logs / f"{_file_name(result.worker.split('@')[0])}.log", "a") as f:
+            f.write(header + (result.log if result.log.endswith("\n") or not result.log else result.log + "\n"))
+        if m.status in (MeasureStatus.crashed, MeasureStatus.timeout):
+            self._crash_report(result.worker, label, job, {"status": m.status.value, "message": m.message, "log": result.log})
+
+    def _crash_report(self, worker: str, label: str, job: Job, details: dict) -> None:
+        folder = self.run.path / "crashes"
+        folder.mkdir(exist_ok=True)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        path = folder / f"{stamp}-{_file_name(worker.split('@')[0])}-{time.monotonic_ns() % 10**9}.json"
+        report = {"worker": worker, "candidate": label, "job": job.kind, "time": time.time(), **details}
+        if isinstance(job, CodeJob):
+            report["candidate_source"] = job.candidate_source
+        path.write_text(json.dumps(report, indent=2, default=str))
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def __enter__(self) -> "Dispatcher":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class InlineExecutor(Executor):
+    """One measurement at a time, in the caller's own thread, so Ctrl-C interrupts the measurement itself
+    (its reservation stays and is adopted on resume) instead of waiting for it to finish."""
+
+    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> Future:
+        future: Future = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except Exception as exc:  # noqa: BLE001 - handed to the caller through the future, as a thread pool would
+            future.set_exception(exc)
+        return future
+
+
+def _file_name(text: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in text)[:80]
+
+
+def open_dispatcher(run: RunDir, device: str, workers: Optional[int] = None, ray_address: Optional[str] = None,
+                    replay_delay_s: float = 0.0, max_attempts: int = 3) -> Dispatcher:
+    """`--workers N` alone: N local slots. `--ray ADDRESS|auto|local`: actors on a Ray cluster (N, or one per GPU)."""
+    import uuid
+
+    instance = uuid.uuid4().hex[:8]
+    if workers is not None and workers < 1:
+        raise ValueError("--workers must be at least 1")
+    if ray_address:
+        from kernelscout.sandbox.ray_pool import RayPool
+
+        backend: Backend = RayPool(ray_address, workers, device, instance=instance)
+    else:
+        backend = LocalSlots(workers or 1, device, instance=instance)
+    run.event("workers", backend=backend.describe(), names=backend.names)
+    return Dispatcher(backend, run, max_attempts=max_attempts, replay_delay_s=replay_delay_s)
