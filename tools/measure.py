@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 
 from kernelscout.sandbox.harness import HarnessConfig, run_measurement
 from kernelscout.sandbox.pool import WorkerPool
-from kernelscout.sandbox.problem import InputFileError, load_candidate, load_problem
+from kernelscout.sandbox.problem import InputFileError, SourceFile, load_candidate, load_problem
 from kernelscout.tools.budget import Budget, BudgetExhausted
 from kernelscout.tools.rundir import RunDir
 from kernelscout.tools.schema import Measurement, MeasureStatus
@@ -72,10 +72,15 @@ def open_run(run_dir: Optional[str], budget: Optional[int]) -> RunDir:
     return run
 
 
-def measure(request: MeasureRequest, pool: Optional[WorkerPool] = None) -> Measurement:
-    """Measure one candidate. Never raises for bad input: the status and message say what went wrong."""
+def measure(request: MeasureRequest, pool: Optional[WorkerPool] = None,
+            execute: Optional[Callable[[SourceFile, SourceFile, HarnessConfig], Measurement]] = None) -> Measurement:
+    """Measure one candidate. Never raises for bad input: the status and message say what went wrong.
+
+    `execute` runs the sandbox part on a scale-out worker (agent/dispatch.py); checks, key and ledger stay here.
+    """
     try:
-        device = resolve_device(request.device)
+        # a scale-out worker's node has the GPU, not necessarily this one
+        device = request.device if execute is not None and request.device != "auto" else resolve_device(request.device)
         problem = load_problem(request.problem)
         candidate = load_candidate(request.candidate)
     except InputFileError as exc:
@@ -86,6 +91,8 @@ def measure(request: MeasureRequest, pool: Optional[WorkerPool] = None) -> Measu
     config = request.harness.model_copy(update={"device": device})
 
     def run_in_sandbox() -> Measurement:
+        if execute is not None:
+            return execute(problem, candidate, config)
         own_pool = pool is None
         active = pool or WorkerPool()
         try:
@@ -146,8 +153,12 @@ def ledgered(run: RunDir, record: MeasurementRecord, do_measure: Callable[[], Me
 
 
 def measure_replay(space: "ReplaySpace", config: dict, run: RunDir, reference: Optional[dict] = None,
-                   rng: Optional["np.random.Generator"] = None, again: bool = False) -> Measurement:
-    """Measure a configuration of a recorded space under the same ledger as a real device."""
+                   rng: Optional["np.random.Generator"] = None, again: bool = False,
+                   execute: Optional[Callable[[int], Measurement]] = None) -> Measurement:
+    """Measure a configuration of a recorded space under the same ledger as a real device.
+
+    `execute(seed)` replays it on a scale-out worker instead (agent/dispatch.py); the ledger stays here.
+    """
     import numpy as np
 
     from kernelscout.sandbox.replay import ReplayDevice
@@ -163,6 +174,8 @@ def measure_replay(space: "ReplaySpace", config: dict, run: RunDir, reference: O
     seed = int(key[:8], 16)  # replaying the same key after a crash draws the same repeats
     record = MeasurementRecord(key=key, problem_sha=space_sha, candidate_sha=sha, problem_path=str(space.path),
                                candidate_path=config_text, device=device.device)
+    if execute is not None:
+        return ledgered(run, record, lambda: execute(seed), again=again)
     return ledgered(run, record, lambda: device.measure(config, rng or np.random.default_rng(seed), reference=reference), again=again)
 
 
