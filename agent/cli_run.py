@@ -19,6 +19,10 @@ err = Console(stderr=True)
 out = Console()
 
 
+FLAGS = {"budget": "--budget", "max_wall_s": "--max-wall", "max_measurements": "--max-measurements", "max_usd": "--max-usd",
+         "max_tokens": "--max-tokens", "problem_wall_s": "--problem-wall", "proposals": "--proposals", "patience": "--patience"}
+
+
 def _exit_code(summary) -> int:
     """0: every problem finished; 1: some problem failed, was skipped or is still pending."""
     return 0 if summary.status == "complete" and set(summary.counts) <= {"finished"} else 1
@@ -43,7 +47,7 @@ def print_summary(summary, console: Optional[Console] = None) -> None:
                   f"{summary.wall_s:.0f} s of running" + (f", LLM {summary.llm_tokens} tokens ${summary.llm_usd:.4f}" if summary.llm_tokens else ""),
                   highlight=False)
     for note in summary.notes:
-        console.print(f"[dim]{note}[/dim]", highlight=False)
+        console.print(f"[dim]{note}[/dim]", highlight=False, soft_wrap=True)
     console.print(f"report: {Path(summary.run_dir) / 'summary.md'}, {Path(summary.run_dir) / 'index.html'}", highlight=False, soft_wrap=True)
 
 
@@ -108,14 +112,12 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print one JSON object at the end"),
     ) -> None:
         """Search many problems in one headless run, each with its own budget, all under optional global caps."""
+        from pydantic import ValidationError
+
         from kernelscout.agent.headless import HeadlessError, HeadlessRun, RunCaps, RunManifest, discover
 
-        if budget < 1:
-            _fail("--budget must be at least 1", as_json)
         if policy not in ("auto", "tuner", "llm") or surrogate not in ("auto", "learned", "llm", "none"):
             _fail("--policy takes auto, tuner or llm; --surrogate takes auto, learned, llm or none", as_json)
-        if max_measurements is not None and max_measurements < 1:
-            _fail("--max-measurements must be at least 1", as_json)
         try:
             refs = discover(problems)
             manifest = RunManifest(problems=refs, budget=budget, policy=policy, surrogate=surrogate, device=device, seed=seed,
@@ -125,6 +127,8 @@ def register(app: typer.Typer) -> None:
             headless = HeadlessRun.create(path, manifest)
         except HeadlessError as exc:
             _fail(str(exc), as_json)
+        except ValidationError as exc:
+            _fail("; ".join(f"{FLAGS.get(str(e['loc'][-1]), e['loc'][-1])}: {e['msg'].lower()}" for e in exc.errors()), as_json)
         if not as_json:
             err.print(f"[dim]{len(refs)} problems, budget {budget} each; run directory {headless.path}[/dim]", soft_wrap=True, highlight=False)
         _run(headless, as_json)

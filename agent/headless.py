@@ -50,10 +50,10 @@ class ProblemRef(BaseModel):
 class RunCaps(BaseModel):
     """Caps over the whole run, shared by all problems; each problem gets at most what is left."""
 
-    max_wall_s: Optional[float] = Field(None, description="seconds of running, summed over sessions")
-    max_measurements: Optional[int] = Field(None, description="measurements over all problems")
-    max_usd: Optional[float] = Field(None, description="LLM spend over all problems")
-    max_tokens: Optional[int] = Field(None, description="LLM tokens over all problems")
+    max_wall_s: Optional[float] = Field(None, gt=0, description="seconds of running, summed over sessions")
+    max_measurements: Optional[int] = Field(None, ge=1, description="measurements over all problems")
+    max_usd: Optional[float] = Field(None, gt=0, description="LLM spend over all problems")
+    max_tokens: Optional[int] = Field(None, ge=1, description="LLM tokens over all problems")
 
 
 class RunManifest(BaseModel):
@@ -64,9 +64,9 @@ class RunManifest(BaseModel):
     surrogate: str = "auto"
     device: str = "auto"
     seed: int = 0
-    proposals: int = 6
-    patience: int = 0
-    problem_wall_s: Optional[float] = Field(None, description="wall-clock limit of one problem's search")
+    proposals: int = Field(6, ge=1)
+    patience: int = Field(0, ge=0)
+    problem_wall_s: Optional[float] = Field(None, gt=0, description="wall-clock limit of one problem's search")
     caps: RunCaps = Field(default_factory=RunCaps)
 
 

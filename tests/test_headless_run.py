@@ -163,6 +163,19 @@ def test_a_bad_file_among_good_problems_is_recorded_and_the_run_goes_on(tmp_path
 
 
 @needs_hub
+def test_terminal_summary_is_a_table_with_fast_p_and_the_geomean(tmp_path):
+    result = CliRunner().invoke(app, ["run", str(SPACES[0]), "--budget", "2", "--run-dir", str(tmp_path / "run")])
+    assert result.exit_code == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    (problem,) = summary["problems"]
+    row = f"{problem['best_speedup']:.3f}x"
+    assert "best speedup" in result.stdout and "convolution_A100" in result.stdout and row in result.stdout
+    assert f"fast_1 {summary['fast_p']['fast_1']:.3f}" in result.stdout
+    assert f"geomean speedup {summary['geomean_speedup']:.3f}x" in result.stdout
+    assert "counts as 1.0" in result.stdout
+
+
+@needs_hub
 def test_a_crash_inside_one_search_fails_that_problem_only(tmp_path, monkeypatch):
     import kernelscout.agent.targets as targets
 
