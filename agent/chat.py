@@ -63,14 +63,6 @@ class TurnOutcome(BaseModel):
     question: Optional[Confirmation] = None
     error: Optional[str] = None
 
-    @property
-    def tools(self) -> list[ToolResult]:
-        return [ToolResult.model_validate({k: v for k, v in e.items() if k != "type"}) for e in self.events if e["type"] == "tool"]
-
-    @property
-    def text(self) -> str:
-        return "\n\n".join(e["text"] for e in self.events if e["type"] == "assistant")
-
 
 def _merge(a: Optional[dict], b: Optional[dict]) -> dict:
     return {**(a or {}), **(b or {})}

@@ -108,7 +108,10 @@ def make_model(run: RunDir, flags: Any = None) -> tuple[Any, str]:
     try:
         resolved = resolve_llm_config(flags)
         if resolved is None:
-            return None, describe_how_to_enable() + "\nSee docs/llm.md."
+            how = describe_how_to_enable()
+            if how.startswith("No LLM is configured"):  # its first line is about the search's offline policies
+                how = how.split("\n", 1)[-1]
+            return None, "To talk to the agent, configure an LLM provider:\n" + how + "\nSee docs/llm.md."
         saved = run.get_meta(USAGE_META)
         state = UsageState.model_validate_json(saved) if saved else UsageState()
         state.max_usd, state.max_tokens_total = resolved.max_usd, resolved.max_tokens_total  # today's caps, not a past session's
@@ -177,8 +180,9 @@ class ChatREPL:
 
     def talk(self, text: str) -> None:
         if self.session.model is None:
-            self.console.print("[yellow]No model in this session, so only slash commands work (/help).[/yellow]")
-            self.console.print(self.session.no_model_reason, markup=False, highlight=False)
+            self.console.print("[yellow]No model in this session, so only slash commands work (/help). To talk to the "
+                               "agent, configure a provider (KSCOUT_PROVIDER=...; see docs/llm.md) and start it again: "
+                               "the session continues.[/yellow]")
             return
         if self.session.notes:
             text = "[Since your last reply the user ran: " + "; ".join(self.session.notes) + "]\n\n" + text
@@ -453,10 +457,10 @@ def register(app: typer.Typer) -> None:
     def chat(
         problem: Optional[str] = typer.Argument(None, help="KernelBench problem file or a folder with problem.py "
                                                           "(omit to continue the chat in --run-dir)"),
-        run_dir: Optional[str] = typer.Option(None, "--run-dir", help="run directory of the session [default: runs/chat-<problem>]; "
+        run_dir: Optional[str] = typer.Option(None, "--run-dir", help="run directory of the session (default runs/chat-<problem name>); "
                                                                       "the same one continues the conversation"),
         device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N"),
-        budget: Optional[int] = typer.Option(None, help=f"measurement cap [default: the run's own, or {DEFAULT_CHAT_BUDGET} more than it has used]"),
+        budget: Optional[int] = typer.Option(None, help=f"measurement cap (default: the run directory's own, or {DEFAULT_CHAT_BUDGET} more than it has used)"),
         confirm: bool = typer.Option(True, "--confirm/--no-confirm", help="ask before each measurement the agent wants to spend"),
         provider: Optional[str] = typer.Option(None, help="anthropic, openai or openai-compatible (see docs/llm.md)"),
         model: Optional[str] = typer.Option(None, help="model name"),
@@ -477,7 +481,7 @@ def register(app: typer.Typer) -> None:
             flags = LLMConfig(provider=provider, model=model, base_url=base_url, max_usd=max_usd, max_tokens_total=max_tokens)
         except ValueError as exc:
             console.print(f"[red]error:[/red] {_escape(str(exc))}")
-            raise typer.Exit(2)
+            raise typer.Exit(2) from None
         has_flags = any(v is not None for v in (provider, model, base_url, max_usd, max_tokens))
         try:
             session = open_chat(problem, run_dir, device=device, budget=budget, settings=ChatSettings(confirm=confirm),
@@ -485,7 +489,7 @@ def register(app: typer.Typer) -> None:
                                 llm_flags=flags if has_flags else None)
         except (ChatSetupError, ToolFailure, ValueError) as exc:
             console.print(f"[red]error:[/red] {_escape(str(exc))}")
-            raise typer.Exit(2)
+            raise typer.Exit(2) from None
         # The MCP SDK's server setup turns on INFO logging for the whole process; a conversation wants warnings only.
         logging.getLogger().setLevel(logging.WARNING)
         try:

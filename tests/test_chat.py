@@ -18,7 +18,6 @@ from rich.console import Console
 pytest.importorskip("mcp.server.mcpserver", reason="the chat tools reuse the MCP server's tools (mcp extra)")
 
 from kernelscout.agent.chat import ChatSettings  # noqa: E402
-from kernelscout.agent.chat_tools import ChatToolbox  # noqa: E402
 from kernelscout.agent.cli_chat import ChatREPL, open_chat  # noqa: E402
 from kernelscout.agent.llm import ChatResponse, LLMUnavailableError, ScriptedChatModel, ToolCall, Usage, UsageMeter  # noqa: E402
 from kernelscout.tools.budget import Budget  # noqa: E402
@@ -272,7 +271,7 @@ def test_a_turn_that_keeps_calling_tools_is_stopped(tmp_path, problem):
     assert "Sorry." in term.text
 
 
-def test_the_real_openai_sdk_against_a_local_server(tmp_path, problem, fake_llm_server, monkeypatch):
+def test_the_real_openai_sdk_against_a_local_server(tmp_path, problem, fake_llm_server, monkeypatch):  # noqa: F811
     monkeypatch.setenv("KSCOUT_PROVIDER", "openai-compatible")
     monkeypatch.setenv("KSCOUT_BASE_URL", fake_llm_server.openai_base_url)
     monkeypatch.setenv("KSCOUT_MODEL", "local-coder")
@@ -342,3 +341,24 @@ def test_a_turn_cut_off_in_the_middle_of_a_tool_is_finished_by_the_next_session(
         session.close()
     assert "Finishing the turn the last session left" in term.text and "Measured " in term.text
     assert Budget(RunDir(run_dir)).status().used == 1
+
+
+def test_a_new_message_after_an_interrupted_turn_gives_the_model_a_valid_conversation(tmp_path, problem, monkeypatch):
+    agent = Agent(call("measure", 1, candidate=str(tmp_path / "good.py")), say("Fine, leaving it."))
+    session = open_chat(str(problem), str(tmp_path / "run"), device="cpu", budget=1, model=model_for(agent),
+                        settings=ChatSettings(confirm=False))
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(session.toolbox, "measure", ctrl_c)
+    try:
+        term = run_repl(session, "measure good.py", "never mind")
+    finally:
+        session.close()
+    assert "interrupted: the turn stopped" in term.text and "Fine, leaving it." in term.text
+    # the call that never finished is answered before the new message, as both providers require
+    convo = agent.agent_requests[1].messages
+    assert [m.role for m in convo[-3:]] == ["assistant", "tool", "user"]
+    assert convo[-2].tool_call_id == "call_measure_1" and "interrupted" in convo[-2].content
+    assert Budget(RunDir(tmp_path / "run")).status().used == 0
