@@ -42,6 +42,10 @@ class Backend(Protocol):
 
     def call(self, index: int, job: Job) -> SlotResult: ...
 
+    def recover(self, index: int) -> bool:
+        """Block until lost worker `index` can take jobs again (True) or is gone for good (False)."""
+        ...
+
     def describe(self) -> str: ...
 
     def close(self) -> None: ...
@@ -68,6 +72,9 @@ class LocalSlots:
 
     def call(self, index: int, job: Job) -> SlotResult:
         return self.slots[index].run(job)
+
+    def recover(self, index: int) -> bool:
+        return True  # a thread of this process is never lost on its own; its sandbox worker is replaced per job
 
     def describe(self) -> str:
         if self.devices[0].startswith("cuda"):
@@ -104,6 +111,7 @@ class Dispatcher:
         self._shas: dict[str, str] = {}
         self._lock = threading.Lock()
         self.lost = 0  # workers lost mid-job over this dispatcher's life
+        self._retired: set[int] = set()
 
     @property
     def size(self) -> int:
@@ -133,7 +141,7 @@ class Dispatcher:
         """Run one job to a result. Only WorkerLost is retried: any verdict on the candidate is final."""
         losses: list[str] = []
         for attempt in range(1, self.max_attempts + 1):
-            index = self._free.get()  # FIFO: a worker that was just lost goes to the back of the line
+            index = self._next_free()
             name = self.backend.names[index]
             self.run.event("dispatch", worker=name, job=job.kind, candidate=label, attempt=attempt)
             try:
@@ -144,9 +152,10 @@ class Dispatcher:
                     self.lost += 1
                 self.run.event("worker_lost", worker=name, candidate=label, attempt=attempt, reason=str(exc))
                 self._crash_report(name, label, job, {"lost": str(exc), "attempt": attempt})
+                # the retry takes the next free worker; this one rejoins once it is back (Ray restarts it)
+                threading.Thread(target=self._recover, args=(index,), daemon=True).start()
                 continue
-            finally:
-                self._free.put(index)
+            self._free.put(index)
             self._file(result, label, job)
             if losses:
                 result.measurement.warnings.append(f"measured again after losing {len(losses)} worker(s): " + "; ".join(losses))
@@ -155,6 +164,25 @@ class Dispatcher:
                    "charged once, since it may have run on the device each time")
         device = job.harness.device if isinstance(job, CodeJob) else "replay"
         return Measurement(status=MeasureStatus.crashed, charged=True, message=message, device=device)
+
+    def _next_free(self) -> int:
+        while True:
+            try:
+                return self._free.get(timeout=1.0)
+            except queue.Empty:
+                if len(self._retired) == self.size:
+                    raise RuntimeError("every measurement worker is gone; check the Ray cluster, then `kscout resume` the run")
+
+    def _recover(self, index: int) -> None:
+        try:
+            back = self.backend.recover(index)
+        except Exception:  # noqa: BLE001 - a worker we cannot even ask about is as good as gone
+            back = False
+        if back:
+            self._free.put(index)
+        else:
+            self._retired.add(index)
+            self.run.event("worker_retired", worker=self.backend.names[index])
 
     def _file(self, result: SlotResult, label: str, job: Job) -> None:
         """Put a worker's output and any crash into the run directory, as for a local measurement."""

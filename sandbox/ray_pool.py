@@ -15,6 +15,7 @@ under its original reservation and paid for once. Ray is an optional extra (`pip
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -111,6 +112,19 @@ class RayPool:
             raise WorkerLost(f"no answer within {timeout:g} s; the actor was restarted") from None
         except _LOST as exc:
             raise WorkerLost(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}") from None
+
+    def recover(self, index: int, timeout: float = 600.0) -> bool:
+        """Wait for Ray to restart a lost actor (on any node with room); False if it is gone for good."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                self.where[index] = ray.get(self.actors[index].where.remote(), timeout=60)
+                return True
+            except (ray_errors.ActorUnavailableError, ray_errors.GetTimeoutError):
+                time.sleep(0.5)  # restarting
+            except _LOST:
+                return False  # died for good (restarts exhausted, or killed with no_restart)
+        return False
 
     def _space_ref(self, job: ReplayJob):
         """Put the space file into the object store once; actors fetch it only if they lack it."""

@@ -97,6 +97,9 @@ class FlakyBackend:
             raise WorkerLost("actor died (simulated)")
         return self.slots.call(index, job)
 
+    def recover(self, index: int) -> bool:
+        return True
+
     def describe(self) -> str:
         return "flaky test backend"
 
