@@ -154,7 +154,7 @@ class ChatREPL:
     def __init__(self, session: ChatSession, input_fn: Optional[Callable[[str], str]] = None, console: Optional[Console] = None):
         self.session = session
         self.console = console or Console()
-        self.input = input_fn or (lambda prompt: self.console.input(prompt))
+        self.input = input_fn or (lambda prompt: self.console.input(_escape(prompt)))  # "[y/N]" is not markup
         self._usage_at_turn_start = self._usage()
 
     def run(self) -> None:
