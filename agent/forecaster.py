@@ -8,12 +8,47 @@ which forecast led to which decision, against which incumbent.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
+
+import numpy as np
 
 from kernelscout.tools.archive import CandidateRecord
 from kernelscout.tools.predict import Candidate, Forecast, Parent, PredictContext, make_surrogate, predict
 from kernelscout.tools.schema import Measurement, MeasureStatus
 from kernelscout.tools.surrogates.decision import Decision, RiskControlledGate
+
+
+class Screen(NamedTuple):
+    """What `Forecaster.screen` says about each configuration (arrays aligned with the input)."""
+
+    mu: np.ndarray  # predicted log-time (ms), location of the predictive distribution
+    scale: np.ndarray  # its scale
+    expected_improvement: np.ndarray  # E[max(0, log best - log time)] * (1 - P(fail))
+    p_fail: np.ndarray
+
+
+class _ResidualShape:
+    """The standardised shape shared by every predictive distribution of one fit: the smoothed
+    sample of normalised residuals. Its partial expectation E[max(0, z - E)] is tabulated once, so
+    expected improvement costs one interpolation per configuration."""
+
+    def __init__(self, residuals: np.ndarray, bandwidth: float, points: int = 1025):
+        from kernelscout.tools.surrogates.distribution import kernel_cdf
+
+        e = np.asarray(residuals, dtype=float).ravel()
+        e = e[np.isfinite(e)] if e.size else np.zeros(1)
+        e = e if e.size else np.zeros(1)
+        h = bandwidth if bandwidth > 0 else 1.0
+        self.lo, self.hi = float(e.min() - 12 * h), float(e.max() + 12 * h)
+        self.grid = np.linspace(self.lo, self.hi, points)
+        cdf = kernel_cdf((self.grid[:, None] - e[None, :]) / h).mean(axis=1)
+        step = self.grid[1] - self.grid[0]
+        self.table = np.concatenate([[0.0], np.cumsum(0.5 * (cdf[1:] + cdf[:-1]) * step)])
+
+    def partial_expectation(self, z: np.ndarray) -> np.ndarray:
+        z = np.asarray(z, dtype=float)
+        inside = np.interp(z, self.grid, self.table)
+        return np.where(z > self.hi, self.table[-1] + (z - self.hi), np.where(z < self.lo, 0.0, inside))
 
 
 class OpenSpaceSurrogate:
@@ -76,6 +111,7 @@ class Forecaster:
         self.code_context = code_context
         self._pending: dict[int, tuple[Forecast, Optional[Decision], float]] = {}  # forecast, decision, incumbent speedup
         self._raw: dict[int, Optional[float]] = {}
+        self._best_log_ms: Optional[float] = None  # log of the best measured time, for `screen`
 
     def forecast(self, rec: CandidateRecord, parent_speedup: float, incumbent_speedup: float) -> Forecast:
         if self.code_context is not None:
@@ -146,7 +182,33 @@ class Forecaster:
         p = forecast.p_beats_incumbent if forecast.p_beats_incumbent is not None else forecast.p_faster
         return p * (1.0 - forecast.p_fail) + 1e-3 * math.log(max(forecast.expected_speedup or 1.0, 1e-9))
 
+    def screen(self, configs: Any) -> Optional["Screen"]:
+        """Rank many configurations at once by expected improvement over the best measured time.
+
+        A policy that can enumerate its space asks this before proposing, so that the surrogate, not
+        chance, decides which few candidates get a full forecast (`predict`). Only the predictive
+        distribution's location, scale and shared residual shape are used: reading quantiles or bins
+        for tens of thousands of configurations would cost more than the refit. None when there is
+        nothing to rank by (no surrogate, cold start, nothing timed yet).
+        """
+        if self.measure_all or self.code_context is not None or self._best_log_ms is None:
+            return None
+        if not hasattr(self.surrogate, "predictive"):
+            return None
+        dist = self.surrogate.predictive(configs)
+        if dist is None:
+            return None
+        mu = np.asarray(dist.mu, dtype=float)
+        scale = np.maximum(np.asarray(dist.scale, dtype=float), 1e-12)
+        shape = _ResidualShape(getattr(dist, "residuals", np.zeros(1)), float(getattr(dist, "bandwidth", 1.0)))
+        ei = scale * shape.partial_expectation((self._best_log_ms - mu) / scale)
+        p_fail = np.clip(np.asarray(self.surrogate.p_fail(configs), dtype=float), 0.0, 1.0)
+        return Screen(mu=mu, scale=scale, expected_improvement=ei * (1.0 - p_fail), p_fail=p_fail)
+
     def observe(self, rec: CandidateRecord, m: Measurement, parent_speedup: float) -> None:
+        if m.status == MeasureStatus.ok and m.runtime_ms and m.timing_valid and m.runtime_ms > 0:
+            log_ms = math.log(m.runtime_ms)
+            self._best_log_ms = log_ms if self._best_log_ms is None else min(self._best_log_ms, log_ms)
         if self.code_context is not None:
             ratio = m.speedup / parent_speedup if (m.speedup and m.correct and m.timing_valid) else None
             self.surrogate.observe(self._raw.pop(rec.id, None), ratio, label=f"#{rec.id} {rec.origin}: {rec.hypothesis[:80]}")

@@ -64,6 +64,8 @@ def build_loop(run: RunDir, spec: SearchSpec, on_event: Optional[Callable[[str, 
     target = make_target(spec, run, pool)
     policy = make_policy(spec, target)
     predictor = make_predictor(spec, target)
+    if hasattr(policy, "attach_forecaster"):
+        policy.attach_forecaster(predictor)  # a policy that can enumerate its space ranks it with the surrogate
     return SearchLoop(run, target, policy, predictor, spec.settings, on_event=on_event)
 
 

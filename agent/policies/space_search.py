@@ -1,7 +1,16 @@
-"""The offline policy for a recorded (replayed) tuning space: local moves plus random restarts.
+"""The offline policy for a recorded (replayed) tuning space: the surrogate screens the whole space.
 
-Proposals are cheap because the forecaster, not the GPU, screens them: most neighbours of a good
-configuration are proposed, forecast, and skipped without ever being measured.
+A recorded space can be enumerated, so there is no reason to guess where to look. Once the
+surrogate can forecast, every unmeasured valid configuration is ranked by expected improvement over
+the best measured time (`Forecaster.screen`, one cheap pass over the surrogate's predictive means and
+spreads), and the top few become this iteration's proposals. The loop then forecasts each proposal in
+full with `predict` and measures only what the decision rule selects, so the forecasts, not the
+GPU, do the screening.
+
+Before the surrogate can forecast (cold start), and when the search runs without one
+(`--surrogate none`), the policy falls back to what needs no model: moves to neighbouring values of
+the parent's parameters plus random restarts. The policy never reads the measurement budget, so a
+run's first N measurements are the same whatever the cap (benchmarks rely on this).
 """
 
 from __future__ import annotations
@@ -9,6 +18,7 @@ from __future__ import annotations
 import random
 from typing import Any, Optional
 
+import numpy as np
 from pydantic import BaseModel, Field
 
 from kernelscout.sandbox.replay import ReplaySpace
@@ -23,11 +33,21 @@ class SpaceProposal(BaseModel):
 
 
 class SpaceSearchPolicy:
-    def __init__(self, space: ReplaySpace, random_fraction: float = 0.34):
+    def __init__(self, space: ReplaySpace, random_fraction: float = 0.34, forecaster: Any = None):
         self.space = space
         self.random_fraction = random_fraction
+        self.forecaster = forecaster
         self._valid = [i for i in range(len(space))]
+        self._values = np.empty((len(space), len(space.param_names)), dtype=object)
+        for i, row in enumerate(space.configs):
+            self._values[i, :] = row
+        self._shas: Optional[list[str]] = None
 
+    def attach_forecaster(self, forecaster: Any) -> None:
+        """The loop's forecaster, whose `screen` ranks the whole space (absent: model-free proposals)."""
+        self.forecaster = forecaster
+
+    # -- model-free moves ---------------------------------------------------------------------
     def _neighbours(self, config: dict[str, Any]) -> list[dict[str, Any]]:
         out = []
         for name in self.space.param_names:
@@ -44,9 +64,9 @@ class SpaceSearchPolicy:
                         out.append(cand)
         return out
 
-    def propose(self, parent: dict[str, Any], k: int, rng: random.Random) -> list[SpaceProposal]:
+    def _local_and_random(self, parent: dict[str, Any], k: int, rng: random.Random, random_only: bool) -> list[SpaceProposal]:
         tried: set[str] = parent["tried"]
-        base: Optional[dict] = parent.get("config")
+        base: Optional[dict] = None if random_only else parent.get("config")
         picks: list[tuple[str, dict]] = []
         seen = set()
 
@@ -70,3 +90,39 @@ class SpaceSearchPolicy:
             add("random", self.space.config(rng.choice(self._valid)))
         return [SpaceProposal(origin=o, params=c, hypothesis=f"{o} of the parent configuration" if o == "neighbour" else "random restart",
                               features=dict(c)) for o, c in picks]
+
+    # -- surrogate screening ------------------------------------------------------------------
+    def _untried(self, parent: dict[str, Any]) -> np.ndarray:
+        if self._shas is None:
+            self._shas = [parent["sha"](self.space.config(i)) for i in range(len(self.space))]
+        tried: set[str] = parent["tried"]
+        return np.asarray([i for i, s in enumerate(self._shas) if s not in tried], dtype=int)
+
+    def _screened(self, parent: dict[str, Any], k: int) -> Optional[list[SpaceProposal]]:
+        if self.forecaster is None or not hasattr(self.forecaster, "screen"):
+            return None
+        untried = self._untried(parent)
+        if untried.size == 0:
+            return []
+        screen = self.forecaster.screen(self._values[untried])
+        if screen is None:
+            return None
+        # highest expected improvement first; among equals the lower predicted time
+        order = np.lexsort((screen.mu, -screen.expected_improvement))[:k]
+        out = []
+        for rank, j in enumerate(order, start=1):
+            cfg = self.space.config(int(untried[j]))
+            out.append(SpaceProposal(
+                origin="screened", params=cfg, features=dict(cfg),
+                hypothesis=f"rank {rank} of {untried.size} unmeasured configurations by expected improvement "
+                           f"({screen.expected_improvement[j]:.3g} in log-time; P(fail) {screen.p_fail[j]:.2f})",
+            ))
+        return out
+
+    def propose(self, parent: dict[str, Any], k: int, rng: random.Random) -> list[SpaceProposal]:
+        screened = self._screened(parent, k)
+        if screened is not None:
+            return screened
+        # cold start under a surrogate: a random design it can learn from; no surrogate: local search
+        cold = self.forecaster is not None and not getattr(self.forecaster, "measure_all", True)
+        return self._local_and_random(parent, k, rng, random_only=cold)

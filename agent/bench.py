@@ -1,0 +1,394 @@
+"""`kscout bench search`: kernelscout's search against Kernel Tuner on recorded spaces, same budgets, same seeds.
+
+What is compared, and how, so that the numbers mean what they say:
+
+* **kernelscout** runs the real search loop (`start_search`, the code path of `kscout optimize --space`,
+  offline tuner policy, learned surrogate) on the replay device, each run in its own run directory.
+  **kernelscout --surrogate none** is the same loop measuring everything the policy proposes: the
+  difference between the two is what `predict` buys.
+* **Kernel Tuner** (optional extra `bench`) runs its own strategies in simulation mode on the same
+  cache file, with the space's restrictions as strings (a membership test makes its model-based
+  strategies much worse, which would not be a fair comparison). Each strategy is seeded through the
+  global `random` and `numpy.random` state it draws from.
+* **Budget** = unique configurations measured (failed ones included: they cost a compile and a run on
+  the hardware too). Kernel Tuner's simulation runner counts exactly that for `max_fevals`, except
+  that dual_annealing also hands `max_fevals` to scipy as its call limit, which counts repeats and
+  invalid points and stops it at about a third of the budget; it therefore gets more calls and is cut
+  at the budget like the others.
+* **Budget nesting**: one run per (space, seed, method) at the largest budget; the result at a smaller
+  budget is the best after that many measurements. This is fair because no method here reads its
+  budget except to stop (kernelscout's replay policy never sees it; Kernel Tuner's random_sample draws a
+  random permutation prefix, genetic_algorithm, bayes_opt and dual_annealing use it only as a stop).
+* **Metric**: fraction of the optimum = best recorded time in the whole space / best recorded time
+  among the configurations measured, 0 when none ran; mean over seeds. Recorded times (the cache's
+  `time`) are the ground truth for every method, so measurement noise in the replay cannot flatter
+  anyone. Candidates considered per measurement = distinct candidates that got a forecast and a
+  measure/skip decision, over measurements (kernelscout only; Kernel Tuner does not report forecasts).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import random
+import re
+import shutil
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from kernelscout.sandbox.replay import ReplaySpace
+
+KT_STRATEGIES = ("random_sample", "genetic_algorithm", "bayes_opt", "dual_annealing")
+KS_METHODS = {"kernelscout": "learned", "kernelscout --surrogate none": "none"}
+RANDOM_EXACT = "random search (exact expectation)"
+_DA_CALLS_PER_UNIQUE = 5  # dual_annealing's call limit per unique configuration wanted (see module docstring)
+
+
+class BenchError(Exception):
+    """Unusable input; the message says what to do."""
+
+
+# -- the metric ---------------------------------------------------------------------------------
+
+def best_after(trace: Sequence[float], budget: int) -> float:
+    """Best (lowest) recorded time among the first `budget` measured configurations; inf if none ran."""
+    finite = [t for t in trace[:budget] if t is not None and math.isfinite(t)]
+    return min(finite) if finite else math.inf
+
+
+def frac_of_opt(optimum: float, best_found: float) -> float:
+    """Best time in the whole space over the best time found: 1.0 is the optimum, 0.0 nothing usable."""
+    if not math.isfinite(best_found) or best_found <= 0:
+        return 0.0
+    return optimum / best_found
+
+
+def unique_in_order(keys: Sequence[Any]) -> list[Any]:
+    """First occurrences only: a configuration measured twice costs one unit of budget."""
+    seen: set = set()
+    out = []
+    for k in keys:
+        if k not in seen:
+            seen.add(k)
+            out.append(k)
+    return out
+
+
+def random_search_expectation(times: Sequence[float], budget: int) -> float:
+    """Exact expected fraction of the optimum of `budget` configurations drawn without replacement.
+
+    With the n times sorted ascending (failures last, worth 0), the i-th best (1-based) is the best of
+    the sample with probability C(n-i, b-1) / C(n, b).
+    """
+    t = np.asarray(times, dtype=float)
+    n = t.size
+    b = min(budget, n)
+    ok = np.sort(t[np.isfinite(t)])
+    if ok.size == 0 or b == 0:
+        return 0.0
+    total = math.comb(n, b)
+    return float(sum(ok[0] / ok[i - 1] * math.comb(n - i, b - 1) / total for i in range(1, ok.size + 1)))
+
+
+# -- results ------------------------------------------------------------------------------------
+
+class Trace(BaseModel):
+    """One run: recorded times of the configurations in the order they were measured (NaN = failed)."""
+
+    space: str
+    method: str
+    seed: int
+    times: list[float]
+    considered: list[Optional[int]] = Field(default_factory=list, description="candidates considered after each measurement")
+    wall_s: float = 0.0
+    note: str = ""
+
+
+class Cell(BaseModel):
+    frac_of_opt: float
+    considered_per_measurement: Optional[float] = None
+
+
+class BenchResult(BaseModel):
+    budgets: list[int]
+    seeds: int
+    spaces: dict[str, dict[str, dict[str, Cell]]]  # space -> method -> budget -> cell
+    mean: dict[str, dict[str, Cell]]  # method -> budget -> mean over spaces
+    wall_s: dict[str, float] = Field(default_factory=dict, description="total run time per method, all spaces and seeds")
+    notes: list[str] = Field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        """`{space: {method: {budget: {"frac_of_opt": x, "considered_per_measurement": y}}}}`."""
+        return {s: {m: {b: c.model_dump() for b, c in cells.items()} for m, cells in methods.items()} for s, methods in self.spaces.items()}
+
+
+def summarise(traces: Sequence[Trace], spaces: dict[str, ReplaySpace], budgets: Sequence[int], seeds: int) -> BenchResult:
+    out: dict[str, dict[str, dict[str, Cell]]] = {}
+    wall: dict[str, float] = {}
+    for tr in traces:
+        wall[tr.method] = wall.get(tr.method, 0.0) + tr.wall_s
+    for name, space in spaces.items():
+        optimum = float(np.nanmin(space.times))
+        methods: dict[str, dict[str, Cell]] = {}
+        for method in sorted({t.method for t in traces if t.space == name}, key=_method_order):
+            runs = [t for t in traces if t.space == name and t.method == method]
+            cells = {}
+            for b in budgets:
+                fr = float(np.mean([frac_of_opt(optimum, best_after(t.times, b)) for t in runs]))
+                cpm = [t.considered[min(b, len(t.considered)) - 1] / min(b, len(t.considered))
+                       for t in runs if t.considered and t.considered[min(b, len(t.considered)) - 1] is not None]
+                cells[str(b)] = Cell(frac_of_opt=round(fr, 4), considered_per_measurement=round(float(np.mean(cpm)), 2) if cpm else None)
+            methods[method] = cells
+        methods[RANDOM_EXACT] = {str(b): Cell(frac_of_opt=round(random_search_expectation(space.times, b), 4)) for b in budgets}
+        out[name] = methods
+    mean: dict[str, dict[str, Cell]] = {}
+    all_methods = sorted({m for v in out.values() for m in v}, key=_method_order)
+    for m in all_methods:
+        mean[m] = {}
+        for b in map(str, budgets):
+            cells = [out[s][m][b] for s in out if m in out[s]]
+            cpm = [c.considered_per_measurement for c in cells if c.considered_per_measurement is not None]
+            mean[m][b] = Cell(frac_of_opt=round(float(np.mean([c.frac_of_opt for c in cells])), 4),
+                              considered_per_measurement=round(float(np.mean(cpm)), 2) if cpm else None)
+    notes = sorted({t.note for t in traces if t.note})
+    return BenchResult(budgets=list(budgets), seeds=seeds, spaces=out, mean=mean, wall_s={k: round(v, 1) for k, v in wall.items()}, notes=notes)
+
+
+def _method_order(method: str) -> tuple[int, str]:
+    if method == "kernelscout":
+        return (0, method)
+    if method.startswith("kernelscout"):
+        return (1, method)
+    if method == RANDOM_EXACT:
+        return (3, method)
+    return (2, method)
+
+
+# -- kernelscout runs ---------------------------------------------------------------------------
+
+def kernelscout_trace(space_path: str, surrogate: str, seed: int, budget: int, run_dir: str) -> Trace:
+    """Run the search loop exactly as `kscout optimize --space` does, then read its run directory."""
+    from kernelscout.agent.runner import start_search
+
+    space = _space(space_path)
+    t0 = time.perf_counter()
+    start_search(None, space_path, budget=budget, policy="tuner", surrogate=surrogate, run_dir=run_dir, seed=seed, quiet=True)
+    wall = time.perf_counter() - t0
+    times, considered = read_run(space, run_dir)
+    method = "kernelscout" if surrogate == "learned" else f"kernelscout --surrogate {surrogate}"
+    return Trace(space=space.name, method=method, seed=seed, times=times, considered=considered, wall_s=wall)
+
+
+def read_run(space: ReplaySpace, run_dir: str) -> tuple[list[float], list[Optional[int]]]:
+    """Recorded times of the charged measurements in order, and the candidates considered by then."""
+    import sqlite3
+
+    db = sqlite3.connect(Path(run_dir) / "run.db")
+    try:
+        rows = db.execute("SELECT id, candidate_path FROM measurements WHERE charged = 1 ORDER BY id").fetchall()
+        times, considered = [], []
+        for mid, config_text in rows:
+            idx = space.index_of(json.loads(config_text))
+            times.append(float(space.times[idx]) if idx is not None else math.nan)
+            row = db.execute(
+                "SELECT MAX(f.iteration) FROM forecasts f JOIN candidates c ON c.id = f.candidate_id"
+                " WHERE c.measurement_id = ? AND f.decision = 'measure'", (mid,)).fetchone()
+            if row is None or row[0] is None:
+                considered.append(None)
+                continue
+            considered.append(db.execute("SELECT COUNT(DISTINCT candidate_id) FROM forecasts WHERE iteration <= ?", (row[0],)).fetchone()[0])
+    finally:
+        db.close()
+    return times, considered
+
+
+# -- Kernel Tuner runs --------------------------------------------------------------------------
+
+def restrictions_for(space_path: str) -> Optional[list[str]]:
+    """The space's restrictions as Kernel Tuner strings, from the README.md next to the cache file.
+
+    The README lists them per kernel under "Valid space of each kernel" as `- kernel: `expr`; `expr``
+    ("none" for a full product). None when the kernel is not listed there.
+    """
+    space = _space(space_path)
+    readme = Path(space_path).parent / "README.md"
+    if not readme.exists():
+        return None
+    text = readme.read_text()
+    section = text.split("## Valid space", 1)[1] if "## Valid space" in text else text
+    section = section.split("\n## ", 1)[0]
+    items: list[str] = []
+    for line in section.splitlines():
+        if line.startswith("- "):
+            items.append(line[2:])
+        elif items and line.startswith("  "):
+            items[-1] += " " + line.strip()
+    for item in items:
+        name, _, rest = item.partition(":")
+        if name.strip().strip("`") == space.kernel_name:
+            return re.findall(r"`([^`]+)`", rest)
+    return None
+
+
+def kernel_tuner_trace(space_path: str, strategy: str, seed: int, budget: int, workdir: str) -> Trace:
+    """One Kernel Tuner strategy in simulation mode on the space's cache, seeded; unique configurations in order."""
+    try:
+        import kernel_tuner
+    except ImportError:
+        raise BenchError("Kernel Tuner is not installed: pip install 'kernelscout[bench]' (or pip install kernel-tuner), "
+                         "or run without --baselines kernel_tuner") from None
+    space = _space(space_path)
+    cache = _plain_cache(space_path, workdir)
+    header = json.loads(Path(cache).read_text())  # cheap next to the run, and what Kernel Tuner reads too
+    keys = header.get("tune_params_keys") or list(header["tune_params"])
+    tune_params = {k: header["tune_params"][k] for k in keys}
+    strings = restrictions_for(space_path)
+    note = ""
+    if strings is None:
+        valid = {tuple(str(v) for v in c) for c in space.configs}
+        restrictions: Any = [lambda p: tuple(str(p[k]) for k in keys) in valid]
+        note = f"{space.name}: no restriction strings found next to the cache; Kernel Tuner got a membership test (weaker)"
+    else:
+        restrictions = strings or None
+    options: dict[str, Any] = {"max_fevals": budget * (_DA_CALLS_PER_UNIQUE if strategy == "dual_annealing" else 1)}
+    if strategy == "bayes_opt" and len(space) < 20:
+        options["popsize"] = max(2, len(space) // 2)  # its initial sample (20) cannot exceed a tiny space
+    random.seed(seed)
+    np.random.seed(seed)
+    t0 = time.perf_counter()
+    with warnings.catch_warnings(), open(os.devnull, "w") as devnull:
+        warnings.simplefilter("ignore")
+        import contextlib
+
+        with contextlib.redirect_stdout(devnull):
+            results, _ = kernel_tuner.tune_kernel(
+                header["kernel_name"], f"__global__ void {header['kernel_name']}() {{}}", header["problem_size"], [], tune_params,
+                restrictions=restrictions, strategy=strategy, strategy_options=options, cache=cache,
+                simulation_mode=True, quiet=True, verbose=False,
+            )
+    wall = time.perf_counter() - t0
+    measured = [space.index_of([r[k] for k in keys]) for r in results]
+    order = unique_in_order([i for i in measured if i is not None])[:budget]
+    if len(order) < budget:
+        note = note or f"{strategy} stopped after {len(order)} unique configurations on {space.name} (budget {budget})"
+    return Trace(space=space.name, method=f"kernel_tuner {strategy}", seed=seed, times=[float(space.times[i]) for i in order],
+                 wall_s=wall, note=note)
+
+
+_SPACES: dict[str, ReplaySpace] = {}
+_PLAIN: dict[str, str] = {}
+
+
+def _space(path: str) -> ReplaySpace:
+    if path not in _SPACES:
+        _SPACES[path] = ReplaySpace.load(path)
+    return _SPACES[path]
+
+
+def _plain_cache(path: str, workdir: str) -> str:
+    """Kernel Tuner reads plain JSON only: a private uncompressed copy per process."""
+    if path not in _PLAIN:
+        dest = Path(workdir) / f"kt-{os.getpid()}" / Path(path).name.removesuffix(".gz")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "rb") as src, open(dest, "wb") as out:
+            shutil.copyfileobj(src, out)
+        _PLAIN[path] = str(dest)
+    return _PLAIN[path]
+
+
+# -- orchestration ------------------------------------------------------------------------------
+
+class BenchRequest(BaseModel):
+    spaces: list[str]
+    budgets: list[int] = Field(default_factory=lambda: [20, 50, 100])
+    seeds: int = Field(10, ge=1)
+    baselines: list[str] = Field(default_factory=lambda: ["kernel_tuner"])
+    no_predict: bool = Field(True, description="also run kernelscout with --surrogate none")
+    out: Optional[str] = Field(None, description="keep the run directories here (default: a temporary folder)")
+    jobs: int = Field(2, ge=1)
+
+
+def _task(kind: str, path: str, arg: str, seed: int, budget: int, workdir: str) -> Trace:
+    if kind == "kernelscout":
+        run_dir = Path(workdir) / "runs" / f"{Path(path).name.split('.json')[0]}-{arg}-seed{seed}"
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        return kernelscout_trace(path, arg, seed, budget, str(run_dir))
+    return kernel_tuner_trace(path, arg, seed, budget, workdir)
+
+
+def run_bench(req: BenchRequest, progress: Optional[Callable[[int, int, Trace], None]] = None) -> BenchResult:
+    paths = [str(Path(p).resolve()) for p in _expand(req.spaces)]
+    budgets = sorted(set(req.budgets))
+    if not budgets or budgets[0] < 1:
+        raise BenchError("--budgets must be positive integers, e.g. 20,50,100")
+    unknown = set(req.baselines) - {"kernel_tuner"}
+    if unknown:
+        raise BenchError(f"unknown baseline(s) {', '.join(sorted(unknown))}; the only baseline is kernel_tuner")
+    spaces = {}
+    for p in paths:
+        s = _space(p)
+        spaces[s.name] = s
+    top = budgets[-1]
+    tasks = []
+    for p in paths:
+        for seed in range(req.seeds):
+            tasks.append(("kernelscout", p, "learned", seed))
+            if req.no_predict:
+                tasks.append(("kernelscout", p, "none", seed))
+            if "kernel_tuner" in req.baselines:
+                tasks += [("kernel_tuner", p, s, seed) for s in KT_STRATEGIES]
+    if "kernel_tuner" in req.baselines:
+        try:
+            import kernel_tuner  # noqa: F401
+        except ImportError:
+            raise BenchError("Kernel Tuner is not installed: pip install 'kernelscout[bench]' (or pip install kernel-tuner), "
+                             "or pass --baselines none") from None
+    workdir = req.out or tempfile.mkdtemp(prefix="kscout-bench-")
+    Path(workdir).mkdir(parents=True, exist_ok=True)
+    traces: list[Trace] = []
+    try:
+        if req.jobs == 1:
+            for i, t in enumerate(tasks, 1):
+                traces.append(_task(*t, top, workdir))
+                if progress:
+                    progress(i, len(tasks), traces[-1])
+        else:
+            import multiprocessing
+
+            with ProcessPoolExecutor(req.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+                futures = [pool.submit(_task, *t, top, workdir) for t in tasks]
+                for i, fut in enumerate(as_completed(futures), 1):
+                    traces.append(fut.result())
+                    if progress:
+                        progress(i, len(tasks), traces[-1])
+    finally:
+        if req.out is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    result = summarise(traces, spaces, budgets, req.seeds)
+    return result
+
+
+def _expand(paths: Sequence[str]) -> list[Path]:
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            out.extend(sorted(q for q in p.iterdir() if q.name.endswith((".json", ".json.gz"))))
+        elif p.exists():
+            out.append(p)
+        else:
+            raise BenchError(f"{p}: no such recorded space (pass Kernel Tuner cache files, .json or .json.gz, or a folder of them)")
+    if not out:
+        raise BenchError("no recorded spaces given; pass Kernel Tuner cache files or a folder of them")
+    return out
