@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -114,3 +115,42 @@ def test_prior_of_another_kernel_is_refused(spaces: tuple[ReplaySpace, ReplaySpa
     other = PriorSource("elsewhere", {"x": [1, 2]}, [[1], [2]], [1.0, 2.0])
     with pytest.raises(ValueError, match="other parameters"):
         LearnedSurrogate(target.param_values, priors=[other])
+
+
+def test_online_updates_refresh_between_geometric_cross_fits(spaces: tuple[ReplaySpace, ReplaySpace]) -> None:
+    """Residuals and calibration are redone only when the data grew by `refit_growth`; every other
+    measurement only refreshes the ensemble, which still learns from it."""
+    space, _ = spaces
+    surrogate, pool = _train(space, 20, seed=4)
+    assert surrogate.fit().crossfit  # first fit: the whole pipeline
+    kinds = []
+    ok_pool = pool[space.ok_mask[pool]]
+    for idx in ok_pool[:6]:
+        surrogate.update(space.config(int(idx)), Measurement(status=MeasureStatus.ok, runtime_ms=1.0))
+        surrogate.predictive([space.config(int(ok_pool[-1]))])
+        kinds.append(surrogate.last_fit.crossfit)
+    # 21..24 timed points refresh; 25 = ceil(20 * 1.25) cross-fits again; 26 refreshes.
+    assert kinds == [False, False, False, False, True, False]
+
+
+def test_cheap_updates_cost_little_cpu(spaces: tuple[ReplaySpace, ReplaySpace]) -> None:
+    """An update between cross-fits (learn one point, forecast a batch) takes tens of ms of CPU at
+    ~60 points; the bound is loose because CI machines are shared."""
+    space, _ = spaces
+    surrogate, pool = _train(space, 60, seed=5)
+    batch = np.asarray(space.configs, dtype=object)[pool[:20]]
+    surrogate.predictive(batch)
+    costs = []
+    for idx in pool[20:30]:
+        start = time.process_time()
+        surrogate.update(space.config(int(idx)), Measurement(status=MeasureStatus.ok, runtime_ms=1.0))
+        surrogate.predictive(batch)
+        costs.append(time.process_time() - start)
+        assert not surrogate.last_fit.crossfit
+    assert np.median(costs) < 0.15
+
+
+def test_growth_below_one_is_refused(spaces: tuple[ReplaySpace, ReplaySpace]) -> None:
+    space, _ = spaces
+    with pytest.raises(ValueError, match="refit_growth"):
+        LearnedSurrogate(space.param_values, refit_growth=0.5)

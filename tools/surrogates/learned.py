@@ -11,26 +11,36 @@ Pipeline, refitted lazily after new measurements:
    calibrated (`calibration`);
 5. a small classifier for P(fail) when failures have been seen.
 
+Online updates are cheap because steps 3-4 (and the GP's hyperparameter search) are redone only on a
+geometric schedule, when the data have grown by `refit_growth` (25 %) since they were last done: at
+8, 10, 13, 17, 22, ... timed points. In between, a new measurement only refreshes the ensemble
+(`LogTimeEnsemble.refresh`) and keeps the residuals and calibration map of the last cross-fit.
+Those come from models fitted on 80 % of fewer points, so they overstate the current error
+slightly: the intervals stay conservative rather than becoming too narrow. One full pipeline costs
+about a second at 100 points; amortised with the refreshes, an update costs a few tens of ms
+(benchmarks/surrogate_update_speed.py measures it).
+
 With fewer than `min_points` timed configurations it forecasts nothing and says so (cold start).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
-from sklearn.ensemble import ExtraTreesClassifier
 
 from kernelscout.tools.schema import Measurement, MeasureStatus
 from kernelscout.tools.surrogates.base import Configs
 from kernelscout.tools.surrogates.calibration import IsotonicCalibrator, fit_pair_calibrator
 from kernelscout.tools.surrogates.distribution import LogTimeDistribution
-from kernelscout.tools.surrogates.ensemble import DEFAULT_MEMBERS, LogTimeEnsemble, Member
+from kernelscout.tools.surrogates.ensemble import DEFAULT_MEMBERS, LogTimeEnsemble, Member, grow_extra_trees, per_tree_predictions
 from kernelscout.tools.surrogates.features import ConfigEncoder, FeatureBlocks
 from kernelscout.tools.surrogates.warmstart import PriorSource
 
+OOF_TREES = 50
 _FAILED = {MeasureStatus.compile_error, MeasureStatus.runtime_error, MeasureStatus.crashed, MeasureStatus.timeout}
 
 
@@ -40,6 +50,7 @@ class FitSummary:
 
     n_timed: int
     fitted: bool
+    crossfit: bool = False  # residuals, calibration and GP hyperparameters redone (not just a refresh)
 
 
 class LearnedSurrogate:
@@ -54,6 +65,7 @@ class LearnedSurrogate:
         priors: Sequence[PriorSource] = (),
         folds: int = 5,
         min_points: int = 8,
+        refit_growth: float = 1.25,
         seed: int = 0,
         name: str = "learned",
     ) -> None:
@@ -68,6 +80,11 @@ class LearnedSurrogate:
         self.folds = folds
         self.min_points = max(min_points, 3)
         self.seed = seed
+        if refit_growth < 1.0:
+            raise ValueError("refit_growth must be at least 1 (1 cross-fits after every measurement)")
+        self.refit_growth = refit_growth
+        self._crossfit_at = 0  # timed points at the last full pipeline (0: never)
+        self._fail_fit_at = (-1, -1)  # (timed, failed) counts the failure model was fitted on
         self._rows: list[tuple[Any, ...]] = []
         self._logt: list[float] = []  # NaN for failures
         self._dirty = True
@@ -75,7 +92,8 @@ class LearnedSurrogate:
         self._residuals = np.zeros(1)
         self._bandwidth = 1.0
         self._calibrator = IsotonicCalibrator()
-        self._fail_model: Optional[ExtraTreesClassifier] = None
+        self._fail_model: Optional[list] = None  # extra-trees classifying failed (True) vs timed
+        self.last_fit: Optional[FitSummary] = None
 
     # --- data -----------------------------------------------------------------------------
 
@@ -117,19 +135,40 @@ class LearnedSurrogate:
         extra = np.column_stack([p.feature(configs, self.param_names) for p in self.priors])
         return FeatureBlocks(full=np.hstack([x.full, extra]), compact=np.hstack([x.compact, extra]))
 
-    def fit(self) -> FitSummary:
-        """Refit now (otherwise done lazily on the next forecast after new data)."""
+    def _crossfit_due(self, n_timed: int) -> bool:
+        if self._model is None or self._crossfit_at == 0:
+            return True
+        return n_timed >= max(self._crossfit_at + 1, math.ceil(self._crossfit_at * self.refit_growth))
+
+    def fit(self, full: Optional[bool] = None) -> FitSummary:
+        """Refit now (otherwise done lazily on the next forecast after new data).
+
+        `full=None` follows the schedule (see the module docstring); True forces the whole pipeline,
+        False only refreshes the ensemble when a cross-fit exists.
+        """
         logt = np.asarray(self._logt, dtype=float)
         ok = np.isfinite(logt)
         rows = np.asarray(self._rows, dtype=object).reshape(len(self._rows), len(self.param_names))
         self._dirty = False
+        self.last_fit = self._fit(rows, logt, ok, full)
+        return self.last_fit
+
+    def _fit(self, rows: np.ndarray, logt: np.ndarray, ok: np.ndarray, full: Optional[bool]) -> FitSummary:
+        n = int(ok.sum())
         self._fit_failures(rows, ok)
-        if ok.sum() < self.min_points:
+        if n < self.min_points:
             self._model = None
-            return FitSummary(n_timed=int(ok.sum()), fitted=False)
+            self._crossfit_at = 0
+            return FitSummary(n_timed=n, fitted=False)
         x = self._features(rows[ok])
         y = logt[ok]
-        self._model = LogTimeEnsemble(self.members, seed=self.seed).fit(x, y)
+        crossfit = self._crossfit_due(n) if full is None else (full or self._model is None)
+        if not crossfit:
+            assert self._model is not None
+            self._model.refresh(x, y)
+            return FitSummary(n_timed=n, fitted=True, crossfit=False)
+        previous = self._model.gp_kernel if self._model is not None else None
+        self._model = LogTimeEnsemble(self.members, seed=self.seed).fit(x, y, gp_init=previous)
         mu_oof, s_oof = self._out_of_fold(x, y)
         e = (y - mu_oof) / s_oof
         self._residuals = e
@@ -137,7 +176,8 @@ class LearnedSurrogate:
         self._bandwidth = 1.06 * sd * e.size ** (-0.2)  # Silverman: smooth the residual sample
         rng = np.random.default_rng(self.seed)
         self._calibrator = fit_pair_calibrator(y, mu_oof, s_oof, e, self._bandwidth, rng)
-        return FitSummary(n_timed=int(ok.sum()), fitted=True)
+        self._crossfit_at = n
+        return FitSummary(n_timed=n, fitted=True, crossfit=True)
 
     def _out_of_fold(self, x: FeatureBlocks, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         assert self._model is not None
@@ -148,7 +188,9 @@ class LearnedSurrogate:
         sd = np.empty(n)
         for f in range(k):
             tr, te = fold != f, fold == f
-            sub = LogTimeEnsemble(self.members, seed=self.seed).fit(
+            # Half the trees: the fold models only supply residuals; a 50-tree forest's mean is a bit
+            # noisier, which makes the residuals, hence the intervals, if anything slightly wider.
+            sub = LogTimeEnsemble(self.members, seed=self.seed, n_trees=OOF_TREES).fit(
                 FeatureBlocks(full=x.full[tr], compact=x.compact[tr]), y[tr], gp_kernel=self._model.gp_kernel
             )
             pred = sub.predict(FeatureBlocks(full=x.full[te], compact=x.compact[te]))
@@ -157,10 +199,18 @@ class LearnedSurrogate:
         return mu, np.maximum(sd, floor)
 
     def _fit_failures(self, rows: np.ndarray, ok: np.ndarray) -> None:
-        self._fail_model = None
-        if (~ok).sum() >= 2 and ok.sum() >= 2:
-            x = self.encoder.transform(rows).full
-            self._fail_model = ExtraTreesClassifier(n_estimators=50, random_state=self.seed, n_jobs=1).fit(x, ~ok)
+        """A forest of where configurations fail; regrown when a failure is new or the data grew by
+        `refit_growth`, since successes alone barely move it."""
+        counts = (int(ok.sum()), int((~ok).sum()))
+        if counts[1] < 2 or counts[0] < 2:
+            self._fail_model, self._fail_fit_at = None, (-1, -1)
+            return
+        last_ok, last_failed = self._fail_fit_at
+        if self._fail_model is not None and counts[1] == last_failed and counts[0] < last_ok * self.refit_growth:
+            return
+        x = self.encoder.transform(rows).full
+        self._fail_model = grow_extra_trees(50, self.seed, x, ~ok, classify=True)
+        self._fail_fit_at = counts
 
     def _ensure_fitted(self) -> None:
         if self._dirty:
@@ -187,7 +237,7 @@ class LearnedSurrogate:
         base = (self.n_failed + 0.5) / (n_obs + 1.0)  # Jeffreys-style rate before any model
         if self._fail_model is None:
             return np.full(len(configs), base)
-        p = self._fail_model.predict_proba(self.encoder.transform(configs).full)[:, 1]
+        p = per_tree_predictions(self._fail_model, self.encoder.transform(configs).full, column=1).mean(axis=0)
         # Shrink towards the base rate: a forest on a handful of failures is overconfident.
         w = n_obs / (n_obs + 20.0)
         return w * p + (1 - w) * base
