@@ -118,4 +118,4 @@ def test_a_run_does_not_depend_on_its_budget(tiny: Path, tmp_path: Path) -> None
     short, _ = read_run(space, str(tmp_path / "b3"))
     long, _ = read_run(space, str(tmp_path / "b6"))
     assert len(short) == 3 and len(long) == 6
-    assert short == long[:3] or all(a == b or (a != a and b != b) for a, b in zip(short, long))
+    assert [str(t) for t in short] == [str(t) for t in long[:3]]  # same configurations, failures (nan) included
