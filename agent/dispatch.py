@@ -110,7 +110,6 @@ class Dispatcher:
             self._free.put(i)
         self._shas: dict[str, str] = {}
         self._lock = threading.Lock()
-        self.lost = 0  # workers lost mid-job over this dispatcher's life
         self._retired: set[int] = set()
 
     @property
@@ -148,8 +147,6 @@ class Dispatcher:
                 result = self.backend.call(index, job)
             except WorkerLost as exc:
                 losses.append(f"{name}: {exc}")
-                with self._lock:
-                    self.lost += 1
                 self.run.event("worker_lost", worker=name, candidate=label, attempt=attempt, reason=str(exc))
                 self._crash_report(name, label, job, {"lost": str(exc), "attempt": attempt})
                 # the retry takes the next free worker; this one rejoins once it is back (Ray restarts it)

@@ -7,11 +7,11 @@
 Each iteration proposes several candidates, forecasts every one, and measures only the few the
 decision rule of `predict` selects (promising or unsure), so far more candidates are considered
 than measured. With several measurement workers (`--workers N`, `--ray`; agent/dispatch.py) the
-rule's top N go out together and are recorded as each returns. Everything durable lives in the run directory: the archive and the ledger in
-run.db, LangGraph's checkpoints in checkpoints.db. Each node is idempotent (content-addressed
-candidates, forecasts keyed by candidate and iteration, measurements keyed by content and
-device), so replaying the node that a kill -9 interrupted neither loses nor repeats a
-measurement.
+rule's top N go out together and are recorded as each returns. Everything durable lives in the
+run directory: the archive and the ledger in run.db, LangGraph's checkpoints in checkpoints.db.
+Each node is idempotent (content-addressed candidates, forecasts keyed by candidate and iteration,
+measurements keyed by content and device), so replaying the node that a kill -9 interrupted
+neither loses nor repeats a measurement.
 """
 
 from __future__ import annotations
