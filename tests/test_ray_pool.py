@@ -84,7 +84,6 @@ def test_replay_search_on_two_ray_actors_survives_a_killed_actor(tmp_path):
     assert_ledger_sound(run_dir, cap=budget)
 
 
-@pytest.mark.slow
 def test_cpu_example_on_two_ray_actors_survives_a_killed_actor(tmp_path):
     run_dir = tmp_path / "run"
     killer = ActorKiller(run_dir, nth=2)
