@@ -75,6 +75,18 @@ def test_two_local_workers_keep_two_measurements_in_flight_within_the_cap(tmp_pa
     assert_ledger_sound(run_dir, cap=8)
 
 
+@needs_hub
+def test_without_ray_local_workers_still_work_and_ray_says_how_to_get_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if the optional extra were not installed
+    monkeypatch.delitem(sys.modules, "kernelscout.sandbox.ray_pool", raising=False)
+    with pytest.raises(OptimizeError, match=r"pip install 'kernelscout\[ray\]'"):
+        start_search(problem=None, space=str(SPACE), budget=2, ray="auto", run_dir=str(tmp_path / "ray"), quiet=True)
+
+    result = start_search(problem=None, space=str(SPACE), budget=2, workers=2, run_dir=str(tmp_path / "local"), quiet=True)
+
+    assert result.measurements_used == 2
+
+
 def test_bad_worker_counts_are_clear_errors(tmp_path):
     with pytest.raises(OptimizeError, match="--workers must be at least 1"):
         start_search(problem=None, space=str(SPACE), budget=3, workers=0, run_dir=str(tmp_path / "run"))
