@@ -127,15 +127,29 @@ class LLMSurrogate:
         return float(iso.predict([raw])[0])
 
     def _reweight(self, probs: np.ndarray, raw: float, calibrated: float) -> np.ndarray:
-        """Scale mass above and below 1x so the bins agree with the recalibrated P(faster)."""
+        """Tilt the bins so that they give the recalibrated P(faster) back.
+
+        Each bin's weight is multiplied by exp(t * s), where s is +1 for a bin wholly above 1x, -1 for
+        one wholly below and in between for the bin that straddles 1x (by its share above, as
+        `p_speedup_above` reads it); t is found by bisection, since P(faster) grows with t.
+        """
         if abs(raw - calibrated) < 1e-9 or raw in (0.0, 1.0):
             return probs
-        centres = [math.sqrt(lo * hi) for lo, hi in _bin_bounds(self.edges)]
-        up = np.array([c > 1.0 for c in centres])
-        out = probs.copy()
-        out[up] *= calibrated / raw
-        out[~up] *= (1 - calibrated) / (1 - raw)
-        return out / out.sum()
+        above = np.array([p_speedup_above(np.eye(len(probs))[k], self.edges, 1.0) for k in range(len(probs))])
+        sign = 2.0 * above - 1.0
+
+        def tilted(t: float) -> np.ndarray:
+            w = probs * np.exp(t * sign - np.max(t * sign))
+            return w / w.sum()
+
+        lo, hi = -50.0, 50.0
+        for _ in range(60):
+            mid = 0.5 * (lo + hi)
+            if float(tilted(mid) @ above) < calibrated:
+                lo = mid
+            else:
+                hi = mid
+        return tilted(0.5 * (lo + hi))
 
     def observe(self, raw_p_faster: Optional[float], measured_ratio: Optional[float], label: str = "") -> None:
         if measured_ratio is None:
