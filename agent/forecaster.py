@@ -98,12 +98,76 @@ class OpenSpaceSurrogate:
         return self._last.status() if self._last is not None else f"cold start: {len(self._seen)} measured candidates"
 
 
+class _FitMemo:
+    """Predictions of the surrogate's current fit, by configuration.
+
+    `Forecaster.screen` asks the surrogate about the whole space once per measurement; the full
+    forecasts of the same iteration then read those predictions instead of asking every tree again
+    (per-call overhead in the trees, not arithmetic, was most of a search's CPU time). A new
+    measurement changes the fit, so `Forecaster.observe` clears the memo.
+    """
+
+    def __init__(self, surrogate: Any):
+        self.surrogate = surrogate
+        self.names: Optional[list[str]] = list(getattr(surrogate, "param_names", []) or []) or None
+        self.clear()
+
+    def clear(self) -> None:
+        self.index: dict[tuple, int] = {}
+        self.dist: Any = None
+        self.p_fail: Optional[np.ndarray] = None
+
+    def keys(self, configs: Any) -> Optional[list[tuple]]:
+        if self.names is None:
+            return None
+        if isinstance(configs, np.ndarray):
+            return [tuple(row) for row in configs]
+        try:
+            return [tuple(c[n] for n in self.names) if isinstance(c, Mapping) else tuple(c) for c in configs]
+        except KeyError:
+            return None
+
+    def store(self, configs: Any, dist: Any, p_fail: np.ndarray) -> None:
+        keys = self.keys(configs)
+        if keys is None or dist is None or not hasattr(dist, "subset"):
+            return
+        self.index = {k: i for i, k in enumerate(keys)}
+        self.dist, self.p_fail = dist, np.asarray(p_fail, dtype=float)
+
+    def rows(self, configs: Any) -> Optional[np.ndarray]:
+        if self.dist is None:
+            return None
+        keys = self.keys(configs)
+        if keys is None or any(k not in self.index for k in keys):
+            return None
+        return np.asarray([self.index[k] for k in keys], dtype=int)
+
+
+class _MemoSurrogate:
+    """The surrogate as `predict` sees it during the loop: answers from the memo when it can."""
+
+    def __init__(self, surrogate: Any, memo: _FitMemo):
+        self._inner, self._memo = surrogate, memo
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def predictive(self, configs: Any) -> Any:
+        rows = self._memo.rows(configs)
+        return self._memo.dist.subset(rows) if rows is not None else self._inner.predictive(configs)
+
+    def p_fail(self, configs: Any) -> np.ndarray:
+        rows = self._memo.rows(configs)
+        return self._memo.p_fail[rows] if rows is not None else self._inner.p_fail(configs)
+
+
 class Forecaster:
     def __init__(self, surrogate: Any, reference_ms: Callable[[], Optional[float]], features: Callable[[CandidateRecord], dict],
                  measure_all: bool = False, target_risk: float = 0.05, seed: int = 0, sol_ms: Optional[float] = None,
                  code_context: Optional[Callable[[CandidateRecord], dict]] = None, gate: Optional[RiskControlledGate] = None):
         self.surrogate = surrogate
-        self.reference_ms = reference_ms
+        self._reference_ms = reference_ms
+        self._reference: Optional[tuple[Optional[float]]] = None  # cached until the next measurement
         self.features = features
         self.measure_all = measure_all
         self.gate = gate or RiskControlledGate(target_risk=target_risk, seed=seed)
@@ -112,6 +176,13 @@ class Forecaster:
         self._pending: dict[int, tuple[Forecast, Optional[Decision], float]] = {}  # forecast, decision, incumbent speedup
         self._raw: dict[int, Optional[float]] = {}
         self._best_log_ms: Optional[float] = None  # log of the best measured time, for `screen`
+        self._memo = _FitMemo(surrogate)
+
+    def reference_ms(self) -> Optional[float]:
+        """The reference time; it can only change with a new measurement, so it is read once per measurement."""
+        if self._reference is None:
+            self._reference = (self._reference_ms(),)
+        return self._reference[0]
 
     def forecast(self, rec: CandidateRecord, parent_speedup: float, incumbent_speedup: float) -> Forecast:
         if self.code_context is not None:
@@ -130,23 +201,18 @@ class Forecaster:
         return forecast
 
     def forecast_batch(self, recs: Sequence[CandidateRecord], parent_speedups: Sequence[float], incumbent_speedup: float) -> list[Forecast]:
-        """Forecast many candidates with one surrogate fit per parent (the learned model refits lazily)."""
+        """Forecast many candidates, each against its own parent, in one pass over the surrogate's predictions."""
         if self.code_context is not None or self.reference_ms() is None:
             return [self.forecast(r, p, incumbent_speedup) for r, p in zip(recs, parent_speedups)]
         from kernelscout.tools.predict import predict_many
 
         ref = self.reference_ms()
-        out: list[Optional[Forecast]] = [None] * len(recs)
-        groups: dict[float, list[int]] = {}
-        for i, p in enumerate(parent_speedups):
-            groups.setdefault(p, []).append(i)
         context = PredictContext(incumbent_runtime_ms=ref / max(incumbent_speedup, 1e-9), sol_runtime_ms=self.sol_ms)
-        for p, idx in groups.items():
-            parent = Parent(config=self.features(recs[idx[0]]), runtime_ms=ref / max(p, 1e-9))
-            cands = [Candidate(config=self.features(recs[i]), source_path=recs[i].path) for i in idx]
-            for i, f in zip(idx, predict_many(cands, parent, context, self.surrogate)):
-                out[i] = f
-                self._pending[recs[i].id] = (f, None, incumbent_speedup)
+        parents = [Parent(config=self.features(r), runtime_ms=ref / max(p, 1e-9)) for r, p in zip(recs, parent_speedups)]
+        cands = [Candidate(config=self.features(r), source_path=r.path) for r in recs]
+        out = predict_many(cands, parents, context, _MemoSurrogate(self.surrogate, self._memo))
+        for rec, f in zip(recs, out):
+            self._pending[rec.id] = (f, None, incumbent_speedup)
         return out
 
     def _forecast_code(self, rec: CandidateRecord, parent_speedup: float, incumbent_speedup: float) -> Forecast:
@@ -203,9 +269,12 @@ class Forecaster:
         shape = _ResidualShape(getattr(dist, "residuals", np.zeros(1)), float(getattr(dist, "bandwidth", 1.0)))
         ei = scale * shape.partial_expectation((self._best_log_ms - mu) / scale)
         p_fail = np.clip(np.asarray(self.surrogate.p_fail(configs), dtype=float), 0.0, 1.0)
+        self._memo.store(configs, dist, p_fail)
         return Screen(mu=mu, scale=scale, expected_improvement=ei * (1.0 - p_fail), p_fail=p_fail)
 
     def observe(self, rec: CandidateRecord, m: Measurement, parent_speedup: float) -> None:
+        self._memo.clear()  # the fit is about to change
+        self._reference = None
         if m.status == MeasureStatus.ok and m.runtime_ms and m.timing_valid and m.runtime_ms > 0:
             log_ms = math.log(m.runtime_ms)
             self._best_log_ms = log_ms if self._best_log_ms is None else min(self._best_log_ms, log_ms)

@@ -96,7 +96,9 @@ def write_report(run_dir: Path | str, title: str = "kernelscout run") -> Path:
     charged = [m for m in measurements if m["charged"]]
     speedups = [m.get("speedup") if m.get("correct") and m.get("timing_valid") else None for m in charged]
     forecast_pairs, calib = [], []
-    for f in archive.forecasts():
+    forecasts = archive.forecasts()
+    last_forecast = {f["candidate_id"]: f for f in forecasts}  # in id order, so the last one wins
+    for f in forecasts:
         rec = by_id.get(f["candidate_id"])
         if rec is None or rec.speedup is None:
             continue
@@ -111,7 +113,7 @@ def write_report(run_dir: Path | str, title: str = "kernelscout run") -> Path:
     best = archive.best()
     rows = []
     for c in candidates:
-        decision = next((f for f in reversed(archive.forecasts()) if f["candidate_id"] == c.id), None)
+        decision = last_forecast.get(c.id)
         rows.append(
             f"<tr><td>#{c.id}</td><td>{'ref' if c.parent_id in (None, ROOT_ID) else '#' + str(c.parent_id)}</td>"
             f"<td>{html.escape(c.origin)}</td><td>{html.escape(json.dumps(c.params, default=str))[:80]}</td><td>{c.state}</td>"

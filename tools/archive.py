@@ -2,6 +2,9 @@
 
 Forecasts and measurements sit side by side, so calibration can be recomputed at any time, and
 a skipped candidate is recorded with the forecast that got it skipped.
+
+Archive writes commit with `durable=False` (see tools/rundir.py): every one is idempotent and a
+resume re-derives it, while the measurement it points to lives in the durable ledger tables.
 """
 
 from __future__ import annotations
@@ -76,45 +79,57 @@ _COLUMNS = "id, sha, parent_id, path, origin, params_json, hypothesis, features_
 class Archive:
     def __init__(self, run: RunDir):
         self.run = run
-        with run.connect() as db:
+        self._parsed: dict[int, tuple[tuple, CandidateRecord]] = {}  # id -> (raw row, record); see _record
+        with run.connect(durable=False) as db:
             db.executescript(SCHEMA)
 
     def add(self, sha: str, source: Optional[str], parent_id: Optional[int], origin: str, params: dict, hypothesis: str,
             features: dict, iteration: int) -> CandidateRecord:
         """Idempotent by content: proposing the same source twice gives the same record."""
         path = str(self.run.save_kernel(sha, source)) if source is not None else None
-        with self.run.transaction() as db:
+        with self.run.transaction(durable=False) as db:
             db.execute(
                 "INSERT OR IGNORE INTO candidates (sha, parent_id, path, origin, params_json, hypothesis, features_json, iteration, created)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (sha, parent_id, path, origin, json.dumps(params, default=str), hypothesis, json.dumps(features, default=str), iteration, time.time()),
             )
             row = db.execute(f"SELECT {_COLUMNS} FROM candidates WHERE sha = ?", (sha,)).fetchone()
-        return _row(row)
+        return self._record(row)
+
+    def _record(self, row: tuple) -> CandidateRecord:
+        """Parse a row once: the loop re-reads the whole archive every iteration, and JSON decoding plus
+        validation of unchanged rows was most of that. The raw row is compared, so any change is seen;
+        records are shared between calls, so treat them as read-only."""
+        hit = self._parsed.get(row[0])
+        if hit is not None and hit[0] == row:
+            return hit[1]
+        rec = _row(row)
+        self._parsed[row[0]] = (tuple(row), rec)
+        return rec
 
     def get(self, candidate_id: int) -> CandidateRecord:
         with self.run.connect() as db:
             row = db.execute(f"SELECT {_COLUMNS} FROM candidates WHERE id = ?", (candidate_id,)).fetchone()
         if row is None:
             raise KeyError(f"no candidate #{candidate_id} in {self.run.path}")
-        return _row(row)
+        return self._record(row)
 
     def by_sha(self, sha: str) -> Optional[CandidateRecord]:
         with self.run.connect() as db:
             row = db.execute(f"SELECT {_COLUMNS} FROM candidates WHERE sha = ?", (sha,)).fetchone()
-        return _row(row) if row else None
+        return self._record(row) if row else None
 
     def all(self) -> list[CandidateRecord]:
         with self.run.connect() as db:
             rows = db.execute(f"SELECT {_COLUMNS} FROM candidates ORDER BY id").fetchall()
-        return [_row(r) for r in rows]
+        return [self._record(r) for r in rows]
 
     def shas(self) -> set[str]:
         with self.run.connect() as db:
             return {r[0] for r in db.execute("SELECT sha FROM candidates")}
 
     def record_forecast(self, candidate_id: int, iteration: int, surrogate: str, forecast: dict, decision: str, reason: str) -> None:
-        with self.run.transaction() as db:
+        with self.run.transaction(durable=False) as db:
             db.execute(
                 "INSERT OR REPLACE INTO forecasts (candidate_id, iteration, surrogate, forecast_json, decision, reason, created)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -126,7 +141,7 @@ class Archive:
     def record_measurement(self, candidate_id: int, m: Measurement, suspect: bool = False) -> None:
         usable = m.status == MeasureStatus.ok and m.correct and m.timing_valid and m.speedup is not None
         state = "suspect" if (usable and suspect) else "measured" if usable else "failed"
-        with self.run.transaction() as db:
+        with self.run.transaction(durable=False) as db:
             db.execute(
                 "UPDATE candidates SET state = ?, measurement_id = ?, speedup = ? WHERE id = ?",
                 (state, m.measurement_id, m.speedup if usable else None, candidate_id),
@@ -151,7 +166,7 @@ class Archive:
             row = db.execute(
                 f"SELECT {_COLUMNS} FROM candidates WHERE state = 'measured' AND speedup IS NOT NULL ORDER BY speedup DESC, id LIMIT 1"
             ).fetchone()
-        return _row(row) if row else None
+        return self._record(row) if row else None
 
     def counts(self) -> dict[str, int]:
         with self.run.connect() as db:

@@ -106,12 +106,12 @@ def _uninformative(surrogate: Surrogate, reason: str, edges: Sequence[float], co
 
 def predict_many(
     candidates: Sequence[Candidate],
-    parent: Parent,
+    parent: Parent | Sequence[Parent],
     context: PredictContext,
     surrogate: Surrogate,
     edges: Sequence[float] = DEFAULT_EDGES,
 ) -> list[Forecast]:
-    """Forecast several children of one parent with a single surrogate call."""
+    """Forecast several children of one parent (or each of its own parent) with a single surrogate call."""
     start = time.perf_counter()
     if not candidates:
         return []
@@ -134,13 +134,14 @@ def predict_many(
 
 def _read_forecasts(
     dist: LogTimeDistribution,
-    parent: Parent,
+    parent: Parent | Sequence[Parent],
     context: PredictContext,
     surrogate: Surrogate,
     edges: Sequence[float],
     p_fail: np.ndarray,
 ) -> list[Forecast]:
-    yp = math.log(parent.runtime_ms)
+    parents = [parent] * len(dist) if isinstance(parent, Parent) else list(parent)
+    yp = np.log([p.runtime_ms for p in parents])
     bins = dist.speedup_bin_probs(yp, edges)
     p_faster = dist.p_faster_than(yp)
     p_beats = dist.p_faster_than(math.log(context.incumbent_runtime_ms)) if context.incumbent_runtime_ms else None
@@ -149,11 +150,11 @@ def _read_forecasts(
     status = surrogate.status()
     out = []
     for k in range(len(dist)):
-        lo, hi = float(np.exp(yp - q90[k])), float(np.exp(yp - q10[k]))
+        lo, hi = float(np.exp(yp[k] - q90[k])), float(np.exp(yp[k] - q10[k]))
         pb = None if p_beats is None else float(p_beats[k])
         rationale = (
             f"{status}: child predicted {np.exp(q50[k]):.4g} ms (80%: {np.exp(q10[k]):.4g}-{np.exp(q90[k]):.4g}) "
-            f"vs parent {parent.runtime_ms:.4g} ms; P(faster)={p_faster[k]:.2f}"
+            f"vs parent {parents[k].runtime_ms:.4g} ms; P(faster)={p_faster[k]:.2f}"
             + (f", P(beats best {context.incumbent_runtime_ms:.4g} ms)={pb:.2f}" if pb is not None else "")
         )
         probs = np.clip(bins[k], 0.0, 1.0)

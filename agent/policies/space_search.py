@@ -104,9 +104,11 @@ class SpaceSearchPolicy:
         untried = self._untried(parent)
         if untried.size == 0:
             return []
-        screen = self.forecaster.screen(self._values[untried])
-        if screen is None:
+        # the whole space in one pass: the loop's full forecasts of pending candidates then reuse it
+        whole = self.forecaster.screen(self._values)
+        if whole is None:
             return None
+        screen = type(whole)(*(np.asarray(a)[untried] for a in whole))
         # highest expected improvement first; among equals the lower predicted time
         order = np.lexsort((screen.mu, -screen.expected_improvement))[:k]
         out = []

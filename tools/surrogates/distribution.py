@@ -34,7 +34,12 @@ def kernel_cdf(x: np.ndarray) -> np.ndarray:
     new best was often forecast with probability exactly 0; t tails keep such surprises possible and,
     above all, ordered, which is what the measure/skip gate thresholds on.
     """
-    return stdtr(KERNEL_DF, np.asarray(x) * _KERNEL_SCALE)
+    t = np.asarray(x, dtype=float) * _KERNEL_SCALE
+    if KERNEL_DF == 4.0:  # closed form, ~30x faster than stdtr and equal to 1e-15 (it is most of a search's CPU)
+        t = np.clip(t, -1e100, 1e100)  # keeps +-inf at 0 and 1
+        u = t * t / 4.0 + 1.0
+        return 0.5 + 0.375 * t / np.sqrt(u) * (1.0 - (u - 1.0) / (3.0 * u))
+    return stdtr(KERNEL_DF, t)
 
 
 def bin_labels(edges: Sequence[float] = DEFAULT_EDGES) -> list[str]:
