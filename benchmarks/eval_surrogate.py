@@ -1,6 +1,6 @@
 """Evaluate the surrogates on the provided tuning spaces and write the results to docs/surrogate.md.
 
-    python benchmarks/eval_surrogate.py                      # 10 seeds, 50 training configs (~15 min on 2 cores)
+    python benchmarks/eval_surrogate.py                      # 10 seeds, 50 training configs (~15 min on 2 shared cores)
     python benchmarks/eval_surrogate.py --seeds 2 --quick    # smoke run
 
 Every number in the written document comes from this run; nothing is copied in by hand. It runs the

@@ -11,6 +11,7 @@ import pytest
 from kernelscout.sandbox.replay import ReplayDevice, ReplaySpace
 from kernelscout.tools.schema import Measurement, MeasureStatus
 from kernelscout.tools.surrogates import metrics as M
+from kernelscout.tools.surrogates.ensemble import TailCompressor
 from kernelscout.tools.surrogates.learned import LearnedSurrogate
 from kernelscout.tools.surrogates.synthetic import write_synthetic_cache
 from kernelscout.tools.surrogates.warmstart import PriorSource
@@ -154,3 +155,14 @@ def test_growth_below_one_is_refused(spaces: tuple[ReplaySpace, ReplaySpace]) ->
     space, _ = spaces
     with pytest.raises(ValueError, match="refit_growth"):
         LearnedSurrogate(space.param_values, refit_growth=0.5)
+
+
+def test_tail_compression_keeps_order_and_maps_forecasts_back_to_log_time() -> None:
+    y = np.log(np.array([1.0, 1.1, 1.3, 2.0, 2.5, 3.0, 4.0, 8.0, 30.0, 300.0]))
+    tail = TailCompressor(y)
+    z = tail(y)
+    assert np.all(np.diff(z) > 0)  # monotone: every order kept
+    assert z[-1] - z[-2] < 0.5 * (y[-1] - y[-2])  # the slowest tail is squeezed
+    back, slope = tail.inverse(z)
+    assert np.allclose(back, y)
+    assert slope[-1] == pytest.approx(1 / TailCompressor.SLOPE) and slope[0] == 1.0
