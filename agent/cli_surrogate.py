@@ -14,9 +14,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kernelscout.sandbox.replay import load_spaces
-from kernelscout.tools.surrogates.evaluation import EvalReport, EvalSettings, SpaceResult, evaluate
-from kernelscout.tools.surrogates.registry import surrogate_names
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # scikit-learn takes seconds to import: only the command itself pays for it
+    from kernelscout.tools.surrogates.evaluation import EvalReport, SpaceResult
 
 _COLUMNS = (
     ("pairwise_accuracy", "pair acc", "{:.3f}"),
@@ -61,6 +62,10 @@ def eval_surrogate(
     no_plots: bool = typer.Option(False, "--no-plots", help="write no PNG files"),
 ) -> None:
     """Train a surrogate on N random measured configurations, score its forecasts on the held-out rest."""
+    from kernelscout.sandbox.replay import load_spaces
+    from kernelscout.tools.surrogates.evaluation import EvalSettings, evaluate
+    from kernelscout.tools.surrogates.registry import surrogate_names
+
     if surrogate not in surrogate_names():
         raise typer.BadParameter(
             f"surrogate {surrogate!r} is not available; choose from {', '.join(surrogate_names())}",
