@@ -177,12 +177,13 @@ def _method_order(method: str) -> tuple[int, str]:
 # -- kernelscout runs ---------------------------------------------------------------------------
 
 def kernelscout_trace(space_path: str, surrogate: str, seed: int, budget: int, run_dir: str) -> Trace:
-    """Run the search loop exactly as `kscout optimize --space` does, then read its run directory."""
+    """Run the search loop exactly as `kscout optimize --space` does (less report.html), then read its run directory."""
     from kernelscout.agent.runner import start_search
 
     space = _space(space_path)
     t0 = time.perf_counter()
-    start_search(None, space_path, budget=budget, policy="tuner", surrogate=surrogate, run_dir=run_dir, seed=seed, quiet=True)
+    start_search(None, space_path, budget=budget, policy="tuner", surrogate=surrogate, run_dir=run_dir, seed=seed, quiet=True,
+                 report=False)
     wall = time.perf_counter() - t0
     times, considered = read_run(space, run_dir)
     method = "kernelscout" if surrogate == "learned" else f"kernelscout --surrogate {surrogate}"

@@ -127,8 +127,8 @@ class _FitMemo:
         except KeyError:
             return None
 
-    def store(self, configs: Any, dist: Any, p_fail: np.ndarray) -> None:
-        keys = self.keys(configs)
+    def store(self, configs: Any, dist: Any, p_fail: np.ndarray, keys: Optional[list[tuple]] = None) -> None:
+        keys = keys if keys is not None else self.keys(configs)
         if keys is None or dist is None or not hasattr(dist, "subset"):
             return
         self.index = {k: i for i, k in enumerate(keys)}
@@ -248,14 +248,15 @@ class Forecaster:
         p = forecast.p_beats_incumbent if forecast.p_beats_incumbent is not None else forecast.p_faster
         return p * (1.0 - forecast.p_fail) + 1e-3 * math.log(max(forecast.expected_speedup or 1.0, 1e-9))
 
-    def screen(self, configs: Any) -> Optional["Screen"]:
+    def screen(self, configs: Any, keys: Optional[list[tuple]] = None) -> Optional["Screen"]:
         """Rank many configurations at once by expected improvement over the best measured time.
 
         A policy that can enumerate its space asks this before proposing, so that the surrogate, not
         chance, decides which few candidates get a full forecast (`predict`). Only the predictive
         distribution's location, scale and shared residual shape are used: reading quantiles or bins
         for tens of thousands of configurations would cost more than the refit. None when there is
-        nothing to rank by (no surrogate, cold start, nothing timed yet).
+        nothing to rank by (no surrogate, cold start, nothing timed yet). `keys` (the configurations'
+        values in parameter order) spares the memo from building them again.
         """
         if self.measure_all or self.code_context is not None or self._best_log_ms is None:
             return None
@@ -269,7 +270,7 @@ class Forecaster:
         shape = _ResidualShape(getattr(dist, "residuals", np.zeros(1)), float(getattr(dist, "bandwidth", 1.0)))
         ei = scale * shape.partial_expectation((self._best_log_ms - mu) / scale)
         p_fail = np.clip(np.asarray(self.surrogate.p_fail(configs), dtype=float), 0.0, 1.0)
-        self._memo.store(configs, dist, p_fail)
+        self._memo.store(configs, dist, p_fail, keys)
         return Screen(mu=mu, scale=scale, expected_improvement=ei * (1.0 - p_fail), p_fail=p_fail)
 
     def observe(self, rec: CandidateRecord, m: Measurement, parent_speedup: float) -> None:

@@ -75,7 +75,8 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
                  device: str = "auto", run_dir: Optional[str] = None, seed: int = 0, proposals: int = 6, patience: int = 0,
                  max_wall: Optional[float] = None, warm_start: Optional[list[str]] = None, quiet: bool = False,
                  max_device_s: Optional[float] = None, max_usd: Optional[float] = None, max_llm_tokens: Optional[int] = None,
-                 workers: Optional[int] = None, ray: Optional[str] = None, replay_delay_s: float = 0.0) -> OptimizeResult:
+                 workers: Optional[int] = None, ray: Optional[str] = None, replay_delay_s: float = 0.0,
+                 report: bool = True) -> OptimizeResult:
     if (problem is None) == (space is None):
         raise OptimizeError("give either a PROBLEM file or --space FILE.json.gz")
     if budget < 1:
@@ -119,7 +120,7 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
         from rich.console import Console
 
         Console(stderr=True).print(f"[dim]{note}[/dim]")
-    return _run(run, spec, resume=False, quiet=quiet)
+    return _run(run, spec, resume=False, quiet=quiet, report=report)
 
 
 def _cluster_device(device: str, address: str) -> str:
@@ -166,7 +167,7 @@ def _open_dispatcher(run: RunDir, spec: SearchSpec, quiet: bool):
     return dispatcher
 
 
-def _run(run: RunDir, spec: SearchSpec, resume: bool, quiet: bool) -> OptimizeResult:
+def _run(run: RunDir, spec: SearchSpec, resume: bool, quiet: bool, report: bool = True) -> OptimizeResult:
     from kernelscout.sandbox.pool import WorkerPool
 
     title = Path(spec.path).name
@@ -177,8 +178,9 @@ def _run(run: RunDir, spec: SearchSpec, resume: bool, quiet: bool) -> OptimizeRe
             loop.scale_out(dispatcher)
         state = loop.run_to_end(resume=resume)
     result = summarise(run, spec, loop, state)
-    from kernelscout.agent.report import write_report
+    if report:  # benchmarks skip it (agent/bench.py): thousands of runs, nobody reads their reports
+        from kernelscout.agent.report import write_report
 
-    write_report(run.path, title=f"kernelscout: {title}")
+        write_report(run.path, title=f"kernelscout: {title}")
     run.event("finished", **result.model_dump())
     return result

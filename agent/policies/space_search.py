@@ -1,9 +1,11 @@
 """The offline policy for a recorded (replayed) tuning space: the surrogate screens the whole space.
 
 A recorded space can be enumerated, so there is no reason to guess where to look. Once the
-surrogate can forecast, every unmeasured valid configuration is ranked by expected improvement over
+surrogate can forecast, the unmeasured valid configurations are ranked by expected improvement over
 the best measured time (`Forecaster.screen`, one cheap pass over the surrogate's predictive means and
-spreads), and the top few become this iteration's proposals. The loop then forecasts each proposal in
+spreads), and the top few become this iteration's proposals. A space larger than `screen_limit` is
+ranked in a pool: the best of the last ranking plus a fresh random sample, so an iteration costs the
+same on 18,000 configurations as on 2,000. The loop then forecasts each proposal in
 full with `predict` and measures only what the decision rule selects, so the forecasts, not the
 GPU, do the screening.
 
@@ -33,8 +35,13 @@ class SpaceProposal(BaseModel):
 
 
 class SpaceSearchPolicy:
-    def __init__(self, space: ReplaySpace, random_fraction: float = 0.34, forecaster: Any = None):
+    def __init__(self, space: ReplaySpace, random_fraction: float = 0.34, forecaster: Any = None,
+                 screen_limit: int = 2048, carry: int = 512):
         self.space = space
+        self.screen_limit, self.carry = screen_limit, carry
+        self._ranked: list[int] = []  # best of the last ranking, carried into the next pool
+        self._proposed: set[int] = set()  # rows this policy proposed (pending ones are forecast again)
+        self._keys: Optional[list[tuple]] = None
         self.random_fraction = random_fraction
         self.forecaster = forecaster
         self._valid = [i for i in range(len(space))]
@@ -98,31 +105,58 @@ class SpaceSearchPolicy:
         tried: set[str] = parent["tried"]
         return np.asarray([i for i, s in enumerate(self._shas) if s not in tried], dtype=int)
 
-    def _screened(self, parent: dict[str, Any], k: int) -> Optional[list[SpaceProposal]]:
+    def _pool(self, untried: np.ndarray, rng: random.Random) -> np.ndarray:
+        """The unmeasured configurations screened this iteration: all of them in a space of up to
+        `screen_limit`; in a bigger one the best `carry` of the last ranking plus a fresh random sample,
+        so the cost per iteration stays flat while every configuration keeps coming up for ranking."""
+        if untried.size <= self.screen_limit:
+            return untried
+        mask = np.zeros(len(self.space), dtype=bool)
+        mask[untried] = True
+        keep = np.asarray([i for i in self._ranked if mask[i]][: self.carry], dtype=int)
+        mask[keep] = False
+        rest = np.flatnonzero(mask)
+        sample = np.random.default_rng(rng.getrandbits(64)).choice(rest, size=min(rest.size, self.screen_limit - keep.size), replace=False)
+        return np.concatenate([keep, np.sort(sample)])
+
+    def _screened(self, parent: dict[str, Any], k: int, rng: random.Random) -> Optional[list[SpaceProposal]]:
         if self.forecaster is None or not hasattr(self.forecaster, "screen"):
             return None
         untried = self._untried(parent)
         if untried.size == 0:
             return []
-        # the whole space in one pass: the loop's full forecasts of pending candidates then reuse it
-        whole = self.forecaster.screen(self._values)
-        if whole is None:
+        pool = self._pool(untried, rng)
+        # earlier proposals ride along (a few rows): the loop forecasts the pending ones again this
+        # iteration, and then reads this pass instead of asking the surrogate a second time
+        extra = np.asarray(sorted(self._proposed - set(pool.tolist())), dtype=int)
+        rows = np.concatenate([pool, extra]).astype(int)
+        same_order = list(getattr(getattr(self.forecaster, "surrogate", None), "param_names", [])) == list(self.space.param_names)
+        if self._keys is None and same_order:
+            self._keys = [tuple(r) for r in self._values]
+        keys = [self._keys[i] for i in rows] if self._keys is not None else None
+        screened = self.forecaster.screen(self._values[rows], keys=keys)
+        if screened is None:
             return None
-        screen = type(whole)(*(np.asarray(a)[untried] for a in whole))
+        screen = type(screened)(*(np.asarray(a)[: pool.size] for a in screened))
         # highest expected improvement first; among equals the lower predicted time
-        order = np.lexsort((screen.mu, -screen.expected_improvement))[:k]
+        ranking = np.lexsort((screen.mu, -screen.expected_improvement))
+        self._ranked = pool[ranking[: max(self.carry, k)]].tolist()
         out = []
-        for rank, j in enumerate(order, start=1):
-            cfg = self.space.config(int(untried[j]))
+        for rank, j in enumerate(ranking[:k], start=1):
+            idx = int(pool[j])
+            self._proposed.add(idx)
+            cfg = self.space.config(idx)
+            scope = f"{untried.size} unmeasured configurations" if pool.size == untried.size else \
+                f"{pool.size} screened of {untried.size} unmeasured configurations"
             out.append(SpaceProposal(
                 origin="screened", params=cfg, features=dict(cfg),
-                hypothesis=f"rank {rank} of {untried.size} unmeasured configurations by expected improvement "
+                hypothesis=f"rank {rank} of {scope} by expected improvement "
                            f"({screen.expected_improvement[j]:.3g} in log-time; P(fail) {screen.p_fail[j]:.2f})",
             ))
         return out
 
     def propose(self, parent: dict[str, Any], k: int, rng: random.Random) -> list[SpaceProposal]:
-        screened = self._screened(parent, k)
+        screened = self._screened(parent, k, rng)
         if screened is not None:
             return screened
         # cold start under a surrogate: a random design it can learn from; no surrogate: local search
