@@ -301,12 +301,15 @@ class SearchLoop:
             graph = self.build(SqliteSaver(conn))
             config = {"configurable": {"thread_id": "search"}, "recursion_limit": 1_000_000}
             snapshot = graph.get_state(config)
-            if resume and snapshot.next:
-                final = graph.invoke(None, config)
-            elif snapshot.values and not snapshot.next:
+            # A step whose node finished but whose checkpoint a kill prevented shows up in `tasks`
+            # (with its writes saved) and not in `next`: it is unfinished work, not the end.
+            unfinished = bool(snapshot.next or snapshot.tasks)
+            if resume and unfinished:
+                final = graph.invoke(None, config, durability="sync")
+            elif snapshot.values and not unfinished:
                 final = snapshot.values  # already finished
             else:
-                final = graph.invoke({"iteration": 0, "started": time.time(), "last_improvement": 0}, config)
+                final = graph.invoke({"iteration": 0, "started": time.time(), "last_improvement": 0}, config, durability="sync")
         finally:
             conn.close()
         return final
