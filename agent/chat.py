@@ -129,7 +129,8 @@ class ChatAgent:
     def unfinished_turn(self) -> bool:
         """A turn stopped in the middle (the process died during a tool call) with no question pending."""
         snapshot = self.graph.get_state(self.config)
-        return bool(snapshot.next) and not snapshot.interrupts
+        # A node that finished after the last checkpoint shows in `tasks`, not in `next`.
+        return bool(snapshot.next or snapshot.tasks) and not snapshot.interrupts
 
     def send(self, text: str) -> TurnOutcome:
         """One user message: the agent works (calling tools) until it answers, or stops to ask."""
@@ -150,7 +151,7 @@ class ChatAgent:
 
     def _invoke(self, value: Any) -> TurnOutcome:
         before = len(self.state().get("events", []))
-        result = self.graph.invoke(value, self.config)
+        result = self.graph.invoke(value, self.config, durability="sync")
         events = list(result.get("events", []))[before:]
         if result.get("__interrupt__"):
             question = Confirmation.model_validate(result["__interrupt__"][0].value)
