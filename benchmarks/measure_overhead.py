@@ -54,10 +54,12 @@ def main() -> None:
     ap.add_argument("--candidate", default="")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--timing-budget", type=float, default=HarnessConfig().timing_budget_s)
+    ap.add_argument("--loop-overhead", type=float, default=HarnessConfig().loop_overhead_s, help="HarnessConfig.loop_overhead_s")
+    ap.add_argument("--threads", type=int, default=None, help="worker threads [default: all cores]")
     args = ap.parse_args()
-    config = HarnessConfig(timing_budget_s=args.timing_budget)
+    config = HarnessConfig(timing_budget_s=args.timing_budget, loop_overhead_s=args.loop_overhead)
     rows = []
-    with tempfile.TemporaryDirectory() as tmp, WorkerPool() as pool:
+    with tempfile.TemporaryDirectory() as tmp, WorkerPool(threads=args.threads) as pool:
         if not args.problem:
             args.problem, args.candidate = f"{tmp}/small_problem.py", f"{tmp}/small_candidate.py"
             Path(args.problem).write_text(SMALL_PROBLEM)
