@@ -94,8 +94,11 @@ class SearchLoop:
         children: dict[Optional[int], int] = {}
         for r in self.archive.all():
             children[r.parent_id] = children.get(r.parent_id, 0) + 1
-        nodes = [Node(ROOT_ID, 1.0, children.get(ROOT_ID, 0), self.target.headroom(None))]
-        nodes += [Node(r.id, r.speedup, children.get(r.id, 0), self.target.headroom(r)) for r in records]
+        # Only a datasheet bound may stop a lineage from growing: a measured CPU peak taken on a busy
+        # machine can sit below what a good kernel reaches, and would freeze the search on the root.
+        headroom = self.target.headroom if getattr(self.target, "bound_is_datasheet", False) else (lambda rec: None)
+        nodes = [Node(ROOT_ID, 1.0, children.get(ROOT_ID, 0), headroom(None))]
+        nodes += [Node(r.id, r.speedup, children.get(r.id, 0), headroom(r)) for r in records]
         parent = select(nodes)
         self._emit("select_parent", parent=parent.id, speedup=parent.speedup)
         return {"parent_id": parent.id, "iteration": state.get("iteration", 0) + 1}
