@@ -252,12 +252,11 @@ class ChatToolbox:
         tmp = path.with_name(f".{stem}.{os.getpid()}.tmp.py")
         tmp.write_text(source)
         try:
-            load_candidate(tmp)  # parses it and looks for ModelNew; nothing runs
+            checked = load_candidate(tmp)  # parses it and looks for ModelNew; nothing runs (sha is of the source alone)
         except InputFileError as exc:
             tmp.unlink(missing_ok=True)
             raise ToolFailure(f"not written: {str(exc).replace(str(tmp), stem + '.py')}") from exc
         os.replace(tmp, path)
-        checked = load_candidate(path)
         return WrittenCandidate(name=stem, path=str(path), sha=checked.sha, lines=source.count("\n") + 1,
                                 message=f"written to {path}; pass this path (or the name {stem!r}) to predict or measure")
 

@@ -327,8 +327,3 @@ def considered_count(archive: Archive) -> int:
 def considered_per_measurement(archive: Archive, used: int) -> float:
     considered = considered_count(archive)
     return considered / used if used else float(considered)
-
-
-def geometric_mean(values: list[float]) -> float:
-    vals = [v for v in values if v and v > 0]
-    return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else float("nan")
