@@ -10,6 +10,17 @@ the same values for every space: extra-trees consider every feature at each spli
 with ~50 points, random feature subsets mostly add noise), and the GP uses a Matern-5/2 kernel with one
 length scale per compact feature; both were worth a few thousandths of pairwise accuracy.
 
+Why a prior on the GP's length scales (`LENGTH_SCALE_PRIOR`, log-normal, median 4 standardised units,
+log-sd 1, also the starting point): with ~50 points and 8-26 compact features, maximum likelihood
+happily makes a few length scales short, so the GP chases single points and ranks the unseen
+configurations between them badly. The prior keeps a length scale short only where the data insist.
+On the provided spaces (50 training points, 10 seeds, same draws) it raised the GP alone from 0.825 to
+0.833 pairwise accuracy and the ensemble from 0.842 to 0.844 (+0.0026, standard error 0.0011 over
+seeds; better on 6 of 8 spaces), with ECE and top-10% recovery unchanged or better, and it helped at 25
+and 100 training points as well. Medians of 3 to 6 scored alike; 2 without a prior is the old setting,
+and the much longer scales suggested for high-dimensional Bayesian optimisation (about 16 here) were
+worse (0.836). It costs nothing: the penalty is added to the objective L-BFGS-B already minimises.
+
 Why `refresh`: the search asks for forecasts after every measurement. Refitting a 100-tree forest and
 re-optimising the GP's hyperparameters each time costs about a second on the shared 2-core machines;
 `refresh` instead refits the GP with its hyperparameters kept (one Cholesky factorisation, a few ms) and
@@ -43,6 +54,7 @@ DEFAULT_MEMBERS: tuple[Member, ...] = ("et", "gp")
 N_TREES = 100
 REFRESH_SHARE = 0.1  # share of a forest's trees regrown by one `refresh`
 WARM_GP_ITERATIONS = 15  # L-BFGS-B iterations when GP hyperparameters start from an earlier fit
+LENGTH_SCALE_PRIOR = (4.0, 1.0)  # GP length scales (standardised inputs): log-normal median and log-sd
 
 
 @dataclass
@@ -90,13 +102,36 @@ def _grow_trees(member: Member, n_trees: int, seed: int, x: np.ndarray, y: np.nd
     return grow_extra_trees(n_trees, seed, x, y)
 
 
-def _gp_optimizer(max_iter: Optional[int]):
-    """L-BFGS-B on the GP's log marginal likelihood, as sklearn does, with an iteration cap for warm
-    starts (a few points added to a fitted GP move its optimum little)."""
+def _length_scale_slice(kernel: Kernel) -> slice:
+    """Where the length scales sit in the kernel's log-hyperparameter vector `theta`."""
+    start = 0
+    for h in kernel.hyperparameters:
+        size = h.n_elements
+        if h.name.endswith("length_scale"):
+            return slice(start, start + size)
+        start += size
+    return slice(0, 0)
+
+
+def _gp_optimizer(max_iter: Optional[int], length_scales: slice = slice(0, 0)):
+    """L-BFGS-B on the GP's log marginal likelihood plus a log-normal prior on the length scales
+    (`LENGTH_SCALE_PRIOR`), with an iteration cap for warm starts (a few points added to a fitted
+    GP move its optimum little)."""
+    centre, width = np.log(LENGTH_SCALE_PRIOR[0]), LENGTH_SCALE_PRIOR[1]
+
+    def objective(obj_func):
+        def penalised(theta):
+            value, grad = obj_func(theta)
+            z = (theta[length_scales] - centre) / width
+            grad = np.array(grad, dtype=float)
+            grad[length_scales] += z / width
+            return value + 0.5 * float(z @ z), grad
+
+        return penalised
 
     def optimize(obj_func, initial_theta, bounds):
         options = {"maxiter": max_iter} if max_iter else {}
-        res = minimize(obj_func, initial_theta, method="L-BFGS-B", jac=True, bounds=bounds, options=options)
+        res = minimize(objective(obj_func), initial_theta, method="L-BFGS-B", jac=True, bounds=bounds, options=options)
         return res.x, res.fun
 
     return optimize
@@ -209,12 +244,11 @@ class LogTimeEnsemble:
         d = max(xc.shape[1], 1)
         optimizer = None
         if kernel is None:
-            kernel = init
-            optimizer = _gp_optimizer(WARM_GP_ITERATIONS if init is not None else None)
-        if kernel is None:
-            kernel = ConstantKernel(1.0) * Matern(
-                length_scale=np.full(d, 2.0), length_scale_bounds=(1e-2, 1e3), nu=2.5
+            warm = init is not None
+            kernel = init if warm else ConstantKernel(1.0) * Matern(
+                length_scale=np.full(d, LENGTH_SCALE_PRIOR[0]), length_scale_bounds=(1e-2, 1e3), nu=2.5
             ) + WhiteKernel(1e-2, (1e-6, 1.0))
+            optimizer = _gp_optimizer(WARM_GP_ITERATIONS if warm else None, _length_scale_slice(kernel))
         gp = GaussianProcessRegressor(kernel, normalize_y=True, optimizer=optimizer, random_state=self.seed)
         # One BLAS thread: a 100x100 Cholesky gains nothing from a second thread on a shared 2-core box.
         with warnings.catch_warnings(), _threads().limit(limits=1, user_api="blas"):
