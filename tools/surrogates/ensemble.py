@@ -156,9 +156,13 @@ class TailCompressor:
     log-time that tail still dominates the squared error both members minimise, so they spend their
     few points resolving how slow the hopeless configurations are instead of ordering the rest.
     Above the `QUANTILE` of the training times, differences are shrunk by `SLOPE`; the map is
-    monotone, so it keeps every order, and forecasts are mapped back (mean through the inverse, spread
-    through its slope), so that the ensemble still predicts log-time. The conformal residuals are
-    computed after mapping back, so intervals stay calibrated in log-time.
+    monotone, so it keeps every order, and forecasts are mapped back (the mean through the inverse), so
+    that the ensemble still predicts log-time. The spread is not stretched by the inverse's slope above
+    the knee: the side of a forecast that a search acts on (could this be faster than the best so
+    far?) lies below the knee, where the map is the identity. Stretching it made every configuration
+    predicted to be slow look four times as uncertain, and expected improvement then spent a third of
+    a search's measurements on them (docs/benchmarks.md). The conformal residuals are computed after
+    mapping back, so intervals stay calibrated in log-time.
     """
 
     QUANTILE = 0.9
@@ -278,5 +282,5 @@ class LogTimeEnsemble:
         within = np.mean(variances, axis=0) if variances else np.zeros_like(mean)
         between = stacked.var(axis=0)
         assert self._tail is not None
-        mean, slope = self._tail.inverse(mean)
-        return EnsemblePrediction(mean=mean, spread=np.sqrt(within + between) * slope)
+        mean, _ = self._tail.inverse(mean)
+        return EnsemblePrediction(mean=mean, spread=np.sqrt(within + between))
