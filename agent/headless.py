@@ -26,6 +26,8 @@ from typing import Any, Iterator, Literal, Optional
 
 from pydantic import BaseModel, Field
 
+from kernelscout.tools.atomic import write_text_atomic
+
 MANIFEST = "manifest.json"
 STATE_DB = "headless.db"
 FAST_P = (0.0, 1.0, 1.5, 2.0)
@@ -202,12 +204,7 @@ def is_headless_run(run_dir: str | Path) -> bool:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_text_atomic(path, text, durable=True)
 
 
 class RunState:

@@ -24,6 +24,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+from kernelscout.tools.atomic import write_text_atomic
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS ledger (
@@ -133,7 +135,5 @@ class RunDir:
     def save_kernel(self, sha: str, source: str) -> Path:
         path = self.path / "kernels" / f"{sha[:16]}.py"
         if not path.exists():
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(source)
-            os.replace(tmp, path)
+            write_text_atomic(path, source)
         return path

@@ -32,6 +32,7 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, Field
 
 from kernelscout.sandbox.problem import InputFileError, load_problem
+from kernelscout.tools.atomic import write_text_atomic
 from kernelscout.tools.device_specs import GIGA, TERA, DeviceSpec, UnknownDeviceError, lookup_device
 
 _DTYPE_PRECISION = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64"}
@@ -369,9 +370,7 @@ def cpu_peaks(threads: Optional[int] = None, refresh: bool = False) -> DevicePea
     peaks = measure_cpu_peaks(threads)
     cached[key] = peaks.model_dump()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(cached, indent=1))
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(cached, indent=1))
     return peaks
 
 
