@@ -1,0 +1,80 @@
+"""The search with and without a warm start from the same kernel recorded on other GPUs.
+
+Run: python benchmarks/warm_start_search.py [--seeds 5] [--cold-runs /tmp/kscout-bench-search]
+
+For every provided space whose kernel was also recorded on another GPU, each seed runs
+`kscout optimize --space FILE --budget 100 --seed S --warm-start OTHER...` (learned surrogate,
+tuner policy) and reads the fraction of the optimum after 20, 50 and 100 measurements, as
+benchmarks/bench_search.py does. The cold runs to compare with are read from a bench_search output
+folder when `--cold-runs` is given (same seeds, same code path, no warm start), else run here.
+Prints a markdown table for docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from kernelscout.agent.bench import _space, best_after, frac_of_opt, read_run
+from kernelscout.agent.runner import start_search
+
+HUB = Path("/work/shared/data/benchmark_hub")
+BUDGETS = (20, 50, 100)
+
+
+def kernel_of(path: Path) -> str:
+    return path.name.split("_")[0]
+
+
+def fractions(space_path: Path, run_dir: str) -> list[float]:
+    space = _space(str(space_path))
+    optimum = float(np.nanmin(space.times))
+    times, _ = read_run(space, run_dir)
+    return [frac_of_opt(optimum, best_after(times, b)) for b in BUDGETS]
+
+
+def search(space_path: Path, seed: int, warm: list[str]) -> list[float]:
+    run_dir = tempfile.mkdtemp(prefix="kscout-warm-")
+    start_search(None, str(space_path), budget=max(BUDGETS), policy="tuner", surrogate="learned", run_dir=run_dir,
+                 seed=seed, quiet=True, report=False, warm_start=warm)
+    return fractions(space_path, run_dir)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, default=HUB)
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--cold-runs", type=Path, default=None, help="a bench_search.py --out folder holding the cold runs")
+    args = ap.parse_args()
+    files = sorted(args.data.glob("*.json.gz"))
+    rows, t0 = [], time.perf_counter()
+    for f in files:
+        others = [str(g) for g in files if g != f and kernel_of(g) == kernel_of(f)]
+        if not others:
+            continue
+        name = f.name.removesuffix(".json.gz")
+        warm = np.mean([search(f, s, others) for s in range(args.seeds)], axis=0)
+        if args.cold_runs:
+            cold = np.mean([fractions(f, str(args.cold_runs / "runs" / f"{name}-learned-seed{s}")) for s in range(args.seeds)], axis=0)
+        else:
+            cold = np.mean([search(f, s, []) for s in range(args.seeds)], axis=0)
+        rows.append((name, cold, warm, [Path(o).name.removesuffix(".json.gz") for o in others]))
+        print(f"[{time.perf_counter() - t0:5.0f} s] {name}: cold {np.round(cold, 3)}, warm {np.round(warm, 3)}", flush=True)
+    print()
+    print(f"{args.seeds} seeds; fraction of the optimum after 20 / 50 / 100 measurements; wall {(time.perf_counter() - t0) / 60:.1f} min")
+    print()
+    print("| space | warm start from | cold @20 | warm @20 | cold @50 | warm @50 | cold @100 | warm @100 |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for name, cold, warm, others in rows:
+        cells = " | ".join(f"{c:.3f} | {w:.3f}" for c, w in zip(cold, warm))
+        print(f"| {name} | {', '.join(others)} | {cells} |")
+    cold_m, warm_m = np.mean([r[1] for r in rows], axis=0), np.mean([r[2] for r in rows], axis=0)
+    print("| **mean** | | " + " | ".join(f"**{c:.3f}** | **{w:.3f}**" for c, w in zip(cold_m, warm_m)) + " |")
+
+
+if __name__ == "__main__":
+    main()
