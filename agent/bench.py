@@ -176,17 +176,21 @@ def _method_order(method: str) -> tuple[int, str]:
 
 # -- kernelscout runs ---------------------------------------------------------------------------
 
-def kernelscout_trace(space_path: str, surrogate: str, seed: int, budget: int, run_dir: str) -> Trace:
-    """Run the search loop exactly as `kscout optimize --space` does (less report.html), then read its run directory."""
+def kernelscout_trace(space_path: str, surrogate: str, seed: int, budget: int, run_dir: str,
+                      warm_start: Sequence[str] = ()) -> Trace:
+    """Run the search loop exactly as `kscout optimize --space` does (less report.html), then read its run directory.
+
+    `warm_start`: recorded spaces of the same kernel on other devices, as `--warm-start` takes them."""
     from kernelscout.agent.runner import start_search
 
     space = _space(space_path)
     t0 = time.perf_counter()
     start_search(None, space_path, budget=budget, policy="tuner", surrogate=surrogate, run_dir=run_dir, seed=seed, quiet=True,
-                 report=False)
+                 report=False, warm_start=list(warm_start))
     wall = time.perf_counter() - t0
     times, considered = read_run(space, run_dir)
     method = "kernelscout" if surrogate == "learned" else f"kernelscout --surrogate {surrogate}"
+    method += " --warm-start" if warm_start else ""
     return Trace(space=space.name, method=method, seed=seed, times=times, considered=considered, wall_s=wall)
 
 

@@ -203,10 +203,6 @@ def is_headless_run(run_dir: str | Path) -> bool:
     return (Path(run_dir) / MANIFEST).is_file()
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    write_text_atomic(path, text, durable=True)
-
-
 class RunState:
     """headless.db: each problem's outcome and the running time of earlier sessions, in SQLite transactions."""
 
@@ -385,7 +381,7 @@ class HeadlessRun:
                 raise HeadlessError(f"{path} already holds a different run; use `kscout resume {path}` or a new --run-dir")
             return cls(path, existing)
         path.mkdir(parents=True, exist_ok=True)
-        _atomic_write(path / MANIFEST, manifest.model_dump_json(indent=2))
+        write_text_atomic(path / MANIFEST, manifest.model_dump_json(indent=2), durable=True)
         return cls(path, manifest)
 
     @classmethod
@@ -611,6 +607,6 @@ Each problem name links to its own report.</p>
 
 def write_reports(path: Path, summary: RunSummary) -> None:
     """summary.json, summary.md and index.html in the top run directory; all three from the same RunSummary."""
-    _atomic_write(path / "summary.json", summary.model_dump_json(indent=2))
-    _atomic_write(path / "summary.md", summary_markdown(summary))
-    _atomic_write(path / "index.html", summary_html(summary))
+    write_text_atomic(path / "summary.json", summary.model_dump_json(indent=2), durable=True)
+    write_text_atomic(path / "summary.md", summary_markdown(summary), durable=True)
+    write_text_atomic(path / "index.html", summary_html(summary), durable=True)

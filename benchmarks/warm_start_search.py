@@ -19,8 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kernelscout.agent.bench import _space, best_after, frac_of_opt, read_run
-from kernelscout.agent.runner import start_search
+from kernelscout.agent.bench import _space, best_after, frac_of_opt, kernelscout_trace, read_run
 
 HUB = Path("/work/shared/data/benchmark_hub")
 BUDGETS = (20, 50, 100)
@@ -30,18 +29,21 @@ def kernel_of(path: Path) -> str:
     return path.name.split("_")[0]
 
 
-def fractions(space_path: Path, run_dir: str) -> list[float]:
-    space = _space(str(space_path))
-    optimum = float(np.nanmin(space.times))
-    times, _ = read_run(space, run_dir)
+def fractions(space_path: Path, times: list[float]) -> list[float]:
+    optimum = float(np.nanmin(_space(str(space_path)).times))
     return [frac_of_opt(optimum, best_after(times, b)) for b in BUDGETS]
 
 
 def search(space_path: Path, seed: int, warm: list[str]) -> list[float]:
     run_dir = tempfile.mkdtemp(prefix="kscout-warm-")
-    start_search(None, str(space_path), budget=max(BUDGETS), policy="tuner", surrogate="learned", run_dir=run_dir,
-                 seed=seed, quiet=True, report=False, warm_start=warm)
-    return fractions(space_path, run_dir)
+    trace = kernelscout_trace(str(space_path), "learned", seed, max(BUDGETS), run_dir, warm_start=warm)
+    return fractions(space_path, trace.times)
+
+
+def cold_from(runs: Path, space_path: Path, name: str, seed: int) -> list[float]:
+    """A cold run that benchmarks/bench_search.py left in its --out folder."""
+    times, _ = read_run(_space(str(space_path)), str(runs / "runs" / f"{name}-learned-seed{seed}"))
+    return fractions(space_path, times)
 
 
 def main() -> None:
@@ -59,7 +61,7 @@ def main() -> None:
         name = f.name.removesuffix(".json.gz")
         warm = np.mean([search(f, s, others) for s in range(args.seeds)], axis=0)
         if args.cold_runs:
-            cold = np.mean([fractions(f, str(args.cold_runs / "runs" / f"{name}-learned-seed{s}")) for s in range(args.seeds)], axis=0)
+            cold = np.mean([cold_from(args.cold_runs, f, name, s) for s in range(args.seeds)], axis=0)
         else:
             cold = np.mean([search(f, s, []) for s in range(args.seeds)], axis=0)
         rows.append((name, cold, warm, [Path(o).name.removesuffix(".json.gz") for o in others]))
