@@ -9,9 +9,17 @@ same on 18,000 configurations as on 2,000. The loop then forecasts each proposal
 full with `predict` and measures only what the decision rule selects, so the forecasts, not the
 GPU, do the screening.
 
-Before the surrogate can forecast (cold start), and when the search runs without one
-(`--surrogate none`), the policy falls back to what needs no model: moves to neighbouring values of
-the parent's parameters plus random restarts. The policy never reads the measurement budget, so a
+Before the surrogate can forecast (cold start), the policy proposes a space-filling design: greedy
+maximin over the same standardised features the surrogate's Gaussian process measures distance in,
+picked from a random sample of the valid configurations (`maximin_design`). Why not random: the
+design reaches both ends of every parameter's range within a few points, so the first forecasts
+interpolate between measured configurations instead of extrapolating to the large block and tile
+sizes where GPU optima often sit. On the recorded spaces (8 spaces x 10 seeds) it raised the
+fraction of the optimum found with 20 measurements from 0.81 to 0.85, and to 0.91 at 50, at a cost
+of about 0.01 at 100 (docs/benchmarks.md); one-hot columns for small-integer parameters, or
+alternating design and random points, did worse. When the search runs without a surrogate (`--surrogate none`), the policy
+does what needs no model: moves to neighbouring values of the parent's parameters plus random
+restarts. The policy never reads the measurement budget, so a
 run's first N measurements are the same whatever the cap (benchmarks rely on this).
 """
 
@@ -24,6 +32,28 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from kernelscout.sandbox.replay import ReplaySpace
+from kernelscout.tools.surrogates.features import ConfigEncoder
+
+DESIGN_POOL = 4096  # valid configurations the design is picked from (all of them in a smaller space)
+DESIGN_SIZE = 24  # more than the surrogate's cold start needs; what is left over is never proposed
+
+
+def maximin_design(features: np.ndarray, n: int, first: int = 0) -> list[int]:
+    """Rows of `features` chosen greedily so that each is as far as possible from those already
+    chosen (Euclidean, per-column standardised), starting from row `first`."""
+    if features.shape[0] == 0:
+        return []
+    sd = features.std(axis=0)
+    x = (features - features.mean(axis=0)) / np.where(sd > 0, sd, 1.0)
+    chosen = [first]
+    dist = ((x - x[first]) ** 2).sum(axis=1)
+    for _ in range(min(n, x.shape[0]) - 1):
+        j = int(np.argmax(dist))
+        if dist[j] <= 0:  # only duplicates of chosen rows are left
+            break
+        chosen.append(j)
+        dist = np.minimum(dist, ((x - x[j]) ** 2).sum(axis=1))
+    return chosen
 
 
 class SpaceProposal(BaseModel):
@@ -49,6 +79,8 @@ class SpaceSearchPolicy:
         for i, row in enumerate(space.configs):
             self._values[i, :] = row
         self._shas: Optional[list[str]] = None
+        self._design: Optional[list[int]] = None  # cold-start design, rows of the space
+        self._design_given: set[int] = set()
 
     def attach_forecaster(self, forecaster: Any) -> None:
         """The loop's forecaster, whose `screen` ranks the whole space (absent: model-free proposals)."""
@@ -97,6 +129,28 @@ class SpaceSearchPolicy:
             add("random", self.space.config(rng.choice(self._valid)))
         return [SpaceProposal(origin=o, params=c, hypothesis=f"{o} of the parent configuration" if o == "neighbour" else "random restart",
                               features=dict(c)) for o, c in picks]
+
+    def _design_proposals(self, parent: dict[str, Any], k: int, rng: random.Random) -> list[SpaceProposal]:
+        """The next `k` configurations of the cold-start design that are neither measured nor proposed."""
+        if self._design is None:
+            gen = np.random.default_rng(rng.getrandbits(64))
+            rows = np.asarray(self._valid, dtype=int)
+            if rows.size > DESIGN_POOL:
+                rows = gen.choice(rows, size=DESIGN_POOL, replace=False)
+            features = ConfigEncoder(self.space.param_values).transform(self._values[rows]).compact
+            self._design = [int(rows[i]) for i in maximin_design(features, DESIGN_SIZE, first=int(gen.integers(rows.size)))]
+        tried: set[str] = parent["tried"]
+        out = []
+        for idx in self._design:
+            cfg = self.space.config(idx)
+            if idx in self._design_given or parent["sha"](cfg) in tried:
+                continue
+            self._design_given.add(idx)
+            out.append(SpaceProposal(origin="design", params=cfg, features=dict(cfg),
+                                     hypothesis=f"space-filling design point {len(self._design_given)} (cold start)"))
+            if len(out) == k:
+                break
+        return out
 
     # -- surrogate screening ------------------------------------------------------------------
     def _untried(self, parent: dict[str, Any]) -> np.ndarray:
@@ -159,6 +213,9 @@ class SpaceSearchPolicy:
         screened = self._screened(parent, k, rng)
         if screened is not None:
             return screened
-        # cold start under a surrogate: a random design it can learn from; no surrogate: local search
+        # cold start under a surrogate: a space-filling design it can learn from (random once that
+        # is used up); no surrogate: local search
         cold = self.forecaster is not None and not getattr(self.forecaster, "measure_all", True)
-        return self._local_and_random(parent, k, rng, random_only=cold)
+        if cold:
+            return self._design_proposals(parent, k, rng) or self._local_and_random(parent, k, rng, random_only=True)
+        return self._local_and_random(parent, k, rng, random_only=False)
