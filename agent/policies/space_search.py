@@ -36,7 +36,7 @@ from kernelscout.sandbox.replay import ReplaySpace
 from kernelscout.tools.surrogates.features import ConfigEncoder
 
 DESIGN_POOL = 4096  # valid configurations the design is picked from (all of them in a smaller space)
-DESIGN_SIZE = 24  # more than the surrogate's cold start needs; what is left over is never proposed
+DESIGN_SIZE = 24  # at six proposals per iteration, the first four iterations; random configurations follow
 
 
 def maximin_design(features: np.ndarray, n: int, first: int = 0) -> list[int]:
@@ -81,7 +81,6 @@ class SpaceSearchPolicy:
             self._values[i, :] = row
         self._shas: Optional[list[str]] = None
         self._design: Optional[list[int]] = None  # cold-start design, rows of the space
-        self._design_given: set[int] = set()
 
     def attach_forecaster(self, forecaster: Any) -> None:
         """The loop's forecaster, whose `screen` ranks the whole space (absent: model-free proposals)."""
@@ -142,13 +141,15 @@ class SpaceSearchPolicy:
             self._design = [int(rows[i]) for i in maximin_design(features, DESIGN_SIZE, first=int(gen.integers(rows.size)))]
         tried: set[str] = parent["tried"]
         out = []
-        for idx in self._design:
-            cfg = self.space.config(idx)
-            if idx in self._design_given or parent["sha"](cfg) in tried:
+        for position, idx in enumerate(self._design, start=1):
+            if idx in self._proposed:
                 continue
-            self._design_given.add(idx)
+            cfg = self.space.config(idx)
+            if parent["sha"](cfg) in tried:
+                continue
+            self._proposed.add(idx)
             out.append(SpaceProposal(origin="design", params=cfg, features=dict(cfg),
-                                     hypothesis=f"space-filling design point {len(self._design_given)} (cold start)"))
+                                     hypothesis=f"space-filling design point {position} of {len(self._design)} (cold start)"))
             if len(out) == k:
                 break
         return out
