@@ -117,6 +117,21 @@ class Trace(BaseModel):
 class Cell(BaseModel):
     frac_of_opt: float
     considered_per_measurement: Optional[float] = None
+    stderr: Optional[float] = Field(None, description="standard error of frac_of_opt over the seeds (None: one seed, or computed exactly)")
+
+
+def _stderr(values: Sequence[float]) -> Optional[float]:
+    """Standard error of a mean over seeds. Why report it: with 10 seeds one space's mean moves by
+    several hundredths between seed sets, so a ranking of methods needs its error bar beside it."""
+    return float(np.std(values, ddof=1) / math.sqrt(len(values))) if len(values) > 1 else None
+
+
+def behind_beyond_noise(a: Cell, b: Cell, sigmas: float = 2.0) -> Optional[bool]:
+    """Whether `b` beats `a` by more than `sigmas` standard errors of the difference (unpaired: the
+    methods share seeds but not random streams). None when either cell has no error bar."""
+    if a.stderr is None or b.stderr is None:
+        return None
+    return b.frac_of_opt - a.frac_of_opt > sigmas * math.hypot(a.stderr, b.stderr)
 
 
 class BenchResult(BaseModel):
@@ -129,7 +144,8 @@ class BenchResult(BaseModel):
 
     def as_json(self) -> dict[str, Any]:
         """`{space: {method: {budget: {"frac_of_opt": x, "considered_per_measurement": y}}}}`."""
-        return {s: {m: {b: c.model_dump() for b, c in cells.items()} for m, cells in methods.items()} for s, methods in self.spaces.items()}
+        return {s: {m: {b: {"frac_of_opt": c.frac_of_opt, "considered_per_measurement": c.considered_per_measurement}
+                        for b, c in cells.items()} for m, cells in methods.items()} for s, methods in self.spaces.items()}
 
 
 def summarise(traces: Sequence[Trace], spaces: dict[str, ReplaySpace], budgets: Sequence[int], seeds: int) -> BenchResult:
@@ -144,10 +160,12 @@ def summarise(traces: Sequence[Trace], spaces: dict[str, ReplaySpace], budgets: 
             runs = [t for t in traces if t.space == name and t.method == method]
             cells = {}
             for b in budgets:
-                fr = float(np.mean([frac_of_opt(optimum, best_after(t.times, b)) for t in runs]))
+                fracs = [frac_of_opt(optimum, best_after(t.times, b)) for t in runs]
                 cpm = [t.considered[min(b, len(t.considered)) - 1] / min(b, len(t.considered))
                        for t in runs if t.considered and t.considered[min(b, len(t.considered)) - 1] is not None]
-                cells[str(b)] = Cell(frac_of_opt=round(fr, 4), considered_per_measurement=round(float(np.mean(cpm)), 2) if cpm else None)
+                se = _stderr(fracs)
+                cells[str(b)] = Cell(frac_of_opt=round(float(np.mean(fracs)), 4), considered_per_measurement=round(float(np.mean(cpm)), 2) if cpm else None,
+                                     stderr=None if se is None else round(se, 4))
             methods[method] = cells
         methods[RANDOM_EXACT] = {str(b): Cell(frac_of_opt=round(random_search_expectation(space.times, b), 4)) for b in budgets}
         out[name] = methods
@@ -158,8 +176,12 @@ def summarise(traces: Sequence[Trace], spaces: dict[str, ReplaySpace], budgets: 
         for b in map(str, budgets):
             cells = [out[s][m][b] for s in out if m in out[s]]
             cpm = [c.considered_per_measurement for c in cells if c.considered_per_measurement is not None]
+            ses = [c.stderr for c in cells]
+            # the mean over spaces of independent per-space means; exact cells (random search) add no error
+            se = None if any(e is None for e in ses) else math.sqrt(sum(e * e for e in ses)) / len(ses)
             mean[m][b] = Cell(frac_of_opt=round(float(np.mean([c.frac_of_opt for c in cells])), 4),
-                              considered_per_measurement=round(float(np.mean(cpm)), 2) if cpm else None)
+                              considered_per_measurement=round(float(np.mean(cpm)), 2) if cpm else None,
+                              stderr=None if se is None else round(se, 4))
     notes = sorted({t.note for t in traces if t.note})
     return BenchResult(budgets=list(budgets), seeds=seeds, spaces=out, mean=mean, wall_s={k: round(v, 1) for k, v in wall.items()}, notes=notes)
 

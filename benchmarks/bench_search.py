@@ -38,7 +38,11 @@ def plot(result, path: Path) -> None:
         for method, cells in methods.items():
             ys = [cells[str(b)].frac_of_opt for b in budgets]
             style = {"lw": 2.4} if method == "kernelscout" else {"ls": ":"} if "exact" in method else {"lw": 1.2}
-            ax.plot(budgets, ys, marker="o", ms=3, label=method, **style)
+            (line,) = ax.plot(budgets, ys, marker="o", ms=3, label=method, **style)
+            ses = [cells[str(b)].stderr for b in budgets]
+            if all(e is not None for e in ses):  # a band of one standard error over the seeds
+                ax.fill_between(budgets, [y - e for y, e in zip(ys, ses)], [y + e for y, e in zip(ys, ses)],
+                                color=line.get_color(), alpha=0.12, lw=0)
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("measurements")
         ax.set_ylabel("fraction of optimum")
@@ -53,6 +57,15 @@ def plot(result, path: Path) -> None:
     plt.close(fig)
 
 
+def _gap(ours, theirs) -> str:
+    """How far behind, and whether that is more than the seeds' noise (2 standard errors of the difference)."""
+    from kernelscout.agent.bench import behind_beyond_noise
+
+    beyond = behind_beyond_noise(ours, theirs)
+    verdict = "" if beyond is None else (", beyond 2 standard errors" if beyond else ", within 2 standard errors")
+    return f"by {theirs.frac_of_opt - ours.frac_of_opt:.3f}{verdict}"
+
+
 def markdown(result, command: str, wall_s: float, jobs: int, note: str = "") -> str:
     budgets = [str(b) for b in result.budgets]
     head = "| method | " + " | ".join(f"@{b}" for b in budgets) + " |\n|---|" + "---:|" * len(budgets) + "\n"
@@ -63,7 +76,8 @@ def markdown(result, command: str, wall_s: float, jobs: int, note: str = "") -> 
             vals = []
             for b in budgets:
                 c = cells[b]
-                vals.append(f"{c.frac_of_opt:.3f}" + (f" ({c.considered_per_measurement:.1f})" if c.considered_per_measurement is not None else ""))
+                vals.append(f"{c.frac_of_opt:.3f}" + (f" ±{c.stderr:.3f}" if getattr(c, "stderr", None) is not None else "")
+                            + (f" ({c.considered_per_measurement:.1f})" if c.considered_per_measurement is not None else ""))
             rows.append(f"| {m} | " + " | ".join(vals) + " |")
         return head + "\n".join(rows) + "\n"
 
@@ -77,7 +91,7 @@ def markdown(result, command: str, wall_s: float, jobs: int, note: str = "") -> 
     ahead = []
     if ks and kt:
         for b in budgets:
-            losses = [f"{m.split()[-1]} on {s}" for s, ms in result.spaces.items() for m in ms
+            losses = [f"{m.split()[-1]} on {s} ({_gap(ms['kernelscout'][b], ms[m][b])})" for s, ms in result.spaces.items() for m in ms
                       if m.startswith("kernel_tuner") and "kernelscout" in ms and ms[m][b].frac_of_opt > ms["kernelscout"][b].frac_of_opt]
             ahead.append(f"@{b}: " + ("ahead of every Kernel Tuner strategy on every space" if not losses else "behind " + ", ".join(losses)))
     per_space = "\n".join(f"**{s}**\n\n{table(ms)}" for s, ms in result.spaces.items())
@@ -100,7 +114,8 @@ budgets {', '.join(budgets)}; wall time {wall_s / 60:.1f} min. Time spent per me
 
 Metric: fraction of the optimum = best recorded time in the whole space / best recorded time among the
 configurations a method measured within the budget, mean over seeds (1.000 is the optimum). In brackets:
-candidates considered (forecast and decided on) per measurement, where a method reports it. Each kernelscout
+candidates considered (forecast and decided on) per measurement, where a method reports it. After ±: the
+standard error of the mean over seeds (for the mean over spaces, of the mean of the per-space means). Each kernelscout
 run is `kscout optimize --space FILE --budget {budgets[-1]} --seed S` (learned surrogate, or `--surrogate none`), read
 after {', '.join(budgets)} measurements (the search never reads its budget, so this equals separate runs; a test
 checks it). Kernel Tuner {_kt_version()} runs in simulation mode on the same cache with each space's

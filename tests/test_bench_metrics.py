@@ -237,3 +237,23 @@ def test_a_large_space_is_screened_in_a_bounded_pool_that_still_finds_the_best(t
     assert max(oracle.sizes) <= 40 + len(proposed)  # the pool, plus earlier proposals riding along
     second = int(np.argsort(space.times)[1])
     assert second in proposed  # the random samples reach it and the carry keeps it near the top
+
+
+def test_summary_carries_a_standard_error_over_seeds_and_judges_gaps_against_it(tiny: Path) -> None:
+    from kernelscout.agent.bench import Cell, Trace, behind_beyond_noise, summarise
+
+    space = _space(str(tiny))
+    # seed 0 finds the optimum (1 ms) within 2 measurements, seed 1 only the 2 ms configuration
+    traces = [Trace(space="tiny_GPU", method="kernelscout", seed=0, times=[4.0, 1.0]),
+              Trace(space="tiny_GPU", method="kernelscout", seed=1, times=[8.0, 2.0])]
+    result = summarise(traces, {"tiny_GPU": space}, budgets=[1, 2], seeds=2)
+    cell = result.spaces["tiny_GPU"]["kernelscout"]["2"]
+    assert cell.frac_of_opt == pytest.approx(0.75)
+    assert cell.stderr == pytest.approx(0.25)  # sd of {1, 0.5} is 0.3536; over sqrt(2) seeds
+    assert result.spaces["tiny_GPU"]["random search (exact expectation)"]["2"].stderr is None  # computed, not sampled
+    assert result.mean["kernelscout"]["2"].stderr == pytest.approx(0.25)  # one space: the same error
+    assert set(result.as_json()["tiny_GPU"]["kernelscout"]["2"]) == {"frac_of_opt", "considered_per_measurement"}
+    # a 0.03 lead with error bars of 0.02 each is noise; 0.10 is not; no error bar, no verdict
+    assert behind_beyond_noise(Cell(frac_of_opt=0.80, stderr=0.02), Cell(frac_of_opt=0.83, stderr=0.02)) is False
+    assert behind_beyond_noise(Cell(frac_of_opt=0.80, stderr=0.02), Cell(frac_of_opt=0.90, stderr=0.02)) is True
+    assert behind_beyond_noise(Cell(frac_of_opt=0.80), Cell(frac_of_opt=0.90, stderr=0.02)) is None
