@@ -19,22 +19,24 @@ def _ints(text: str) -> list[int]:
 
 
 def render_table(result) -> str:
-    """Mean over spaces, then each space: fraction of the optimum per budget (considered per measurement)."""
+    """Mean over spaces, then each space: fraction of the optimum per budget, ± its standard error over
+    seeds, (considered per measurement)."""
     budgets = [str(b) for b in result.budgets]
     width = max(len(m) for m in result.mean) + 2
 
     def block(title: str, methods: dict) -> list[str]:
-        lines = [title, f"{'method':<{width}}" + "".join(f"{'@' + b:>16}" for b in budgets)]
+        lines = [title, f"{'method':<{width}}" + "".join(f"{'@' + b:>23}" for b in budgets)]
         for m, cells in methods.items():
             row = f"{m:<{width}}"
             for b in budgets:
                 c = cells[b]
                 extra = f" ({c.considered_per_measurement:.1f})" if c.considered_per_measurement is not None else ""
-                row += f"{c.frac_of_opt:>10.3f}{extra:>6}"
+                se = f" ±{c.stderr:.3f}" if c.stderr is not None else ""
+                row += f"{c.frac_of_opt:>10.3f}{se:>7}{extra:>6}"
             lines.append(row)
         return lines
 
-    lines = block(f"mean over {len(result.spaces)} spaces, {result.seeds} seeds: fraction of the optimum (considered per measurement)", result.mean)
+    lines = block(f"mean over {len(result.spaces)} spaces, {result.seeds} seeds: fraction of the optimum ± standard error (considered per measurement)", result.mean)
     for space, methods in result.spaces.items():
         lines += [""] + block(space, methods)
     lines += [f"note: {n}" for n in result.notes]

@@ -257,3 +257,20 @@ def test_summary_carries_a_standard_error_over_seeds_and_judges_gaps_against_it(
     assert behind_beyond_noise(Cell(frac_of_opt=0.80, stderr=0.02), Cell(frac_of_opt=0.83, stderr=0.02)) is False
     assert behind_beyond_noise(Cell(frac_of_opt=0.80, stderr=0.02), Cell(frac_of_opt=0.90, stderr=0.02)) is True
     assert behind_beyond_noise(Cell(frac_of_opt=0.80), Cell(frac_of_opt=0.90, stderr=0.02)) is None
+
+
+def test_kscout_bench_search_prints_a_table_with_error_bars_and_the_documented_json(tiny: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from kernelscout.agent.cli import app
+
+    args = ["bench", "search", str(tiny), "--budgets", "2,4", "--seeds", "2", "--baselines", "none", "--no-surrogate-none", "--jobs", "1"]
+    table = CliRunner().invoke(app, args + ["--out", str(tmp_path / "a")])
+    assert table.exit_code == 0, table.output
+    row = next(line for line in table.output.splitlines() if line.startswith("kernelscout "))
+    assert row.count("±") == 2  # one error bar per budget, from the two seeds
+    as_json = CliRunner().invoke(app, args + ["--out", str(tmp_path / "b"), "--json"])
+    data = json.loads(as_json.stdout)
+    assert set(data["tiny_GPU"]["kernelscout"]) == {"2", "4"}
+    bad = CliRunner().invoke(app, ["bench", "search", str(tiny), "--budgets", "20,x"])
+    assert bad.exit_code == 2 and "comma-separated integers" in bad.output
