@@ -76,7 +76,7 @@ def markdown(result, command: str, wall_s: float, jobs: int, note: str = "") -> 
             vals = []
             for b in budgets:
                 c = cells[b]
-                vals.append(f"{c.frac_of_opt:.3f}" + (f" ±{c.stderr:.3f}" if getattr(c, "stderr", None) is not None else "")
+                vals.append(f"{c.frac_of_opt:.3f}" + (f" ±{c.stderr:.3f}" if c.stderr is not None else "")
                             + (f" ({c.considered_per_measurement:.1f})" if c.considered_per_measurement is not None else ""))
             rows.append(f"| {m} | " + " | ".join(vals) + " |")
         return head + "\n".join(rows) + "\n"
