@@ -21,6 +21,8 @@ from kernelscout.sandbox.problem import SourceFile
 from kernelscout.sandbox.stats import summarise, wall_clock_disagreement
 from kernelscout.tools.schema import Measurement, MeasureStatus
 
+START_TIMEOUT_S = 120.0  # a fresh sandbox worker imports torch before it answers
+
 TRITON_INTERPRETER_REASON = (
     "Triton ran under its CPU interpreter (TRITON_INTERPRET=1, no GPU here): correctness is real, "
     "timing is meaningless and was skipped"
@@ -65,31 +67,23 @@ def run_measurement(
     candidate: SourceFile,
     config: HarnessConfig,
 ) -> Measurement:
+    """Measure once; if the sandbox worker died before the candidate was handed to it, once more.
+
+    A worker that dies while starting or loading the problem has not seen the candidate yet, so
+    its death is no verdict on the candidate (something outside killed it, or the machine ran
+    short): recording "crashed" would strike a good candidate from the search. A second death
+    stands, with the first one named in the message.
+    """
     t_start = time.monotonic()
-    phase = _Phase()
-    worker: Optional[WorkerProcess] = None
-    healthy = False
-    result: Measurement
-    try:
-        worker = pool.acquire(config.device)
-        result, retire = _drive(worker, problem, candidate, config, phase)
-        healthy = not retire and result.status not in (MeasureStatus.crashed, MeasureStatus.timeout)
-        if config.device.startswith("cuda") and result.status == MeasureStatus.runtime_error:
-            healthy = False  # a CUDA error can leave the context unusable
-    except WorkerTimedOut:
-        limit = config.compile_timeout_s if phase.name in ("import",) else config.timeout_s
-        what = {"import": "importing/building the candidate", "problem": "loading the problem"}.get(phase.name, "running the candidate")
-        result = Measurement(status=MeasureStatus.timeout, message=f"{what} took longer than {limit:g} s; the worker's process group was killed")
-    except WorkerOutOfMemory as exc:
-        result = Measurement(status=MeasureStatus.runtime_error, message=str(exc))
-    except WorkerDied as exc:
-        tail = worker.log_tail() if worker else ""
-        stage = {"import": "while importing the candidate", "problem": "while loading the problem"}.get(phase.name, "while running the candidate")
-        message = f"{exc} {stage}" + (f"; last output:\n{tail}" if tail else "")
-        result = Measurement(status=MeasureStatus.crashed, message=message)
-    finally:
-        if worker is not None:
-            pool.release(worker, healthy)
+    result, phase, worker = _measure_once(pool, problem, candidate, config)
+    if result.status == MeasureStatus.crashed and phase.name in ("start", "problem"):
+        first = result.message.splitlines()[0] if result.message else "it died"
+        result, phase, worker = _measure_once(pool, problem, candidate, config)
+        note = f"the first sandbox worker died before the candidate was loaded ({first}); "
+        if result.status == MeasureStatus.crashed:
+            result.message = note + "a fresh one died too: " + result.message
+        else:
+            result.warnings.append(note + "measured on a fresh one")
     result.charged = phase.charged if result.status != MeasureStatus.invalid_problem else False
     result.device = worker.info.get("device_name", config.device) if worker and worker.info else config.device
     if config.device != "cpu" and result.device != config.device:
@@ -97,6 +91,37 @@ def run_measurement(
     result.candidate_sha = candidate.sha
     result.wall_s = round(time.monotonic() - t_start, 3)
     return result
+
+
+def _measure_once(pool: WorkerPool, problem: SourceFile, candidate: SourceFile,
+                  config: HarnessConfig) -> tuple[Measurement, "_Phase", Optional[WorkerProcess]]:
+    phase = _Phase()
+    worker: Optional[WorkerProcess] = None
+    healthy = False
+    result: Measurement
+    try:
+        worker = pool.acquire(config.device, START_TIMEOUT_S)
+        result, retire = _drive(worker, problem, candidate, config, phase)
+        healthy = not retire and result.status not in (MeasureStatus.crashed, MeasureStatus.timeout)
+        if config.device.startswith("cuda") and result.status == MeasureStatus.runtime_error:
+            healthy = False  # a CUDA error can leave the context unusable
+    except WorkerTimedOut:
+        limit = {"start": START_TIMEOUT_S, "import": config.compile_timeout_s}.get(phase.name, config.timeout_s)
+        what = {"start": "starting the sandbox worker", "import": "importing/building the candidate",
+                "problem": "loading the problem"}.get(phase.name, "running the candidate")
+        result = Measurement(status=MeasureStatus.timeout, message=f"{what} took longer than {limit:g} s; the worker's process group was killed")
+    except WorkerOutOfMemory as exc:
+        result = Measurement(status=MeasureStatus.runtime_error, message=str(exc))
+    except WorkerDied as exc:
+        tail = worker.log_tail() if worker else ""
+        stage = {"start": "while starting", "import": "while importing the candidate",
+                 "problem": "while loading the problem"}.get(phase.name, "while running the candidate")
+        message = f"{exc} {stage}" + (f"; last output:\n{tail}" if tail else "")
+        result = Measurement(status=MeasureStatus.crashed, message=message)
+    finally:
+        if worker is not None:
+            pool.release(worker, healthy)
+    return result, phase, worker
 
 
 def _fail(reply: dict) -> Measurement:

@@ -1,12 +1,14 @@
 """A candidate that hangs, segfaults, exhausts memory or exits gets its status, and the next measurement still works."""
 
 import time
+from pathlib import Path
+from typing import Optional
 
 import pytest
 
 from kernelscout.sandbox.harness import HarnessConfig
 from kernelscout.tools.schema import MeasureStatus
-from conftest import GOOD_CANDIDATE, QUICK
+from conftest import GOOD_CANDIDATE, QUICK, SMALL_PROBLEM
 
 FAST_TIMEOUT = QUICK.model_copy(update={"timeout_s": 5.0})
 
@@ -77,4 +79,31 @@ def test_sys_exit_during_forward_is_a_runtime_error(measure_source):
     m = measure_source(_candidate_with("        sys.exit(0)", imports="import sys"), config=FAST_TIMEOUT)
     assert m.status == MeasureStatus.runtime_error
     assert "sys.exit" in m.message
+    _then_healthy(measure_source)
+
+
+
+def _problem_that_kills_its_worker(marker: Optional[Path]) -> str:
+    """The reference's get_init_inputs() SIGKILLs its worker: always, or only until `marker` exists."""
+    if marker is None:
+        kill = "    import os, signal\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+    else:
+        kill = (f"    import os, pathlib, signal\n    marker = pathlib.Path({str(marker)!r})\n"
+                "    if not marker.exists():\n        marker.touch()\n        os.kill(os.getpid(), signal.SIGKILL)\n")
+    return SMALL_PROBLEM.replace("def get_init_inputs():\n", "def get_init_inputs():\n" + kill)
+
+
+def test_a_worker_killed_before_it_saw_the_candidate_is_no_verdict_on_the_candidate(measure_source, tmp_path):
+    m = measure_source(GOOD_CANDIDATE, problem=_problem_that_kills_its_worker(tmp_path / "killed-once"))
+
+    assert m.status == MeasureStatus.ok and m.charged, m.message
+    assert any("died before the candidate was loaded" in w and "SIGKILL" in w for w in m.warnings), m.warnings
+
+
+def test_a_second_death_before_the_candidate_stands_and_costs_nothing(measure_source):
+    m = measure_source(GOOD_CANDIDATE, problem=_problem_that_kills_its_worker(None))
+
+    assert m.status == MeasureStatus.crashed and not m.charged
+    assert "died before the candidate was loaded" in m.message and "a fresh one died too" in m.message
+    assert m.message.count("SIGKILL") == 2
     _then_healthy(measure_source)

@@ -15,7 +15,7 @@ ray = pytest.importorskip("ray")
 from kernelscout.agent.dispatch import open_dispatcher  # noqa: E402
 from kernelscout.agent.runner import start_search  # noqa: E402
 
-from test_workers import SPACE, assert_ledger_sound, code_search, events, needs_hub  # noqa: E402
+from test_workers import SPACE, assert_ledger_sound, code_search, events, measured_ok, needs_hub  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -91,8 +91,7 @@ def test_cpu_example_on_two_ray_actors_survives_a_killed_actor(tmp_path):
     run_dir, state = code_search(tmp_path, budget=4, dispatcher_of=lambda run: open_dispatcher(run, "cpu", ray_address="auto"))
 
     assert killer.killed and state["stop_reason"] == "measurement budget spent"
-    rows = sqlite3.connect(run_dir / "run.db").execute("SELECT status, result_json FROM measurements").fetchall()
-    assert len(rows) == 4 and all(status == "ok" for status, _ in rows)
+    rows = measured_ok(run_dir, 4)
     assert all(any(c.startswith("measured on kscout-") for c in json.loads(r)["checks"]) for _, r in rows)
     logs = "".join(p.read_text() for p in (run_dir / "workers").iterdir())
     assert "hello from the sandbox" in logs  # a remote worker's output lands in the run directory

@@ -48,6 +48,13 @@ def assert_ledger_sound(run_dir: Path, cap: int) -> None:
     assert settled == len(ledger_ids), "a settled reservation has no recorded measurement"
 
 
+def measured_ok(run_dir: Path, n: int) -> list[tuple[str, str]]:
+    """The run's measurement rows, after checking there are `n`, all ok; a failure shows what went wrong in each."""
+    rows = sqlite3.connect(run_dir / "run.db").execute("SELECT status, result_json FROM measurements").fetchall()
+    assert len(rows) == n and all(status == "ok" for status, _ in rows), [(s, json.loads(r)["message"][:400]) for s, r in rows]
+    return rows
+
+
 def events(run_dir: Path, kind: str) -> list[dict]:
     lines = (run_dir / "events.jsonl").read_text().splitlines()
     return [e for e in map(json.loads, lines) if e["event"] == kind]
@@ -228,8 +235,7 @@ def test_a_cpu_example_measured_on_two_local_workers(tmp_path):
     run_dir, state = code_search(tmp_path, budget=4, dispatcher_of=lambda run: open_dispatcher(run, "cpu", workers=2))
 
     assert state["stop_reason"] == "measurement budget spent"
-    rows = sqlite3.connect(run_dir / "run.db").execute("SELECT status, result_json FROM measurements").fetchall()
-    assert len(rows) == 4 and all(status == "ok" for status, _ in rows)
+    rows = measured_ok(run_dir, 4)
     where = {c for _, r in rows for c in json.loads(r)["checks"] if c.startswith("measured on")}
     assert {w.split("@")[0] for w in where} == {"measured on local-0", "measured on local-1"}
     assert most_in_flight(run_dir) == 2
