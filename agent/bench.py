@@ -281,9 +281,10 @@ def kernel_tuner_trace(space_path: str, strategy: str, seed: int, budget: int, w
     tune_params = {k: header["tune_params"][k] for k in keys}
     strings = restrictions_for(space_path)
     note = ""
-    if strings is None:
-        valid = {tuple(str(v) for v in c) for c in space.configs}
-        restrictions: Any = [lambda p: tuple(str(p[k]) for k in keys) in valid]
+    if strings is None and len(space) == math.prod(len(v) for v in tune_params.values()):
+        restrictions: Any = None  # the full product: nothing to restrict
+    elif strings is None:
+        restrictions = [_membership_test(space, keys)]
         note = f"{space.name}: no restriction strings found next to the cache; Kernel Tuner got a membership test (weaker)"
     else:
         restrictions = strings or None
@@ -310,6 +311,22 @@ def kernel_tuner_trace(space_path: str, strategy: str, seed: int, budget: int, w
         note = note or f"{strategy} stopped after {len(order)} unique configurations on {space.name} (budget {budget})"
     return Trace(space=space.name, method=f"kernel_tuner {strategy}", seed=seed, times=[float(space.times[i]) for i in order],
                  wall_s=wall, note=note)
+
+
+def _membership_test(space: ReplaySpace, keys: Sequence[str]) -> Callable[[Any], bool]:
+    """A restriction that admits exactly the recorded configurations.
+
+    A `def`, not a lambda: Kernel Tuner rewrites a lambda's source into a string restriction, which
+    fails for one that closes over a set. With several parameters Kernel Tuner passes a dict of
+    them; with one, just its value.
+    """
+    valid = {tuple(str(v) for v in c) for c in space.configs}
+
+    def in_recorded_space(p: Any) -> bool:
+        values = [p[k] for k in keys] if isinstance(p, dict) else [p]
+        return tuple(str(v) for v in values) in valid
+
+    return in_recorded_space
 
 
 _SPACES: dict[str, ReplaySpace] = {}

@@ -24,6 +24,7 @@ from kernelscout.agent.bench import (
 # x in 1..4, y in 1..2, restricted to x*y <= 6, so (4, 2) is outside; (3, 2) failed to compile.
 TIMES = {(1, 1): 8.0, (2, 1): 4.0, (3, 1): 2.0, (4, 1): 1.0, (1, 2): 6.0, (2, 2): 3.0, (3, 2): "CompilationFailedConfig"}
 OPTIMUM = 1.0
+TIMES_OR_NAN = [t if isinstance(t, float) else math.nan for t in TIMES.values()]
 
 
 def write_tiny_space(folder: Path) -> Path:
@@ -84,6 +85,34 @@ def test_kernel_tuner_random_sample_counts_unique_configurations_and_matches_exp
     assert abs(sum(fracs) / len(fracs) - expected) < 0.2  # 30 draws of a [0, 1] variable: well within 4 standard errors
     full = kernel_tuner_trace(str(tiny), "random_sample", 0, 7, str(tmp_path))
     assert sorted(full.times, key=lambda t: (t != t, t))[0] == OPTIMUM  # sampling the whole space finds the optimum
+
+
+@pytest.mark.parametrize("strategy", ["random_sample", "bayes_opt"])
+def test_kernel_tuner_stays_inside_a_space_listed_in_no_readme(tiny: Path, tmp_path: Path, strategy: str) -> None:
+    """An unlisted space gets a membership test: Kernel Tuner must run with it and measure only recorded configurations."""
+    pytest.importorskip("kernel_tuner")
+    from kernelscout.agent.bench import kernel_tuner_trace
+
+    (tiny.parent / "README.md").unlink()
+    trace = kernel_tuner_trace(str(tiny), strategy, 0, 7, str(tmp_path))
+
+    assert "membership test" in trace.note
+    assert sorted(math.inf if t != t else t for t in trace.times) == sorted(math.inf if t != t else float(t) for t in TIMES_OR_NAN)
+
+
+def test_kernel_tuner_runs_on_a_single_parameter_space_with_string_values(tmp_path: Path) -> None:
+    pytest.importorskip("kernel_tuner")
+    from kernelscout.agent.bench import kernel_tuner_trace
+
+    times = {"row": 3.0, "col": 2.0, "tiled": 1.0}  # "blocked" is in the parameter list but was never recorded
+    cache = {v: {"layout": v, "time": t, "times": [t] * 3} for v, t in times.items()}
+    path = tmp_path / "layouts_GPU.json"
+    path.write_text(json.dumps({"device_name": "GPU", "kernel_name": "layouts", "problem_size": [8], "tune_params_keys": ["layout"],
+                                "tune_params": {"layout": ["row", "col", "tiled", "blocked"]}, "objective": "time", "cache": cache}))
+
+    trace = kernel_tuner_trace(str(path), "random_sample", 0, 3, str(tmp_path))
+
+    assert sorted(trace.times) == [1.0, 2.0, 3.0]
 
 
 def test_bench_runs_both_tools_on_the_same_space_and_prints_the_documented_json(tiny: Path, tmp_path: Path) -> None:
