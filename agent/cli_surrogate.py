@@ -50,11 +50,13 @@ def eval_surrogate(
     spaces: list[Path] = typer.Argument(..., help="Kernel Tuner cache files (.json/.json.gz) or folders of them"),
     train: int = typer.Option(50, "--train", "-n", help="timed training configurations per space and seed"),
     seeds: int = typer.Option(10, "--seeds", "-s", help="random train/held-out splits per space"),
-    surrogate: str = typer.Option("learned", "--surrogate", help="learned, plain-rf, none (or a registered one)"),
+    surrogate: str = typer.Option("learned", "--surrogate", help="learned, plain-rf, none, llm (or a registered one)"),
     warm_start: bool = typer.Option(
         False, "--warm-start", help="use the other given spaces of the same kernel (other GPUs) as priors"
     ),
     pairs: int = typer.Option(20000, "--pairs", help="(parent, child) pairs scored per space and seed"),
+    configs: int = typer.Option(60, "--configs", help="llm only: held-out configurations forecast per space and seed "
+                                "(two chat calls each)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object with `spaces` and `mean`"),
     plots: Optional[Path] = typer.Option(
         Path("."), "--plots", help="folder for eval-surrogate-reliability.png and -risk-coverage.png"
@@ -63,16 +65,23 @@ def eval_surrogate(
 ) -> None:
     """Train a surrogate on N random measured configurations, score its forecasts on the held-out rest."""
     from kernelscout.sandbox.replay import load_spaces
-    from kernelscout.tools.surrogates.evaluation import EvalSettings, evaluate
+    from kernelscout.tools.surrogates.evaluation import EvalInputError, EvalSettings, evaluate
     from kernelscout.tools.surrogates.registry import surrogate_names
 
-    if surrogate not in surrogate_names():
+    model = None
+    if surrogate == "llm":
+        from kernelscout.agent.llm import describe_how_to_enable, make_chat_model
+
+        model = make_chat_model()
+        if model is None:
+            raise typer.BadParameter("the llm surrogate needs a model provider. " + describe_how_to_enable(), param_hint="--surrogate")
+    elif surrogate not in surrogate_names():
         raise typer.BadParameter(
-            f"surrogate {surrogate!r} is not available; choose from {', '.join(surrogate_names())}",
+            f"surrogate {surrogate!r} is not available; choose from {', '.join(surrogate_names() + ['llm'])}",
             param_hint="--surrogate",
         )
     loaded = load_spaces(spaces)
-    settings = EvalSettings(surrogate=surrogate, train=train, seeds=seeds, pairs=pairs, warm_start=warm_start)
+    settings = EvalSettings(surrogate=surrogate, train=train, seeds=seeds, pairs=pairs, warm_start=warm_start, llm_configs=configs)
     err = Console(stderr=True)
 
     def progress(res: SpaceResult) -> None:
@@ -81,7 +90,10 @@ def eval_surrogate(
             f"top10% {res.top10_recovery:.3f} ({res.seconds:.0f}s)[/dim]"
         )
 
-    report = evaluate(loaded, settings, progress=progress)
+    try:
+        report = evaluate(loaded, settings, progress=progress, model=model)
+    except EvalInputError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--train") from None
     written = []
     if not no_plots and plots is not None:
         from kernelscout.tools.surrogates.plots import write_plots  # matplotlib only when asked

@@ -61,6 +61,8 @@ def make_predictor(spec: SearchSpec, target: Any) -> Forecaster:
         from kernelscout.sandbox.replay import ReplaySpace
         from kernelscout.tools.surrogates.warmstart import PriorSource
 
+        if spec.surrogate == "llm":
+            return llm_space_forecaster(target, ref, model=metered_chat_model(spec, target.run), seed=spec.settings.seed)
         priors = [PriorSource.from_space(ReplaySpace.load(p), seed=spec.settings.seed) for p in spec.warm_start]
         return make_forecaster(spec.surrogate, target.space.param_values, ref, lambda rec: dict(rec.params),
                                priors=priors, seed=spec.settings.seed)
@@ -89,3 +91,26 @@ def llm_forecaster(target: Any, ref, model: Any = None, seed: int = 0, target_ri
 
     return Forecaster(LLMSurrogate(model), ref, lambda rec: dict(rec.features), seed=seed, target_risk=target_risk,
                       sol_ms=bounds.time_ms if bounds else None, code_context=context, gate=gate)
+
+
+def llm_space_forecaster(target: Any, ref, model: Any = None, seed: int = 0) -> Forecaster:
+    """The LLM surrogate on a recorded space: it reads the parent's and the child's parameter values
+    (the root's parent is the target's reference configuration) instead of source code."""
+    from kernelscout.agent.llm import describe_how_to_enable, make_chat_model
+    from kernelscout.tools.archive import ROOT_ID, Archive
+    from kernelscout.tools.surrogates.llm import LLMSurrogate, describe_config
+
+    model = model or make_chat_model()
+    if model is None:
+        raise ValueError("the llm surrogate needs a model provider. " + describe_how_to_enable())
+    archive, space = Archive(target.run), target.space
+
+    def render(config: dict) -> str:
+        return describe_config(space.kernel_name, space.problem_size, config)
+
+    def context(rec) -> dict:
+        parent = target.reference if rec.parent_id in (None, ROOT_ID) else archive.get(rec.parent_id).params
+        return {"parent_source": render(dict(parent)), "child_source": render(dict(rec.params)),
+                "device": space.device_label, "sol": "unknown (a recorded space has no FLOP or byte counts)"}
+
+    return Forecaster(LLMSurrogate(model), ref, lambda rec: dict(rec.params), seed=seed, code_context=context)

@@ -222,7 +222,7 @@ class Forecaster:
         ctx = self.code_context(rec)
         ref = self.reference_ms()
         forecast = self.surrogate.forecast(
-            child_source=read_source(rec.path), parent_source=ctx["parent_source"],
+            child_source=ctx.get("child_source") or read_source(rec.path), parent_source=ctx["parent_source"],
             parent_ms=ref / max(parent_speedup, 1e-9) if ref else None, parent_speedup=parent_speedup,
             incumbent_ratio=incumbent_speedup / max(parent_speedup, 1e-9), device=ctx["device"], sol=ctx["sol"],
         )

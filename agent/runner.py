@@ -46,10 +46,16 @@ def _llm_configured() -> bool:
         return False
 
 
-def resolve_choices(policy: str, surrogate: str) -> tuple[str, str, str]:
-    """Pick the LLM when a provider is configured and the offline tuner otherwise, and say which."""
+def resolve_choices(policy: str, surrogate: str, space: bool = False) -> tuple[str, str, str]:
+    """Pick the LLM when a provider is configured and the offline tuner otherwise, and say which.
+
+    A recorded space has no code for an LLM to edit, so there `auto` is always the space search with
+    the learned surrogate; `--surrogate llm` still asks the LLM to forecast from parameter values.
+    """
     note = []
-    if policy == "auto":
+    if policy == "auto" and space:
+        policy = "tuner"
+    elif policy == "auto":
         policy = "llm" if _llm_configured() else "tuner"
         note.append(f"policy: {policy} ({'an LLM provider is configured' if policy == 'llm' else 'no LLM provider configured'})")
     if surrogate == "auto":
@@ -84,7 +90,7 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
     if workers is not None and workers < 1:
         raise OptimizeError("--workers must be at least 1")
     scaling = Scaling(workers=workers, ray=ray, replay_delay_s=replay_delay_s)
-    policy, surrogate, note = resolve_choices(policy, surrogate)
+    policy, surrogate, note = resolve_choices(policy, surrogate, space=space is not None)
     settings = SearchSettings(budget=budget, seed=seed, proposals_per_iteration=proposals, patience=patience, max_wall_s=max_wall,
                               max_device_s=max_device_s, max_usd=max_usd, max_llm_tokens=max_llm_tokens)
     if space is not None:

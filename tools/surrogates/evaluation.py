@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -51,12 +51,17 @@ METRIC_NAMES = (
 )
 
 
+class EvalInputError(ValueError):
+    """The settings cannot be evaluated on a space (e.g. more training configurations than it has)."""
+
+
 class EvalSettings(BaseModel):
     surrogate: str = "learned"
     train: int = Field(50, ge=2, description="timed training configurations per space and seed")
     seeds: int = Field(10, ge=1)
     pairs: int = Field(20000, ge=100, description="(parent, child) pairs drawn from the held-out pool")
     warm_start: bool = False
+    llm_configs: int = Field(60, ge=2, description="llm only: held-out configurations forecast per space and seed")
     top_fraction: float = 0.1
     edges: tuple[float, ...] = DEFAULT_EDGES
 
@@ -85,6 +90,7 @@ class SpaceResult(BaseModel):
     std: dict[str, float] = Field(default_factory=dict, description="standard deviation across seeds")
     risk_coverage: list[tuple[float, float]] = Field(default_factory=list, description="(coverage, risk)")
     reliability: list[ReliabilityBin] = Field(default_factory=list)
+    informative: Optional[float] = Field(None, description="llm only: share of forecasts that were usable, not deferrals")
     seconds: float
 
 
@@ -191,13 +197,24 @@ def _evaluate_once(
     return scores, curves, failed
 
 
-def evaluate_space(space: ReplaySpace, settings: EvalSettings, pool: Sequence[ReplaySpace] = ()) -> SpaceResult:
+def evaluate_space(space: ReplaySpace, settings: EvalSettings, pool: Sequence[ReplaySpace] = (), model: Any = None) -> SpaceResult:
+    """`model`: the chat model, for `settings.surrogate == "llm"` (tools/surrogates/llm_evaluation.py)."""
     start = time.perf_counter()
+    ran = int(np.isfinite(space.median_times).sum())
+    if settings.train + 2 > ran:
+        raise EvalInputError(f"{space.name}: {ran} of its configurations ran on the hardware, so --train {settings.train} leaves "
+                         f"fewer than 2 to evaluate on; ask for at most {max(2, ran - 2)} (half, {max(2, ran // 2)}, "
+                         "leaves as many to evaluate on)")
     priors = warm_start_priors(space, pool) if settings.warm_start else []
     per_seed: list[dict[str, float]] = []
     risks, ps, outs, fails = [], [], [], []
     for seed in range(settings.seeds):
-        scores, curves, failed = _evaluate_once(space, settings, priors, seed)
+        if settings.surrogate == "llm":
+            from kernelscout.tools.surrogates.llm_evaluation import evaluate_llm_once
+
+            scores, curves, failed = evaluate_llm_once(space, settings, model, seed, settings.llm_configs)
+        else:
+            scores, curves, failed = _evaluate_once(space, settings, priors, seed)
         per_seed.append(scores)
         risks.append(curves["risk"])
         ps.append(curves["p_faster"])
@@ -211,7 +228,9 @@ def evaluate_space(space: ReplaySpace, settings: EvalSettings, pool: Sequence[Re
         device=space.device_label,
         train_timed=settings.train,
         train_failed_mean=float(np.mean(fails)),
-        heldout=len(space) - settings.train - int(round(np.mean(fails))),
+        heldout=(min(settings.llm_configs, len(space) - settings.train) if settings.surrogate == "llm"
+                 else len(space) - settings.train - int(round(np.mean(fails)))),
+        informative=float(np.mean([s["informative"] for s in per_seed])) if settings.surrogate == "llm" else None,
         priors=[p.name for p in priors],
         std=std,
         risk_coverage=list(zip(COVERAGE_GRID, np.mean(risks, axis=0).tolist())),
@@ -227,11 +246,12 @@ def evaluate(
     spaces: Sequence[ReplaySpace],
     settings: EvalSettings,
     progress: Optional[Callable[[SpaceResult], None]] = None,
+    model: Any = None,
 ) -> EvalReport:
     """Evaluate on every space; the mean is over spaces (each weighs the same)."""
     results: dict[str, SpaceResult] = {}
     for s in spaces:
-        results[s.name] = evaluate_space(s, settings, pool=spaces)
+        results[s.name] = evaluate_space(s, settings, pool=spaces, model=model)
         if progress is not None:
             progress(results[s.name])
     mean = {k: float(np.mean([getattr(r, k) for r in results.values()])) for k in METRIC_NAMES}

@@ -159,5 +159,12 @@ class LLMSurrogate:
         self._measured.append(f"- {label}: measured {measured_ratio:.3f}x over its parent")
 
 
+def describe_config(kernel_name: str, problem_size: Any, config: dict[str, Any]) -> str:
+    """A configuration of a recorded tuning space as the "code" the LLM reads: one assignment per
+    tunable parameter, so the forecast prompt's parent and child blocks stay Python."""
+    head = f"# Kernel Tuner configuration of {kernel_name or 'the kernel'}" + (f", problem size {problem_size}" if problem_size else "")
+    return "\n".join([head] + [f"{name} = {value!r}" for name, value in config.items()]) + "\n"
+
+
 def read_source(path: Optional[str]) -> str:
     return Path(path).read_text() if path and Path(path).exists() else "(not available)"
