@@ -70,11 +70,12 @@ def eval_surrogate(
 
     model = None
     if surrogate == "llm":
-        from kernelscout.agent.llm import describe_how_to_enable, make_chat_model
+        from kernelscout.agent.llm import require_chat_model
 
-        model = make_chat_model()
-        if model is None:
-            raise typer.BadParameter("the llm surrogate needs a model provider. " + describe_how_to_enable(), param_hint="--surrogate")
+        try:
+            model = require_chat_model(None, "the llm surrogate")
+        except ValueError as exc:  # LLMConfigError too: a provider asked for but not usable as configured
+            raise typer.BadParameter(str(exc), param_hint="--surrogate") from None
     elif surrogate not in surrogate_names():
         raise typer.BadParameter(
             f"surrogate {surrogate!r} is not available; choose from {', '.join(surrogate_names() + ['llm'])}",

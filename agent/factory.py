@@ -74,13 +74,11 @@ def make_predictor(spec: SearchSpec, target: Any) -> Forecaster:
 
 def llm_forecaster(target: Any, ref, model: Any = None, seed: int = 0, target_risk: float = 0.05, gate: Any = None) -> Forecaster:
     """The self-reflective LLM surrogate reading parent and child code."""
-    from kernelscout.agent.llm import describe_how_to_enable, make_chat_model
+    from kernelscout.agent.llm import require_chat_model
     from kernelscout.tools.archive import ROOT_ID, Archive
     from kernelscout.tools.surrogates.llm import LLMSurrogate, read_source
 
-    model = model or make_chat_model()
-    if model is None:
-        raise ValueError("the llm surrogate needs a model provider. " + describe_how_to_enable())
+    model = require_chat_model(model, "the llm surrogate")
     archive = Archive(target.run)
     bounds = getattr(target, "bounds", None)
     sol = f"{bounds.time_ms:.4g} ms ({bounds.bound}-bound)" if bounds else "unknown"
@@ -96,21 +94,16 @@ def llm_forecaster(target: Any, ref, model: Any = None, seed: int = 0, target_ri
 def llm_space_forecaster(target: Any, ref, model: Any = None, seed: int = 0) -> Forecaster:
     """The LLM surrogate on a recorded space: it reads the parent's and the child's parameter values
     (the root's parent is the target's reference configuration) instead of source code."""
-    from kernelscout.agent.llm import describe_how_to_enable, make_chat_model
+    from kernelscout.agent.llm import require_chat_model
     from kernelscout.tools.archive import ROOT_ID, Archive
-    from kernelscout.tools.surrogates.llm import LLMSurrogate, describe_config
+    from kernelscout.tools.surrogates.llm import SPACE_SOL, LLMSurrogate, describe_config
 
-    model = model or make_chat_model()
-    if model is None:
-        raise ValueError("the llm surrogate needs a model provider. " + describe_how_to_enable())
+    model = require_chat_model(model, "the llm surrogate")
     archive, space = Archive(target.run), target.space
-
-    def render(config: dict) -> str:
-        return describe_config(space.kernel_name, space.problem_size, config)
 
     def context(rec) -> dict:
         parent = target.reference if rec.parent_id in (None, ROOT_ID) else archive.get(rec.parent_id).params
-        return {"parent_source": render(dict(parent)), "child_source": render(dict(rec.params)),
-                "device": space.device_label, "sol": "unknown (a recorded space has no FLOP or byte counts)"}
+        return {"parent_source": describe_config(space, parent), "child_source": describe_config(space, rec.params),
+                "device": space.device_label, "sol": SPACE_SOL}
 
     return Forecaster(LLMSurrogate(model), ref, lambda rec: dict(rec.params), seed=seed, code_context=context)

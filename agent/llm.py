@@ -50,6 +50,7 @@ from .llm_providers import (
     RetryPolicy,
     build_chat_model,
     make_chat_model,
+    require_chat_model,
     to_anthropic,
     to_openai,
 )
@@ -95,6 +96,7 @@ __all__ = [
     "describe_how_to_enable",
     "extract_json_candidates",
     "make_chat_model",
+    "require_chat_model",
     "structured",
     "structured_outcome",
 ]

@@ -440,3 +440,14 @@ def make_chat_model(
     if resolved is None:
         return None
     return build_chat_model(resolved, meter=meter, retry=retry)
+
+
+def require_chat_model(model: ChatModel | None, user: str) -> ChatModel:
+    """`model`, or the configured one; a ValueError that says how to configure one when there is none.
+    `user` names what needs it ("the llm surrogate")."""
+    from .llm_config import describe_how_to_enable
+
+    model = model or make_chat_model()
+    if model is None:
+        raise ValueError(f"{user} needs a model provider. " + describe_how_to_enable())
+    return model

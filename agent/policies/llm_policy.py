@@ -113,12 +113,10 @@ class LLMPolicy:
 
 
 def make_llm_policy(spec: Any, target: Any, model: Any = None) -> LLMPolicy:
-    from kernelscout.agent.llm import describe_how_to_enable, make_chat_model
+    from kernelscout.agent.llm import require_chat_model
     from kernelscout.tools.archive import Archive
 
-    model = model or make_chat_model()
-    if model is None:
-        raise ValueError("the llm policy needs a model provider. " + describe_how_to_enable())
+    model = require_chat_model(model, "the llm policy")
     archive = Archive(target.run)
 
     def digest() -> str:

@@ -212,7 +212,7 @@ def evaluate_space(space: ReplaySpace, settings: EvalSettings, pool: Sequence[Re
         if settings.surrogate == "llm":
             from kernelscout.tools.surrogates.llm_evaluation import evaluate_llm_once
 
-            scores, curves, failed = evaluate_llm_once(space, settings, model, seed, settings.llm_configs)
+            scores, curves, failed = evaluate_llm_once(space, settings, model, seed)
         else:
             scores, curves, failed = _evaluate_once(space, settings, priors, seed)
         per_seed.append(scores)
@@ -228,7 +228,7 @@ def evaluate_space(space: ReplaySpace, settings: EvalSettings, pool: Sequence[Re
         device=space.device_label,
         train_timed=settings.train,
         train_failed_mean=float(np.mean(fails)),
-        heldout=(min(settings.llm_configs, len(space) - settings.train) if settings.surrogate == "llm"
+        heldout=(min(settings.llm_configs, ran - settings.train) if settings.surrogate == "llm"
                  else len(space) - settings.train - int(round(np.mean(fails)))),
         informative=float(np.mean([s["informative"] for s in per_seed])) if settings.surrogate == "llm" else None,
         priors=[p.name for p in priors],

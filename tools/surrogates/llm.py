@@ -159,11 +159,15 @@ class LLMSurrogate:
         self._measured.append(f"- {label}: measured {measured_ratio:.3f}x over its parent")
 
 
-def describe_config(kernel_name: str, problem_size: Any, config: dict[str, Any]) -> str:
-    """A configuration of a recorded tuning space as the "code" the LLM reads: one assignment per
-    tunable parameter, so the forecast prompt's parent and child blocks stay Python."""
-    head = f"# Kernel Tuner configuration of {kernel_name or 'the kernel'}" + (f", problem size {problem_size}" if problem_size else "")
-    return "\n".join([head] + [f"{name} = {value!r}" for name, value in config.items()]) + "\n"
+SPACE_SOL = "unknown (a recorded space has no FLOP or byte counts)"
+
+
+def describe_config(space: Any, config: dict[str, Any]) -> str:
+    """A configuration of a recorded tuning space (a ReplaySpace) as the "code" the LLM reads: one
+    assignment per tunable parameter, so the forecast prompt's parent and child blocks stay Python."""
+    head = f"# Kernel Tuner configuration of {space.kernel_name or 'the kernel'}" + (
+        f", problem size {space.problem_size}" if space.problem_size else "")
+    return "\n".join([head] + [f"{name} = {value!r}" for name, value in dict(config).items()]) + "\n"
 
 
 def read_source(path: Optional[str]) -> str:

@@ -27,7 +27,7 @@ import numpy as np
 
 from kernelscout.sandbox.replay import ReplaySpace
 from kernelscout.tools.surrogates import metrics as M
-from kernelscout.tools.surrogates.llm import LLMSurrogate, describe_config
+from kernelscout.tools.surrogates.llm import SPACE_SOL, LLMSurrogate, describe_config
 
 
 class _Recorder:
@@ -45,8 +45,7 @@ def _line(config: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in config.items())
 
 
-def evaluate_llm_once(space: ReplaySpace, settings: Any, model: Any, seed: int,
-                      configs: int) -> tuple[dict[str, float], dict[str, np.ndarray], int]:
+def evaluate_llm_once(space: ReplaySpace, settings: Any, model: Any, seed: int) -> tuple[dict[str, float], dict[str, np.ndarray], int]:
     """Scores, curves and failures met while training, in the shape `evaluation._evaluate_once` returns."""
     from kernelscout.tools.surrogates.evaluation import COVERAGE_GRID, seeded_rng, train_on_replay
 
@@ -63,16 +62,15 @@ def evaluate_llm_once(space: ReplaySpace, settings: Any, model: Any, seed: int,
             surrogate.observe(None, anchor_ms / ms, label=_line(config))
 
     ran = pool[np.isfinite(space.median_times[pool])]
-    chosen = rng.choice(ran, size=min(configs, ran.size), replace=False)
+    chosen = rng.choice(ran, size=min(settings.llm_configs, ran.size), replace=False)
     truth = np.log(space.median_times[chosen])
     n_bins = len(settings.edges) + 1
     p_faster, bins, score, informative = (np.full(chosen.size, 0.5), np.full((chosen.size, n_bins), 1.0 / n_bins),
                                           np.zeros(chosen.size), np.zeros(chosen.size, dtype=bool))
-    render = lambda c: describe_config(space.kernel_name, space.problem_size, c)  # noqa: E731
+    parent = describe_config(space, anchor)
     for k, idx in enumerate(chosen):
-        f = surrogate.forecast(child_source=render(space.config(int(idx))), parent_source=render(anchor), parent_ms=anchor_ms,
-                               parent_speedup=1.0, incumbent_ratio=None, device=space.device_label,
-                               sol="unknown (a recorded space has no FLOP or byte counts)")
+        f = surrogate.forecast(child_source=describe_config(space, space.config(int(idx))), parent_source=parent, parent_ms=anchor_ms,
+                               parent_speedup=1.0, incumbent_ratio=None, device=space.device_label, sol=SPACE_SOL)
         if f.informative:
             p_faster[k], bins[k], informative[k] = f.p_faster, f.bin_probs, True
             score[k] = -math.log(max(f.expected_speedup or 1.0, 1e-9))  # lower = faster, as a predicted log time
