@@ -17,12 +17,13 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from kernelscout.agent.cli_surrogate import register
 from kernelscout.agent.llm import ScriptedChatModel
 from kernelscout.sandbox.replay import ReplaySpace
 from kernelscout.tools.surrogates.distribution import DEFAULT_EDGES
 from kernelscout.tools.surrogates.evaluation import EvalSettings, evaluate
 from kernelscout.tools.surrogates.synthetic import write_synthetic_cache
+
+from test_surrogate_cli import app  # noqa: F401, E402 - fixture: `kscout eval-surrogate` as a Typer app
 
 try:
     from fake_llm_server import fake_llm_server, reply_text  # noqa: F401 - fixture
@@ -84,10 +85,7 @@ def test_unusable_answers_defer_on_every_configuration_without_a_crash(space: Re
     assert math.isfinite(res.brier)
 
 
-def test_the_command_talks_to_an_openai_compatible_server(space: ReplaySpace, fake_llm_server, monkeypatch) -> None:
-    app = typer.Typer()
-    app.command("version")(lambda: None)
-    register(app)
+def test_the_command_talks_to_an_openai_compatible_server(app: typer.Typer, space: ReplaySpace, fake_llm_server, monkeypatch) -> None:
     answer = json.dumps({"probs": [0.05, 0.05, 0.1, 0.2, 0.3, 0.2, 0.05, 0.05], "rationale": "larger tiles"})
     fake_llm_server.script(*[reply_text(answer) for _ in range(2 * 6)])
     for k, v in {"KSCOUT_PROVIDER": "openai-compatible", "KSCOUT_BASE_URL": fake_llm_server.openai_base_url,
@@ -105,10 +103,8 @@ def test_the_command_talks_to_an_openai_compatible_server(space: ReplaySpace, fa
     assert fake_llm_server.requests[0].body["model"] == "served-model"
 
 
-def test_without_a_provider_the_command_says_how_to_configure_one(space: ReplaySpace, tmp_path: Path, monkeypatch) -> None:
-    app = typer.Typer()
-    app.command("version")(lambda: None)
-    register(app)
+def test_without_a_provider_the_command_says_how_to_configure_one(app: typer.Typer, space: ReplaySpace, tmp_path: Path,
+                                                                   monkeypatch) -> None:
     for k in ("KSCOUT_PROVIDER", "KSCOUT_BASE_URL", "KSCOUT_MODEL", "ANTHROPIC_API_KEY", "OPENAI_API_KEY"):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
