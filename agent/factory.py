@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from kernelscout.agent.forecaster import Forecaster, make_forecaster
 from kernelscout.agent.session import SearchSpec
@@ -61,9 +61,9 @@ def make_predictor(spec: SearchSpec, target: Any) -> Forecaster:
         from kernelscout.sandbox.replay import ReplaySpace
         from kernelscout.tools.surrogates.warmstart import PriorSource
 
-        if spec.surrogate == "llm":
-            return llm_space_forecaster(target, ref, model=metered_chat_model(spec, target.run), seed=spec.settings.seed)
         priors = [PriorSource.from_space(ReplaySpace.load(p), seed=spec.settings.seed) for p in spec.warm_start]
+        if spec.surrogate == "llm":
+            return llm_space_forecaster(target, ref, model=metered_chat_model(spec, target.run), seed=spec.settings.seed, priors=priors)
         return make_forecaster(spec.surrogate, target.space.param_values, ref, lambda rec: dict(rec.params),
                                priors=priors, seed=spec.settings.seed)
     sol = target.bounds.time_ms if getattr(target, "bounds", None) else None
@@ -91,12 +91,13 @@ def llm_forecaster(target: Any, ref, model: Any = None, seed: int = 0, target_ri
                       sol_ms=bounds.time_ms if bounds else None, code_context=context, gate=gate)
 
 
-def llm_space_forecaster(target: Any, ref, model: Any = None, seed: int = 0) -> Forecaster:
+def llm_space_forecaster(target: Any, ref, model: Any = None, seed: int = 0, priors: Sequence[Any] = ()) -> Forecaster:
     """The LLM surrogate on a recorded space: it reads the parent's and the child's parameter values
-    (the root's parent is the target's reference configuration) instead of source code."""
+    (the root's parent is the target's reference configuration) instead of source code. `priors`
+    (`--warm-start`): the child's recorded speedup over the parent on other devices goes in the prompt."""
     from kernelscout.agent.llm import require_chat_model
     from kernelscout.tools.archive import ROOT_ID, Archive
-    from kernelscout.tools.surrogates.llm import SPACE_SOL, LLMSurrogate, describe_config
+    from kernelscout.tools.surrogates.llm import SPACE_SOL, LLMSurrogate, describe_config, transfer_lines
 
     model = require_chat_model(model, "the llm surrogate")
     archive, space = Archive(target.run), target.space
@@ -104,6 +105,6 @@ def llm_space_forecaster(target: Any, ref, model: Any = None, seed: int = 0) -> 
     def context(rec) -> dict:
         parent = target.reference if rec.parent_id in (None, ROOT_ID) else archive.get(rec.parent_id).params
         return {"parent_source": describe_config(space, parent), "child_source": describe_config(space, rec.params),
-                "device": space.device_label, "sol": SPACE_SOL}
+                "device": space.device_label, "sol": SPACE_SOL, "related": transfer_lines(priors, parent, rec.params)}
 
     return Forecaster(LLMSurrogate(model), ref, lambda rec: dict(rec.params), seed=seed, code_context=context)

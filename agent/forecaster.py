@@ -225,6 +225,7 @@ class Forecaster:
             child_source=ctx.get("child_source") or read_source(rec.path), parent_source=ctx["parent_source"],
             parent_ms=ref / max(parent_speedup, 1e-9) if ref else None, parent_speedup=parent_speedup,
             incumbent_ratio=incumbent_speedup / max(parent_speedup, 1e-9), device=ctx["device"], sol=ctx["sol"],
+            related=ctx.get("related", ()),
         )
         self._raw[rec.id] = getattr(self.surrogate, "last_raw_p_faster", None)
         self._pending[rec.id] = (forecast, None, incumbent_speedup)

@@ -115,9 +115,10 @@ def test_without_a_provider_the_command_says_how_to_configure_one(app: typer.Typ
     assert out.exit_code == 2 and "KSCOUT_PROVIDER" in out.output
 
 
-def test_optimize_on_a_recorded_space_with_the_llm_surrogate(space: ReplaySpace, fake_llm_server, tmp_path: Path,
-                                                             monkeypatch) -> None:
-    """`kscout optimize --space FILE --surrogate llm`: the LLM reads parameter values as the parent's and child's code."""
+def test_optimize_on_a_recorded_space_with_the_llm_surrogate(space: ReplaySpace, other_gpu: ReplaySpace, fake_llm_server,
+                                                             tmp_path: Path, monkeypatch) -> None:
+    """`kscout optimize --space FILE --surrogate llm --warm-start OTHER`: the LLM reads parameter values as the
+    parent's and child's code, and what the other GPU measured for the same pair."""
     from kernelscout.agent.runner import start_search
     from kernelscout.tools.archive import Archive
     from kernelscout.tools.rundir import RunDir
@@ -129,7 +130,8 @@ def test_optimize_on_a_recorded_space_with_the_llm_surrogate(space: ReplaySpace,
         monkeypatch.setenv(k, v)
     monkeypatch.chdir(tmp_path)
 
-    result = start_search(None, str(space.path), budget=4, surrogate="llm", run_dir=str(tmp_path / "run"), quiet=True, report=False)
+    result = start_search(None, str(space.path), budget=4, surrogate="llm", run_dir=str(tmp_path / "run"), quiet=True, report=False,
+                          warm_start=[str(other_gpu.path)])
 
     assert result.measurements_used == 4
     forecasts = Archive(RunDir(tmp_path / "run")).forecasts()
@@ -137,6 +139,7 @@ def test_optimize_on_a_recorded_space_with_the_llm_surrogate(space: ReplaySpace,
     prompt = json.dumps(fake_llm_server.requests[0].body)
     first_param = space.param_names[0]
     assert prompt.count(f"{first_param} = ") == 2 and space.device_label in prompt  # parent and child as parameter values
+    assert any("- GPU B: measured" in json.dumps(r.body) for r in fake_llm_server.requests)
 
 
 def test_with_a_provider_configured_a_recorded_space_still_defaults_to_the_space_search(monkeypatch) -> None:
@@ -147,3 +150,51 @@ def test_with_a_provider_configured_a_recorded_space_still_defaults_to_the_space
     assert resolve_choices("auto", "auto")[:2] == ("llm", "llm")  # a problem file: the LLM edits code
     assert resolve_choices("auto", "auto", space=True)[:2] == ("tuner", "learned")
     assert resolve_choices("auto", "llm", space=True)[:2] == ("tuner", "llm")
+
+
+@pytest.fixture(scope="module")
+def other_gpu(space: ReplaySpace) -> ReplaySpace:
+    """The same synthetic kernel recorded on a second device whose sweet spot sits elsewhere."""
+    return ReplaySpace.load(write_synthetic_cache(space.path.parent / "syn_B.json", "GPU B", device_skew=0.3, seed=4))
+
+
+def transfer_reader(request) -> str:
+    """Knows nothing about this device; copies the speedup the prompt says the other device measured."""
+    prompt = next(m.content for m in request.messages if m.role == "user")
+    seen = re.findall(r"^- GPU B: measured ([0-9.]+)x$", prompt, flags=re.M)
+    probs = [1 / N_BINS] * N_BINS
+    if seen:
+        probs = [0.0] * N_BINS
+        probs[int(np.searchsorted(DEFAULT_EDGES, float(seen[0]), side="right"))] = 1.0
+    return json.dumps({"probs": probs, "rationale": "as on GPU B" if seen else "no idea"})
+
+
+def test_warm_start_shows_the_llm_what_the_other_gpu_measured(space: ReplaySpace, other_gpu: ReplaySpace) -> None:
+    warm = SETTINGS.model_copy(update={"warm_start": True})
+    cold_model, warm_model = ScriptedChatModel([transfer_reader] * 1000), ScriptedChatModel([transfer_reader] * 1000)
+
+    cold = evaluate([space, other_gpu], SETTINGS, model=cold_model).spaces[space.name]
+    hot = evaluate([space, other_gpu], warm, model=warm_model).spaces[space.name]
+
+    assert hot.priors == ["GPU B"] and cold.priors == []
+    assert cold.pairwise_accuracy == pytest.approx(0.5)  # nothing to go on
+    assert hot.pairwise_accuracy > 0.75 and hot.direction_accuracy > 0.75  # the other GPU's ranking carries over
+    first = next(m.content for m in warm_model.requests[0].messages if m.role == "user")
+    assert "measured on other devices" in first and "other devices" not in next(
+        m.content for m in cold_model.requests[0].messages if m.role == "user")
+
+
+def test_transfer_lines_show_only_what_the_other_device_timed(other_gpu: ReplaySpace) -> None:
+    from kernelscout.tools.surrogates.llm import transfer_lines
+    from kernelscout.tools.surrogates.warmstart import PriorSource
+
+    prior = PriorSource.from_space(other_gpu)
+    t = other_gpu.median_times
+    ok = [other_gpu.config(i) for i in np.flatnonzero(np.isfinite(t))[:2]]
+    failed = [other_gpu.config(i) for i in np.flatnonzero(~np.isfinite(t))[:1]]
+    assert failed, "the synthetic space records failures"
+
+    [line] = transfer_lines([prior], ok[0], ok[1])
+    i, j = (other_gpu.index_of(c) for c in ok)
+    assert line == f"- GPU B: measured {t[i] / t[j]:.3f}x"
+    assert transfer_lines([prior], ok[0], failed[0]) == []  # a failure there is not shown as a speed

@@ -212,7 +212,7 @@ def evaluate_space(space: ReplaySpace, settings: EvalSettings, pool: Sequence[Re
         if settings.surrogate == "llm":
             from kernelscout.tools.surrogates.llm_evaluation import evaluate_llm_once
 
-            scores, curves, failed = evaluate_llm_once(space, settings, model, seed)
+            scores, curves, failed = evaluate_llm_once(space, settings, model, seed, priors)
         else:
             scores, curves, failed = _evaluate_once(space, settings, priors, seed)
         per_seed.append(scores)

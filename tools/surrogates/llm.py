@@ -74,8 +74,9 @@ class LLMSurrogate:
         return outcome.value, (outcome.failure or "") + (f": {outcome.detail}" if outcome.detail else "")
 
     def forecast(self, child_source: str, parent_source: str, parent_ms: Optional[float], parent_speedup: float,
-                 incumbent_ratio: Optional[float], device: str, sol: str) -> Forecast:
-        """incumbent_ratio: the speedup over the parent that a new best would need."""
+                 incumbent_ratio: Optional[float], device: str, sol: str, related: Sequence[str] = ()) -> Forecast:
+        """incumbent_ratio: the speedup over the parent that a new best would need. related: the same
+        child and parent as measured on other devices, one line each (`transfer_lines`)."""
         from kernelscout.agent.llm import Message
 
         start = time.perf_counter()
@@ -85,6 +86,7 @@ class LLMSurrogate:
             device=device, parent_ms=f"{parent_ms:.4g} ms" if parent_ms else "not yet measured", parent_speedup=f"{parent_speedup:.3f}x",
             sol=sol, parent_source=parent_source, child_source=child_source, bins=", ".join(bin_labels(self.edges)), n_bins=n,
             examples="\n".join(self._measured[-self.examples:]) or "(none yet)",
+            related=(RELATED_HEADER + "\n".join(related) + "\n") if related else "",
         )
         messages = [Message.system("You forecast GPU kernel performance. Answer only with the JSON asked for."), Message.user(prompt)]
         first, why = self._ask(messages)
@@ -157,6 +159,21 @@ class LLMSurrogate:
         if raw_p_faster is not None:
             self._history.append((raw_p_faster, measured_ratio > 1.0))
         self._measured.append(f"- {label}: measured {measured_ratio:.3f}x over its parent")
+
+
+RELATED_HEADER = ("\n## The same parent and child measured on other devices (parent/child speedups)\n"
+                  "Devices differ, but which parameters matter often carries over.\n")
+
+
+def transfer_lines(priors: Sequence[Any], parent: dict[str, Any], child: dict[str, Any]) -> list[str]:
+    """What the child gained over the parent on each other device that timed both (warm start for
+    the LLM: the recorded ratio, never an imputed one)."""
+    lines = []
+    for prior in priors:
+        ratio = prior.measured_ratio(parent, child)
+        if ratio is not None:
+            lines.append(f"- {prior.name}: measured {ratio:.3f}x")
+    return lines
 
 
 SPACE_SOL = "unknown (a recorded space has no FLOP or byte counts)"

@@ -10,6 +10,8 @@ protocol asks for far fewer and makes each one count. Per space and seed:
 * Held-out: `configs` random configurations that ran on the hardware, each forecast once as a child
   of the anchor, exactly as `predict` would in a search: parameter values as the "code", the
   anchor's measured time, the device.
+* With `--warm-start`, each forecast also shows the child's recorded speedup over the anchor on the
+  same kernel's other devices (where both ran there), as `kscout optimize --space --warm-start` does.
 * P(faster), the bins, the confidence and the risk-coverage curve are scored against the anchor;
   pairwise ranking accuracy, Spearman and top-10% recovery rank the held-out configurations by the
   forecast expected speedup over the anchor.
@@ -21,13 +23,13 @@ measured outcomes of earlier forecasts; a held-out evaluation reveals no outcome
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
 from kernelscout.sandbox.replay import ReplaySpace
 from kernelscout.tools.surrogates import metrics as M
-from kernelscout.tools.surrogates.llm import SPACE_SOL, LLMSurrogate, describe_config
+from kernelscout.tools.surrogates.llm import SPACE_SOL, LLMSurrogate, describe_config, transfer_lines
 
 
 class _Recorder:
@@ -45,8 +47,11 @@ def _line(config: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in config.items())
 
 
-def evaluate_llm_once(space: ReplaySpace, settings: Any, model: Any, seed: int) -> tuple[dict[str, float], dict[str, np.ndarray], int]:
-    """Scores, curves and failures met while training, in the shape `evaluation._evaluate_once` returns."""
+def evaluate_llm_once(space: ReplaySpace, settings: Any, model: Any, seed: int,
+                      priors: Sequence[Any] = ()) -> tuple[dict[str, float], dict[str, np.ndarray], int]:
+    """Scores, curves and failures met while training, in the shape `evaluation._evaluate_once` returns.
+    `priors` (`--warm-start`): the same kernel on other devices; each forecast is shown the child's
+    recorded speedup over the anchor there."""
     from kernelscout.tools.surrogates.evaluation import COVERAGE_GRID, seeded_rng, train_on_replay
 
     rng = seeded_rng(space, seed)
@@ -69,8 +74,10 @@ def evaluate_llm_once(space: ReplaySpace, settings: Any, model: Any, seed: int) 
                                           np.zeros(chosen.size), np.zeros(chosen.size, dtype=bool))
     parent = describe_config(space, anchor)
     for k, idx in enumerate(chosen):
-        f = surrogate.forecast(child_source=describe_config(space, space.config(int(idx))), parent_source=parent, parent_ms=anchor_ms,
-                               parent_speedup=1.0, incumbent_ratio=None, device=space.device_label, sol=SPACE_SOL)
+        child = space.config(int(idx))
+        f = surrogate.forecast(child_source=describe_config(space, child), parent_source=parent, parent_ms=anchor_ms,
+                               parent_speedup=1.0, incumbent_ratio=None, device=space.device_label, sol=SPACE_SOL,
+                               related=transfer_lines(priors, anchor, child))
         if f.informative:
             p_faster[k], bins[k], informative[k] = f.p_faster, f.bin_probs, True
             score[k] = -math.log(max(f.expected_speedup or 1.0, 1e-9))  # lower = faster, as a predicted log time

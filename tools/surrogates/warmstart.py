@@ -68,6 +68,18 @@ class PriorSource:
             seed=seed,
         )
 
+    def measured_ratio(self, parent: Mapping[str, Any], child: Mapping[str, Any]) -> Optional[float]:
+        """parent time / child time as measured on this source, or None unless both were timed there.
+
+        Only recorded times, never the imputed ones: an LLM shown this ratio reads it as a measurement."""
+        try:
+            zp, zc = (self._table.get(_key([c[n] for n in self.param_names])) for c in (parent, child))
+        except KeyError:
+            return None
+        if zp is None or zc is None:
+            return None
+        return float(np.exp((zp - zc) * self._spread))
+
     def covers(self, param_names: Sequence[str]) -> bool:
         return set(param_names) == set(self.param_names)
 
