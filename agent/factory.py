@@ -94,7 +94,11 @@ def llm_forecaster(target: Any, ref, model: Any = None, seed: int = 0, target_ri
 def llm_space_forecaster(target: Any, ref, model: Any = None, seed: int = 0, priors: Sequence[Any] = ()) -> Forecaster:
     """The LLM surrogate on a recorded space: it reads the parent's and the child's parameter values
     (the root's parent is the target's reference configuration) instead of source code. `priors`
-    (`--warm-start`): the child's recorded speedup over the parent on other devices goes in the prompt."""
+    (`--warm-start`): the child's recorded speedup over the parent on other devices goes in the prompt.
+
+    Which configurations are proposed is ranked by the learned surrogate (with the same priors): an
+    LLM forecast costs two chat calls, so it decides which of each iteration's few proposals are
+    measured, not which of thousands of configurations are proposed."""
     from kernelscout.agent.llm import require_chat_model
     from kernelscout.tools.archive import ROOT_ID, Archive
     from kernelscout.tools.surrogates.llm import SPACE_SOL, LLMSurrogate, describe_config, transfer_lines
@@ -107,4 +111,6 @@ def llm_space_forecaster(target: Any, ref, model: Any = None, seed: int = 0, pri
         return {"parent_source": describe_config(space, parent), "child_source": describe_config(space, rec.params),
                 "device": space.device_label, "sol": SPACE_SOL, "related": transfer_lines(priors, parent, rec.params)}
 
-    return Forecaster(LLMSurrogate(model), ref, lambda rec: dict(rec.params), seed=seed, code_context=context)
+    features = lambda rec: dict(rec.params)  # noqa: E731
+    screener = make_forecaster("learned", space.param_values, ref, features, priors=list(priors), seed=seed)
+    return Forecaster(LLMSurrogate(model), ref, features, seed=seed, code_context=context, screener=screener)

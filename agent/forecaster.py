@@ -164,8 +164,13 @@ class _MemoSurrogate:
 class Forecaster:
     def __init__(self, surrogate: Any, reference_ms: Callable[[], Optional[float]], features: Callable[[CandidateRecord], dict],
                  measure_all: bool = False, target_risk: float = 0.05, seed: int = 0, sol_ms: Optional[float] = None,
-                 code_context: Optional[Callable[[CandidateRecord], dict]] = None, gate: Optional[RiskControlledGate] = None):
+                 code_context: Optional[Callable[[CandidateRecord], dict]] = None, gate: Optional[RiskControlledGate] = None,
+                 screener: Optional["Forecaster"] = None):
+        """`screener`: a feature-based forecaster that ranks an enumerable space for a code-reading
+        surrogate (the LLM), which cannot afford a chat call per configuration; it learns every
+        measurement this forecaster learns."""
         self.surrogate = surrogate
+        self.screener = screener
         self._reference_ms = reference_ms
         self._reference: Optional[tuple[Optional[float]]] = None  # cached until the next measurement
         self.features = features
@@ -259,6 +264,8 @@ class Forecaster:
         nothing to rank by (no surrogate, cold start, nothing timed yet). `keys` (the configurations'
         values in parameter order) spares the memo from building them again.
         """
+        if self.screener is not None:
+            return self.screener.screen(configs, keys)
         if self.measure_all or self.code_context is not None or self._best_log_ms is None:
             return None
         if not hasattr(self.surrogate, "predictive"):
@@ -275,6 +282,8 @@ class Forecaster:
         return Screen(mu=mu, scale=scale, expected_improvement=ei * (1.0 - p_fail), p_fail=p_fail)
 
     def observe(self, rec: CandidateRecord, m: Measurement, parent_speedup: float) -> None:
+        if self.screener is not None:
+            self.screener.observe(rec, m, parent_speedup)
         self._memo.clear()  # the fit is about to change
         self._reference = None
         if m.status == MeasureStatus.ok and m.runtime_ms and m.timing_valid and m.runtime_ms > 0:

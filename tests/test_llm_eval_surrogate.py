@@ -118,24 +118,28 @@ def test_without_a_provider_the_command_says_how_to_configure_one(app: typer.Typ
 def test_optimize_on_a_recorded_space_with_the_llm_surrogate(space: ReplaySpace, other_gpu: ReplaySpace, fake_llm_server,
                                                              tmp_path: Path, monkeypatch) -> None:
     """`kscout optimize --space FILE --surrogate llm --warm-start OTHER`: the LLM reads parameter values as the
-    parent's and child's code, and what the other GPU measured for the same pair."""
+    parent's and child's code, and what the other GPU measured for the same pair; once the learned
+    surrogate can rank the space, its ranking proposes and the LLM's forecasts decide."""
     from kernelscout.agent.runner import start_search
     from kernelscout.tools.archive import Archive
     from kernelscout.tools.rundir import RunDir
 
-    slower = json.dumps({"probs": [0.3, 0.4, 0.2, 0.1, 0.0, 0.0, 0.0, 0.0], "rationale": "smaller blocks"})
-    fake_llm_server.script(*[reply_text(slower) for _ in range(400)])
+    unsure = json.dumps({"probs": [0.05, 0.05, 0.1, 0.3, 0.3, 0.1, 0.05, 0.05], "rationale": "could go either way"})
+    fake_llm_server.script(*[reply_text(unsure) for _ in range(600)])
     for k, v in {"KSCOUT_PROVIDER": "openai-compatible", "KSCOUT_BASE_URL": fake_llm_server.openai_base_url,
                  "KSCOUT_MODEL": "served-model"}.items():
         monkeypatch.setenv(k, v)
     monkeypatch.chdir(tmp_path)
 
-    result = start_search(None, str(space.path), budget=4, surrogate="llm", run_dir=str(tmp_path / "run"), quiet=True, report=False,
+    result = start_search(None, str(space.path), budget=16, surrogate="llm", run_dir=str(tmp_path / "run"), quiet=True, report=False,
                           warm_start=[str(other_gpu.path)])
 
-    assert result.measurements_used == 4
-    forecasts = Archive(RunDir(tmp_path / "run")).forecasts()
+    assert result.measurements_used == 16
+    archive = Archive(RunDir(tmp_path / "run"))
+    forecasts = archive.forecasts()
     assert forecasts and all(f["surrogate"] == "llm" for f in forecasts)
+    screened = [r for r in archive.all() if r.origin == "screened"]
+    assert screened and "expected improvement" in screened[0].hypothesis
     prompt = json.dumps(fake_llm_server.requests[0].body)
     first_param = space.param_names[0]
     assert prompt.count(f"{first_param} = ") == 2 and space.device_label in prompt  # parent and child as parameter values

@@ -163,3 +163,24 @@ def test_no_recalibration_before_enough_outcomes_of_both_kinds(fake_llm_server):
     f = forecast(surrogate)
     assert f.p_faster == pytest.approx(p_speedup_above(FASTER, f.bin_edges, 1.0))
     assert "recalibrated" not in f.rationale
+
+
+def test_a_pending_candidate_forecast_again_costs_no_chat_call_but_gets_todays_calibration(fake_llm_server):
+    """The search forecasts proposals it kept for later once per iteration; the LLM is asked once per
+    parent and child, and its answer is recalibrated with what has been measured since."""
+    surrogate = surrogate_for(fake_llm_server, "openai", min_calibration=10)
+    fake_llm_server.script(reply_text(answer(FASTER)), reply_text(answer(FASTER)))
+    first = forecast(surrogate)
+    raw = p_speedup_above(FASTER, surrogate.edges, 1.0)
+    for k in range(20):
+        surrogate.observe(raw if k % 2 else 0.2, 0.8 if k % 4 else 1.3, label=f"#{k}")  # confident, mostly wrong
+
+    again = forecast(surrogate, incumbent_ratio=1.5)
+
+    assert fake_llm_server.request_count == 2  # the first forecast and its critique, nothing more
+    assert again.p_faster < first.p_faster and "recalibrated" in again.rationale and "earlier answer" in again.rationale
+    assert again.p_beats_incumbent < first.p_beats_incumbent
+    fake_llm_server.script(reply_text(answer(SLOWER)), reply_text(answer(SLOWER)))
+    other = surrogate.forecast(child_source=CHILD + "\n# unrolled", parent_source=PARENT, parent_ms=2.0, parent_speedup=1.0,
+                               incumbent_ratio=1.2, device="NVIDIA A100", sol="0.4 ms (memory bound)")
+    assert fake_llm_server.request_count == 4 and other.p_faster < 0.5  # a different child is asked about

@@ -7,7 +7,8 @@ spreads), and the top few become this iteration's proposals. A space larger than
 ranked in a pool: the best of the last ranking plus a fresh random sample, so an iteration costs the
 same on 18,000 configurations as on 2,000. The loop then forecasts each proposal in
 full with `predict` and measures only what the decision rule selects, so the forecasts, not the
-GPU, do the screening.
+GPU, do the screening. Under the LLM surrogate, which cannot afford a chat call per configuration,
+the learned surrogate ranks the space and the LLM's forecasts decide which proposals are measured.
 
 Before the surrogate can forecast (cold start), the policy proposes a space-filling design: greedy
 maximin over the same standardised features the surrogate's Gaussian process measures distance in,
@@ -186,7 +187,8 @@ class SpaceSearchPolicy:
         # iteration, and then reads this pass instead of asking the surrogate a second time
         extra = np.asarray(sorted(self._proposed - set(pool.tolist())), dtype=int)
         rows = np.concatenate([pool, extra]).astype(int)
-        same_order = list(getattr(getattr(self.forecaster, "surrogate", None), "param_names", [])) == list(self.space.param_names)
+        scorer = getattr(self.forecaster, "screener", None) or self.forecaster  # the LLM's learned screener
+        same_order = list(getattr(getattr(scorer, "surrogate", None), "param_names", [])) == list(self.space.param_names)
         if self._keys is None and same_order:
             self._keys = [tuple(r) for r in self._values]
         keys = [self._keys[i] for i in rows] if self._keys is not None else None

@@ -64,6 +64,7 @@ class LLMSurrogate:
         self._history: list[tuple[float, bool]] = []  # (raw P(faster), measured faster)
         self._measured: list[str] = []
         self._calibrator = None
+        self._answers: dict[tuple, tuple[BinAnswer, str]] = {}  # (parent, child, parent time) -> usable answer, note
 
     def _ask(self, messages) -> tuple[Optional[BinAnswer], str]:
         from kernelscout.agent.llm import structured_outcome
@@ -81,6 +82,10 @@ class LLMSurrogate:
 
         start = time.perf_counter()
         self.last_raw_p_faster = None
+        key = (parent_source, child_source, parent_ms, device)
+        if key in self._answers:  # a pending candidate forecast again: the answer stands, the calibration is today's
+            answer, note = self._answers[key]
+            return self._from_answer(answer, note + " (the earlier answer for this parent and child)", incumbent_ratio, start)
         n = len(self.edges) + 1
         prompt = load_prompt("forecast").format(
             device=device, parent_ms=f"{parent_ms:.4g} ms" if parent_ms else "not yet measured", parent_speedup=f"{parent_speedup:.3f}x",
@@ -95,6 +100,11 @@ class LLMSurrogate:
         messages += [Message.assistant(first.model_dump_json()), Message.user(load_prompt("reflect").format(n_bins=n))]
         revised, why = self._ask(messages)
         answer = revised or first
+        note = "" if revised else f" (revision unusable: {why}; first answer kept)"
+        self._answers[key] = (answer, note)
+        return self._from_answer(answer, note, incumbent_ratio, start)
+
+    def _from_answer(self, answer: BinAnswer, note: str, incumbent_ratio: Optional[float], start: float) -> Forecast:
         probs = np.asarray(answer.probs, dtype=float)
         probs = probs / probs.sum()
         raw_pf = p_speedup_above(probs, self.edges, 1.0)
@@ -104,7 +114,6 @@ class LLMSurrogate:
         bounds = _bin_bounds(self.edges)
         expected = float(sum(p * math.sqrt(lo * hi) for p, (lo, hi) in zip(probs, bounds)))
         pb = p_speedup_above(probs, self.edges, incumbent_ratio) if incumbent_ratio else None
-        note = "" if revised else f" (revision unusable: {why}; first answer kept)"
         return Forecast(
             surrogate=self.name, informative=True, bin_edges=self.edges, bin_labels=bin_labels(self.edges), bin_probs=probs.tolist(),
             p_faster=pf, p_beats_incumbent=pb, expected_speedup=expected, confidence=abs(2 * pf - 1),
