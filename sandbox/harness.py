@@ -216,8 +216,7 @@ def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float) -> Meas
             costly = measured >= max(config.min_rounds, 100) and elapsed - timed_s > config.loop_overhead_s
             if enough or slow or costly:
                 break
-        keep = (not warm) and _recheck(measured, config, rng)
-        reply = worker.request("prep", _left(deadline), seed=_seed(), keep=keep, baseline_threads=(rounds == config.warmup_rounds))
+        reply = worker.request("prep", _left(deadline), seed=_seed(), baseline_threads=(rounds == config.warmup_rounds))
         if reply["status"] != "ok":
             return _fail(reply)
         order = ("ref", "cand") if rounds % 2 == 0 else ("cand", "ref")
@@ -234,7 +233,13 @@ def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float) -> Meas
             timed_s += reply["timer_ms"] / 1e3
             if reply.get("thread_leak"):
                 leaks.append(reply["thread_leak"])
-            rechecked += bool(reply.get("rechecked"))
+        # decided only now, after both calls returned: the candidate cannot learn during its call
+        # whether this round's output will be compared
+        if not warm and _recheck(measured, config, rng):
+            reply = worker.request("verify", _left(deadline))
+            if reply["status"] != "ok":
+                return _fail(reply)
+            rechecked += 1
         rounds += 1
     cand, ref = summarise(cand_t), summarise(ref_t)
     m = Measurement(

@@ -8,6 +8,7 @@ afterwards changes a name, not the functions held here, and the snapshot diff na
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 import types
@@ -25,7 +26,14 @@ event_record = torch.cuda.Event.record
 event_elapsed = torch.cuda.Event.elapsed_time
 
 
+_HARNESS_PREFIX = "kernelscout.sandbox"
+_PROBLEM_PREFIX = "kscout_problem_"
+
+
 def _watched() -> list[tuple[str, Any]]:
+    """Namespaces a cheat would patch: the timer's and the checker's own modules (and their classes),
+    the problem module (its reference Model), torch's public functions and every nn layer class (a
+    patched nn.Linear.forward slows the reference the candidate is compared with)."""
     spaces: list[tuple[str, Any]] = [
         ("time", time),
         ("torch", torch),
@@ -37,27 +45,50 @@ def _watched() -> list[tuple[str, Any]]:
         ("torch.backends.cuda.matmul", torch.backends.cuda.matmul),
         ("torch.nn.Module", torch.nn.Module),
     ]
+    for label in ("torch.linalg", "torch.fft", "torch.special", "torch._C._nn", "torch._C._VariableFunctions"):
+        module = _resolve(label)
+        if module is not None:
+            spaces.append((label, module))
+    spaces += [(f"torch.nn.{name}", cls) for name, cls in sorted(vars(torch.nn).items())
+               if isinstance(cls, type) and issubclass(cls, torch.nn.Module) and cls is not torch.nn.Module]
+    for name, module in sorted(sys.modules.items()):
+        if module is None or not (name.startswith(_HARNESS_PREFIX) or name.startswith(_PROBLEM_PREFIX)):
+            continue
+        spaces.append((name, module))
+        spaces += [(f"{name}.{cls_name}", cls) for cls_name, cls in sorted(vars(module).items())
+                   if isinstance(cls, type) and getattr(cls, "__module__", None) == name]
     return spaces
 
 
-def _entries(obj: Any) -> dict[str, int]:
+def _resolve(dotted: str) -> Any:
+    obj: Any = torch
+    for part in dotted.split(".")[1:]:
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def _entries(obj: Any) -> dict[str, tuple[int, int]]:
+    """id of every callable or object in a namespace, and of a function's code: swapping a
+    function's ``__code__`` in place keeps the function object."""
     try:
-        items = vars(obj).items()
+        items = list(vars(obj).items())
     except TypeError:
         return {}
     out = {}
     for name, value in items:
         if isinstance(value, (types.ModuleType, int, float, str, bool, type(None))):
             continue
-        out[name] = id(value)
+        out[name] = (id(value), id(getattr(value, "__code__", None)))
     return out
 
 
-def snapshot() -> dict[str, dict[str, int]]:
+def snapshot() -> dict[str, dict[str, tuple[int, int]]]:
     return {label: _entries(obj) for label, obj in _watched()}
 
 
-def changed_since(before: dict[str, dict[str, int]]) -> list[str]:
+def changed_since(before: dict[str, dict[str, tuple[int, int]]]) -> list[str]:
     """Names whose object was replaced since the snapshot (new names, such as lazily imported
     submodules, are not tampering). The worker installs torch.compile's own patches before any
     snapshot (see `install_library_patches`), so every replacement seen here is the candidate's."""

@@ -97,6 +97,32 @@ def _refill(buffers: Optional[list[Any]], fresh: list[Any]) -> list[Any]:
     return out
 
 
+def _checksum(t: torch.Tensor) -> Any:
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    v = float(t.detach().double().sum()) if t.numel() else 0.0
+    return v if v == v else "nan"
+
+
+def _module_fingerprint(model: Any, weights: bool = True) -> tuple:
+    """Identity of a module's public attributes and submodules (an instance-level forward override
+    shows) and, with `weights`, a checksum of every parameter (zeroed weights would make zeros
+    correct). Buffers are left out: BatchNorm in training mode updates its running stats itself."""
+    if not isinstance(model, torch.nn.Module):
+        return ()
+    def objects(m: torch.nn.Module) -> tuple:
+        return tuple(sorted((k, id(v)) for k, v in vars(m).items()
+                            if not k.startswith("_") and not isinstance(v, (int, float, str, bool, type(None)))))
+
+    ids = objects(model)
+    subs = tuple((name, id(m), objects(m)) for name, m in model.named_modules())
+    if not weights:
+        return ids, subs
+    with torch.no_grad():
+        sums = tuple((name, t.data_ptr(), _checksum(t)) for name, t in model.named_parameters())
+    return ids, subs, sums
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         integrity.cuda_synchronize()
@@ -123,6 +149,9 @@ class Worker:
         self.threads_before_candidate = 0
         self.thread_baseline: Optional[int] = None
         self.round: dict[str, Any] = {}
+        self.built: Optional[tuple] = None  # (reference, candidate, timer) as load_candidate made them
+        self.reference_print: tuple = ()
+        self.reference_ids: tuple = ()
 
     # -- problem -----------------------------------------------------------------------------
     def load_problem(self, msg: dict) -> dict:
@@ -238,9 +267,26 @@ class Worker:
             raise Failure("compile_error", f"{path}: defines no class ModelNew")
         seed = msg["init_seed"]
         self.reference = self._build(self.problem.Model, self.init_inputs, seed, self.problem_path, "Model")
+        self.reference_print = _module_fingerprint(self.reference)
+        self.reference_ids = _module_fingerprint(self.reference, weights=False)
         self.candidate = self._build(module.ModelNew, self.init_inputs, seed, path, "ModelNew")
-        tampered = integrity.changed_since(self.snapshot)
+        self.built = (self.reference, self.candidate, self.timer)
+        tampered = integrity.changed_since(self.snapshot) + self._reference_tampering()
         return {"status": "ok", "tampered": tampered, "triton": "triton" in sys.modules}
+
+    def _reference_tampering(self, weights: bool = True) -> list[str]:
+        """What the candidate changed in the objects it is judged against: the worker's reference,
+        candidate and timer (reachable through frames or gc), the reference's own attributes and
+        forward, and its weights (zeroed weights would make zeros correct)."""
+        changes = []
+        for what, now, then in zip(("reference", "candidate", "timer"), (self.reference, self.candidate, self.timer), self.built):
+            if now is not then:
+                changes.append(f"the worker's {what} object was replaced")
+        if self.reference is not None and weights and _module_fingerprint(self.reference) != self.reference_print:
+            changes.append("the reference model's attributes or weights were changed")
+        elif self.reference is not None and not weights and _module_fingerprint(self.reference, weights=False) != self.reference_ids:
+            changes.append("the reference model's attributes were changed")
+        return changes
 
     def _run_candidate(self, inputs: list[Any]) -> list[torch.Tensor]:
         try:
@@ -311,7 +357,6 @@ class Worker:
         self.round = {
             "ref": _refill(previous.get("ref"), fresh),
             "cand": _refill(previous.get("cand"), fresh),
-            "keep": bool(msg.get("keep")),
             "out": {},
         }
         _sync(self.device)
@@ -320,22 +365,40 @@ class Worker:
         return {"status": "ok"}
 
     INPUT_POOL = 4
+    FRESH_MS = 5.0  # get_inputs() this cheap runs every round
+    FRESH_NONFLOAT_MS = 50.0  # and up to this when some input is not floating point (it cannot be rescaled)
+    REPLACE_EVERY = 4  # otherwise one pooled set is replaced by a fresh one every this many rounds
 
     def _fresh_inputs(self, seed: int) -> list[Any]:
-        """New input contents for every round without calling get_inputs() every round.
+        """New input contents for every round, from get_inputs() itself whenever that is cheap.
 
-        get_inputs() (randn of large tensors) can cost more than the kernel being timed, so a few
-        generated sets are kept and each round scales one by a random factor in [1 - 2^-6, 1 + 2^-6].
-        The factor is positive, so signs, zeros and ordering are kept, but no two rounds see the
-        same values, so neither an identity cache nor a content cache can replay a result.
+        get_inputs() (randn of large tensors) can cost more than the kernel being timed, so when it is
+        slow a few generated sets are kept, one of them replaced by a fresh set every few rounds, and
+        each round scales one by a random factor in [1 - 2^-6, 1). The factor is positive and at most
+        1, so signs, zeros, ordering and bounds such as [0, 1] are kept, but no two rounds see the same
+        float values. Integer and boolean tensors cannot be rescaled, so a problem with such inputs
+        gets fresh sets every round unless get_inputs() is very slow: an exact repeat would let a
+        content cache replay a result the re-check cannot fault (it is the right output).
         """
-        pool = self.__dict__.setdefault("_input_pool", {}).setdefault(self.problem_sha, [])
-        if len(pool) < self.INPUT_POOL:
-            pool.append(self._make_inputs(self.problem, seed, self.problem_path))
-            return pool[-1]
+        state = self.__dict__.setdefault("_inputs", {}).setdefault(self.problem_sha, {"pool": [], "ms": [], "rounds": 0})
+        pool, costs = state["pool"], state["ms"]
+        state["rounds"] += 1
+        mean_ms = sum(costs) / len(costs) if costs else 0.0
+        exact = pool and any(isinstance(x, torch.Tensor) and not x.is_floating_point() for x in pool[0])
+        cheap = costs and (mean_ms <= self.FRESH_MS or (exact and mean_ms <= self.FRESH_NONFLOAT_MS))
+        if len(pool) < self.INPUT_POOL or cheap or state["rounds"] % self.REPLACE_EVERY == 0:
+            t0 = integrity.perf_counter_ns()
+            fresh = self._make_inputs(self.problem, seed, self.problem_path)
+            costs.append((integrity.perf_counter_ns() - t0) / 1e6)
+            del costs[:-16]
+            if len(pool) < self.INPUT_POOL:
+                pool.append(fresh)
+            else:
+                pool[seed % len(pool)] = fresh
+            return fresh
         gen = torch.Generator().manual_seed(seed)
         base = pool[int(torch.randint(len(pool), (1,), generator=gen))]
-        scale = 1.0 + (float(torch.rand((), generator=gen)) * 2 - 1) / 64
+        scale = 1.0 - float(torch.rand((), generator=gen)) / 64
         return [x * scale if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in base]
 
     def call(self, msg: dict) -> dict:
@@ -367,18 +430,28 @@ class Worker:
                 reply["thread_leak"] = f"{integrity.os_thread_count() - self.thread_baseline} new OS thread(s) after the warm-up"
         else:
             outputs = correctness.flatten_outputs(out, "reference")
-        if self.round["keep"]:
-            self.round["out"][side] = outputs
-            if len(self.round["out"]) == 2:
-                try:
-                    correctness.compare(self.round["out"]["cand"], self.round["out"]["ref"])
-                except CheckFailed as exc:
-                    raise Failure("incorrect", f"a timed call's output was wrong on re-check: {exc}")
-                reply["rechecked"] = True
+        self.round["out"][side] = outputs
         return reply
 
+    def verify(self, msg: dict) -> dict:
+        """Re-check the round just timed. The supervisor decides which rounds after both calls have
+        returned, so nothing the candidate can read during its call says whether it will be checked."""
+        out = self.round.get("out", {})
+        if len(out) != 2:
+            raise Failure("crashed", "verify needs a round with both calls made")
+        tampered = self._reference_tampering(weights=False)  # weights once, at unload: summing them every re-check costs
+        if tampered:
+            raise Failure("incorrect", "the candidate tampered with the harness: " + "; ".join(tampered))
+        try:
+            correctness.compare(out["cand"], out["ref"])
+        except CheckFailed as exc:
+            raise Failure("incorrect", f"a timed call's output was wrong on re-check: {exc}")
+        return {"status": "ok", "rechecked": True}
+
     def unload(self, msg: dict) -> dict:
-        tampered = integrity.changed_since(self.snapshot) if self.snapshot else []
+        tampered = (integrity.changed_since(self.snapshot) if self.snapshot else []) + (
+            self._reference_tampering() if self.built else [])
+        self.built = None
         extra_threads = integrity.thread_count() - self.threads_before_candidate
         self.candidate = self.reference = None
         self.round = {}
@@ -411,6 +484,7 @@ def main() -> None:
         "check": worker.check,
         "prep": worker.prep,
         "call": worker.call,
+        "verify": worker.verify,
         "unload": worker.unload,
     }
     while True:

@@ -201,3 +201,96 @@ def test_printed_or_injected_fake_results_do_nothing(measure_source):
     m = measure_source(_model(body, header))
     assert m.status != MeasureStatus.ok, m
     assert not m.correct
+
+
+# -- cheats that reach into the harness the candidate shares a process with --------------------
+
+_HONEST = "        return torch.relu(x * self.scale + y) + 0.5 * x"
+
+
+def test_replacing_the_correctness_check_is_caught(measure_source):
+    header = "import kernelscout.sandbox.correctness as C\nC.compare = lambda cand, ref: C.Comparison()"
+    m = measure_source(_model("        return torch.zeros_like(x)", header))
+    assert _caught(m), m
+    assert "kernelscout.sandbox.correctness.compare" in (m.timing_invalid_reason or m.message)
+
+
+def test_slowing_the_reference_by_patching_its_class_is_caught(measure_source):
+    header = "import sys\n_ref = next(m for n, m in sys.modules.items() if n.startswith('kscout_problem_'))\n" \
+             "_slow = _ref.Model.forward\n_ref.Model.forward = lambda self, *a: [_slow(self, *a) for _ in range(3)][-1]"
+    m = measure_source(_model(_HONEST, header))
+    assert _caught(m), m
+    assert "Model.forward" in (m.timing_invalid_reason or m.message)
+
+
+def test_swapping_the_workers_reference_through_gc_is_incorrect(measure_source):
+    body = """        if not _done:
+            import gc
+            for obj in gc.get_objects():
+                if type(obj).__name__ == "Worker" and getattr(obj, "reference", None) is not None:
+                    real = obj.reference
+                    obj.reference = lambda *a: (real(*a), torch.zeros_like(a[0]))[1]
+            _done.append(1)
+        return torch.zeros_like(x)"""
+    m = measure_source(_model(body, "import gc\ngc.unfreeze()\n_done = []"))
+    assert m.status == MeasureStatus.incorrect, m
+    assert "reference object was replaced" in m.message or "differs from the reference" in m.message
+
+
+def test_the_recheck_cannot_be_foreseen_from_inside_the_call(measure_source):
+    """A cheat that looks for the round's re-check flag and computes only when it is set: the flag
+    is drawn after both calls return, so such a cheat skips the work in checked rounds too."""
+    body = """        import sys
+        f = sys._getframe()
+        while f is not None and type(f.f_locals.get("self")).__name__ != "Worker":
+            f = f.f_back
+        rnd = getattr(f.f_locals["self"], "round", {}) if f is not None else {}
+        if rnd.get("keep") or rnd.get("verify"):
+            return torch.relu(x * self.scale + y) + 0.5 * x
+        return torch.empty_like(x)"""
+    m = measure_source(_model(body))
+    assert m.status == MeasureStatus.incorrect, m
+
+
+INT_PROBLEM = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(512, 256), requires_grad=False)
+
+    def forward(self, idx):
+        return torch.tanh(self.table[idx] @ self.table.T).sum(dim=1)
+
+def get_inputs():
+    return [torch.randint(0, 512, (2048,))]
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_a_cache_keyed_on_integer_input_contents_never_hits(measure_source):
+    """Integer inputs cannot be rescaled like floats: they must come fresh, or a content cache
+    replays a result that is correct and the re-check cannot fault it."""
+    cand = '''
+import torch
+import torch.nn as nn
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(512, 256), requires_grad=False)
+        self.seen = {}
+
+    def forward(self, idx):
+        key = idx.numpy().tobytes()
+        if key not in self.seen:
+            self.seen[key] = torch.tanh(self.table[idx] @ self.table.T).sum(dim=1)
+        return self.seen[key].clone()
+'''
+    m = measure_source(cand, problem=INT_PROBLEM)
+    assert m.status == MeasureStatus.ok and m.correct, m
+    assert m.speedup is not None and m.speedup < 2.0, m  # with repeats it was 300x
