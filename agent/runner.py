@@ -98,6 +98,7 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
             raise OptimizeError(f"{space}: no such recorded space")
         if policy == "llm":
             raise OptimizeError("a recorded space has no code for an LLM to edit; use --policy tuner")
+        _check_space(space, warm_start or [], surrogate)
         spec = SearchSpec(kind="space", path=str(Path(space).resolve()), device="replay", policy="tuner", surrogate=surrogate,
                           settings=settings, warm_start=[str(Path(w).resolve()) for w in warm_start or []])
         name = Path(space).name.split(".json")[0]
@@ -129,6 +130,46 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
     return _run(run, spec, resume=False, quiet=quiet, report=report)
 
 
+def _load_space(path: str, what: str):
+    from kernelscout.sandbox.replay import ReplaySpace
+
+    if Path(path).is_dir():
+        raise OptimizeError(f"{path}: a folder; {what} takes one Kernel Tuner cache file (.json or .json.gz)")
+    if not Path(path).exists():
+        raise OptimizeError(f"{path}: no such recorded space ({what})")
+    try:
+        space = ReplaySpace.load(path)
+    except (ValueError, KeyError, TypeError, AttributeError, OSError, EOFError) as exc:
+        detail = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise OptimizeError(f"{path}: not a usable Kernel Tuner cache ({detail}); give {what} a cache file "
+                            "Kernel Tuner wrote (.json or .json.gz)") from None
+    return space
+
+
+def _check_space(path: str, warm_start: list[str], surrogate: str) -> None:
+    """Refuse, before a run directory exists, a recorded space (or prior) the search could not use."""
+    space = _load_space(path, "--space")
+    if not space.ok_mask.any():
+        raise OptimizeError(f"{path}: no configuration in this space ran (all {len(space)} failed), so there is nothing "
+                            "to search or to time a reference with; record the space on hardware where some run")
+    for prior_path in warm_start:
+        prior = _load_space(prior_path, "--warm-start")
+        if set(prior.param_names) != set(space.param_names):
+            raise OptimizeError(f"{prior_path}: its parameters ({', '.join(prior.param_names)}) differ from the space's "
+                                f"({', '.join(space.param_names)}); --warm-start takes the same kernel recorded on another device")
+        timed = int(prior.ok_mask.sum())
+        if timed < 2:
+            raise OptimizeError(f"{prior_path}: only {timed} of its configurations ran; a --warm-start prior needs at least "
+                                "two timed configurations, so leave this one out")
+    if surrogate == "llm":
+        from kernelscout.agent.llm import require_chat_model
+
+        try:
+            require_chat_model(None, "the llm surrogate")
+        except ValueError as exc:  # LLMConfigError too: a provider asked for but not usable as configured
+            raise OptimizeError(f"{exc} (or use --surrogate learned)") from None
+
+
 def _cluster_device(device: str, address: str) -> str:
     """With --ray, `auto` means the cluster's GPUs if it has any: this machine may have none."""
     if device not in ("auto", "cpu", "cuda"):
@@ -151,6 +192,8 @@ def resume_search(run_dir: str, quiet: bool = False) -> OptimizeResult:
         spec = load_spec(run)
     except ValueError as exc:
         raise OptimizeError(str(exc)) from None
+    if spec.kind == "space":
+        _check_space(spec.path, spec.warm_start, spec.surrogate)
     return _run(run, spec, resume=True, quiet=quiet)
 
 

@@ -1,0 +1,88 @@
+"""Unusable recorded spaces are usage errors (exit 2, a message saying what to do), never tracebacks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kernelscout.agent.cli import app
+
+
+def write_cache(path: Path, times: dict[int, object], param: str = "bs") -> Path:
+    """A one-parameter Kernel Tuner cache: value -> time (a float, or a failure marker string)."""
+    cache = {str(v): {param: v, "time": t, "times": [t] * 3 if isinstance(t, float) else []} for v, t in times.items()}
+    doc = {"device_name": "GPU", "kernel_name": "k", "problem_size": [64], "tune_params_keys": [param],
+           "tune_params": {param: list(times)}, "objective": "time", "cache": cache}
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def timed(n: int) -> dict[int, object]:
+    return {v: 1.0 + 0.1 * v for v in range(n)}
+
+
+def kscout(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def assert_usage_error(result, *phrases: str) -> None:
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    for phrase in phrases:
+        assert phrase in " ".join(result.output.split()), result.output
+
+
+@pytest.fixture
+def space(tmp_path: Path) -> Path:
+    return write_cache(tmp_path / "k.json", timed(8))
+
+
+def optimize(tmp_path: Path, *args: str):
+    return kscout("optimize", *args, "--budget", "3", "--run-dir", str(tmp_path / "run"))
+
+
+def test_optimize_refuses_a_space_where_nothing_ran(tmp_path: Path) -> None:
+    bad = write_cache(tmp_path / "dead.json", {v: "RuntimeFailedConfig" for v in range(4)})
+    assert_usage_error(optimize(tmp_path, "--space", str(bad)), "no configuration in this space ran")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("text, phrase", [
+    ('{"tune_params": {"bs": [1]}, "cache": {}}', "no configurations in the cache"),
+    ('{"hello": 1}', "not a usable Kernel Tuner cache"),
+])
+def test_optimize_refuses_a_file_that_is_not_a_usable_cache(tmp_path: Path, text: str, phrase: str) -> None:
+    (tmp_path / "x.json").write_text(text)
+    assert_usage_error(optimize(tmp_path, "--space", str(tmp_path / "x.json")), phrase)
+    assert not (tmp_path / "run").exists()
+
+
+def test_optimize_space_takes_a_file_not_a_folder(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    assert_usage_error(optimize(tmp_path, "--space", str(tmp_path / "d")), "a folder")
+    assert not (tmp_path / "run").exists()
+
+
+def test_optimize_checks_warm_start_files_before_making_a_run(tmp_path: Path, space: Path) -> None:
+    other = write_cache(tmp_path / "other.json", timed(8), param="tile")
+    one = write_cache(tmp_path / "one.json", {0: 1.0, 1: "CompilationFailedConfig"})
+    cases = [(tmp_path / "missing.json", "no such recorded space"), (other, "differ from the space's"),
+             (one, "at least two timed configurations")]
+    for prior, phrase in cases:
+        assert_usage_error(optimize(tmp_path, "--space", str(space), "--warm-start", str(prior)), phrase)
+        assert not (tmp_path / "run").exists()
+
+
+def test_optimize_llm_surrogate_without_a_provider_is_a_usage_error(tmp_path: Path, space: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import kernelscout.agent.llm as llm
+
+    def no_provider(model, user):
+        raise ValueError(f"{user} needs an LLM provider")
+
+    monkeypatch.setattr(llm, "require_chat_model", no_provider)
+    assert_usage_error(optimize(tmp_path, "--space", str(space), "--surrogate", "llm"), "needs an LLM provider")
+    assert not (tmp_path / "run").exists()
