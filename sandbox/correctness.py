@@ -34,16 +34,66 @@ class Comparison:
     notes: list[str] = field(default_factory=list)
 
 
-def flatten_outputs(out: Any, who: str) -> list[torch.Tensor]:
-    """Outputs must be plain tensors (or a tuple/list of them): subclasses can defer work past the timer."""
-    items = list(out) if isinstance(out, (tuple, list)) else [out]
-    for i, item in enumerate(items):
+# Deeper nesting than this is a runaway (or self-referential) container, not a model's output.
+MAX_NESTING = 16
+
+
+class Outputs(list):
+    """The output tensors in a flat list, remembering how the model nested them.
+
+    ``structure`` is a tuple with "tensor" for each tensor and a tuple for each nested tuple/list
+    (tuples and lists count alike, and a bare tensor counts as a 1-tuple); ``paths`` gives each
+    tensor's index path, e.g. (1, 0) for out[1][0].
+    """
+
+    structure: tuple = ()
+    paths: list[tuple[int, ...]]
+
+
+def _path_label(path: tuple[int, ...]) -> str:
+    if not path:
+        return "output"
+    return f"output {path[0]}" + "".join(f"[{j}]" for j in path[1:])
+
+
+def _label(outputs: list, i: int) -> str:
+    paths = getattr(outputs, "paths", None)
+    if paths is not None and i < len(paths):
+        return _path_label(paths[i])
+    return f"output {i}"
+
+
+def describe_structure(structure: tuple) -> str:
+    def show(node: Any) -> str:
+        if isinstance(node, tuple):
+            return "(" + ", ".join(show(x) for x in node) + ("," if len(node) == 1 else "") + ")"
+        return str(node)
+
+    return "[" + ", ".join(show(x) for x in structure) + "]"
+
+
+def flatten_outputs(out: Any, who: str) -> Outputs:
+    """Outputs must be plain tensors, or tuples/lists of them nested to any depth (nn.LSTM returns
+    (out, (h, c))): subclasses can defer work past the timer. Tensors come out depth-first, in order."""
+    flat = Outputs()
+    flat.paths = []
+
+    def walk(item: Any, path: tuple[int, ...]) -> Any:
+        if isinstance(item, (tuple, list)):
+            if len(path) >= MAX_NESTING:
+                raise CheckFailed(f"{who} {_path_label(path)} is nested more than {MAX_NESTING} levels deep")
+            return tuple(walk(x, path + (j,)) for j, x in enumerate(item))
         if type(item) is not torch.Tensor:
             kind = type(item).__module__ + "." + type(item).__qualname__
-            raise CheckFailed(f"{who} output {i} is a {kind}, not a plain torch.Tensor")
+            raise CheckFailed(f"{who} {_path_label(path)} is a {kind}, not a plain torch.Tensor")
         if item.is_meta or item.layout != torch.strided:
-            raise CheckFailed(f"{who} output {i} is not a materialised dense tensor")
-    return items
+            raise CheckFailed(f"{who} {_path_label(path)} is not a materialised dense tensor")
+        flat.append(item)
+        flat.paths.append(path)
+        return "tensor"
+
+    flat.structure = walk(out, ()) if isinstance(out, (tuple, list)) else (walk(out, (0,)),)
+    return flat
 
 
 def _storage_span(t: torch.Tensor) -> tuple[int, int]:
@@ -60,83 +110,199 @@ def check_no_alias(outputs: list[torch.Tensor], inputs: list[Any]) -> None:
             continue
         for a, b in spans:
             if lo < b and a < hi:
-                raise CheckFailed(f"candidate output {i} shares memory with an input (it returns or views its input)")
+                raise CheckFailed(f"candidate {_label(outputs, i)} shares memory with an input (it returns or views its input)")
+
+
+def _real_dtype(dtype: torch.dtype) -> torch.dtype:
+    return dtype.to_real() if dtype.is_complex else dtype
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    """Relative tolerance for an output dtype; a complex dtype uses its component dtype's."""
+    return TOLERANCE.get(_real_dtype(dtype), 1e-4)
+
+
+def _components(t: torch.Tensor) -> torch.Tensor:
+    """float64 copy with a trailing axis of components: (re, im) for complex, one for real."""
+    t = t.resolve_conj().resolve_neg()
+    if t.is_complex():
+        return torch.view_as_real(t).double()
+    return t.double().unsqueeze(-1)
+
+
+def _first_index(mask: torch.Tensor) -> tuple[int, ...]:
+    return tuple(int(v) for v in torch.nonzero(mask)[0])
+
+
+def _elements(n: int) -> str:
+    return "1 element is" if n == 1 else f"{n} elements are"
+
+
+def _nonfinite_mismatches(c: torch.Tensor, r: torch.Tensor) -> list[str]:
+    """Where the reference is NaN the candidate must be NaN, where it is +inf/-inf the same
+    infinity, and where it is finite finite. c and r have a trailing component axis; each entry
+    says which kind of mismatch, how many elements and the first index."""
+    inf = float("inf")
+    r_fin, c_fin = torch.isfinite(r), torch.isfinite(c)
+    c_nan = torch.isnan(c)
+    found = []
+    for what, mask in (
+        ("NaN in the reference but not in the candidate", torch.isnan(r) & ~c_nan),
+        ("+inf in the reference but not in the candidate", (r == inf) & (c != inf)),
+        ("-inf in the reference but not in the candidate", (r == -inf) & (c != -inf)),
+    ):
+        el = mask.any(-1)
+        if bool(el.any()):
+            found.append(f"{_elements(int(el.sum()))} {what} (first at index {_first_index(el)})")
+    el = (r_fin & ~c_fin).any(-1)
+    if bool(el.any()):
+        n_nan = int((r_fin & c_nan).any(-1).sum())
+        n_inf = int((r_fin & ~c_fin & ~c_nan).any(-1).sum())
+        found.append(
+            f"{_elements(int(el.sum()))} NaN or Inf in the candidate where the reference is finite "
+            f"({n_nan} NaN, {n_inf} Inf; first at index {_first_index(el)})"
+        )
+    return found
+
+
+def _check_structure(cand: list, ref: list) -> None:
+    cs, rs = getattr(cand, "structure", None), getattr(ref, "structure", None)
+    if cs is not None and rs is not None and cs != rs:
+        raise CheckFailed(
+            f"candidate outputs are nested as {describe_structure(cs)}, the reference's as {describe_structure(rs)}"
+        )
 
 
 def compare(cand: list[torch.Tensor], ref: list[torch.Tensor]) -> Comparison:
-    """Strict elementwise comparison with dtype-aware tolerances; raises CheckFailed on mismatch."""
+    """Strict elementwise comparison with dtype-aware tolerances; raises CheckFailed on mismatch.
+
+    Complex outputs are compared on both components: the error is |candidate - reference| as a
+    complex number, against the tolerance times |reference|. Non-finite values must match exactly
+    in kind (NaN, +inf, -inf), and a candidate may not produce them where the reference is finite.
+    """
     if len(cand) != len(ref):
         raise CheckFailed(f"candidate returned {len(cand)} outputs, the reference {len(ref)}")
+    _check_structure(cand, ref)
     result = Comparison()
     for i, (c, r) in enumerate(zip(cand, ref)):
+        name = _label(ref, i)
         if c.shape != r.shape:
-            raise CheckFailed(f"output {i} has shape {tuple(c.shape)}, expected {tuple(r.shape)}")
+            raise CheckFailed(f"{name} has shape {tuple(c.shape)}, expected {tuple(r.shape)}")
         if c.dtype != r.dtype:
-            raise CheckFailed(f"output {i} has dtype {c.dtype}, expected {r.dtype}")
+            raise CheckFailed(f"{name} has dtype {c.dtype}, expected {r.dtype}")
         if c.device != r.device:
-            raise CheckFailed(f"output {i} is on {c.device}, expected {r.device}")
+            raise CheckFailed(f"{name} is on {c.device}, expected {r.device}")
         if not (c.is_floating_point() or c.is_complex()):
             if not torch.equal(c, r):
-                raise CheckFailed(f"output {i} ({c.dtype}) differs from the reference in {int((c != r).sum())} elements")
+                raise CheckFailed(f"{name} ({c.dtype}) differs from the reference in {int((c != r).sum())} elements")
             continue
-        if not bool(torch.isfinite(c).all()):
-            bad = int((~torch.isfinite(c)).sum())
-            if bool(torch.isfinite(r).all()) or not torch.equal(torch.isfinite(c), torch.isfinite(r)):
-                raise CheckFailed(f"output {i} has {bad} NaN or Inf values")
-        tol = TOLERANCE.get(r.dtype, 1e-4)
-        r64, c64 = r.double(), c.double()
-        finite = torch.isfinite(r64)
-        rms = float(r64[finite].pow(2).mean().sqrt()) if bool(finite.any()) else 0.0
+        c64, r64 = _components(c), _components(r)
+        mismatches = _nonfinite_mismatches(c64, r64)
+        if mismatches:
+            raise CheckFailed(f"{name} has NaN/Inf where the reference does not agree: " + "; ".join(mismatches))
+        tol = tolerance(r.dtype)
+        whole = torch.isfinite(r64).all(-1)
+        # Non-finite values match in kind by now (and the candidate's are only where the
+        # reference's are): they drop out of the numeric comparison as zeros on both sides.
+        r64 = r64.nan_to_num(0.0, 0.0, 0.0)
+        c64 = c64.nan_to_num(0.0, 0.0, 0.0)
+        mag = torch.linalg.vector_norm(r64, dim=-1)
+        diff = torch.linalg.vector_norm(c64 - r64, dim=-1)
+        del c64, r64
+        rms = float(mag[whole].pow(2).mean().sqrt()) if bool(whole.any()) else 0.0
         atol = tol * max(rms, 1e-12)
-        diff = (c64 - r64).abs()
-        diff = torch.where(finite, diff, torch.zeros_like(diff))
-        allowed = atol + tol * r64.abs()
+        allowed = atol + tol * mag
         bad = diff > allowed
         if diff.numel():
             result.max_abs_diff = max(result.max_abs_diff, float(diff.max()))
-            result.max_rel_diff = max(result.max_rel_diff, float((diff / (r64.abs() + atol)).max()))
+            result.max_rel_diff = max(result.max_rel_diff, float((diff / (mag + atol)).max()))
         if bool(bad.any()):
             n = int(bad.sum())
             raise CheckFailed(
-                f"output {i} differs from the reference in {n} of {diff.numel()} elements "
+                f"{name} differs from the reference in {n} of {diff.numel()} elements, first at index {_first_index(bad)} "
                 f"(max abs diff {float(diff.max()):.3g}, tolerance {tol:g} relative, {atol:.3g} absolute for {r.dtype})"
             )
     return result
 
 
+def _passes(cand: list[torch.Tensor], ref: list[torch.Tensor]) -> bool:
+    try:
+        compare(cand, ref)
+    except CheckFailed:
+        return False
+    return True
+
+
+def finite_input_scale(inputs: list[Any]) -> float:
+    """Largest finite |value| among the floating-point (or complex) input tensors; an additive
+    -inf mask does not make the scale infinite."""
+    scale = 0.0
+    for x in inputs:
+        if isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex()) and x.numel():
+            a = x.detach().abs()
+            a = a[torch.isfinite(a)]
+            if a.numel():
+                scale = max(scale, float(a.max()))
+    return scale
+
+
+# A constant or a cached answer is only judged on outputs with at least this many elements: a
+# scalar (a loss) always equals its own mean, and one that concentrates is no cheap guess.
+MIN_ELEMENTS_TO_JUDGE = 16
+
+
 def weak_reference_reason(per_seed_outputs: list[list[torch.Tensor]], input_scale: float = 0.0) -> str | None:
     """Say why a reference cannot tell a right answer from a cheap wrong one, or None if it can.
 
-    Zeros pass allclose when the true outputs are ~0; a constant passes when they barely vary;
-    a cached answer passes when the outputs do not depend on the inputs at all.
+    The question is asked of compare() itself: would all zeros, a constant, or another input's
+    answer (a cached one) pass the check against the reference's output? Cheap answers keep the
+    reference's NaN/Inf where it has them, so a mask alone does not make an output checkable.
+    Separately, an output below the rounding error of the inputs (every |value| under the
+    dtype's epsilon times the largest finite input) is numerical noise no candidate can match.
     """
     first = per_seed_outputs[0]
     for i, out in enumerate(first):
-        if not out.is_floating_point() or out.numel() == 0:
+        if not (out.is_floating_point() or out.is_complex()) or out.numel() == 0:
             continue
-        x = out.double()
-        finite = x[torch.isfinite(x)]
-        if finite.numel() == 0:
-            return f"reference output {i} is entirely NaN/Inf"
-        tol = TOLERANCE.get(out.dtype, 1e-4)
-        scale = float(finite.abs().max())
-        if scale < 1e-6 * max(input_scale, 1.0):
+        name = _label(first, i)
+        finite = torch.isfinite(out)
+        if not bool(finite.any()):
+            return f"reference {name} is entirely NaN/Inf"
+        magnitude = out[finite].abs().double()
+        scale = float(magnitude.max())
+        zeros = torch.where(finite, torch.zeros_like(out), out)
+        if _passes([zeros], [out]):
+            return f"reference {name} is ~0 within the check's tolerance (max |value| {scale:.2g}): all zeros would pass the check"
+        eps = torch.finfo(_real_dtype(out.dtype)).eps
+        if math.isfinite(input_scale) and scale <= eps * input_scale:
             return (
-                f"reference output {i} is ~0 everywhere (max |value| {scale:.2g} for inputs up to {input_scale:.2g}): "
-                "it is numerical noise, so no candidate can be checked against it"
+                f"reference {name} is ~0 everywhere (max |value| {scale:.2g} for inputs up to {input_scale:.2g}, "
+                f"below their rounding error in {out.dtype}): it is numerical noise, so no candidate can be checked against it"
             )
-        near_zero = float((finite.abs() <= 1e-3 * scale).double().mean()) if scale else 1.0
-        if near_zero > 0.95:
-            return f"{near_zero:.0%} of reference output {i} is ~0: zeros would pass the check"
-        if finite.numel() >= 16:
-            spread = float((finite - finite.mean()).abs().max())
-            if spread <= max(1e-6, 10 * tol) * max(scale, 1e-12):
-                return f"reference output {i} is nearly constant (spread {spread:.2g} around {float(finite.mean()):.3g})"
+        if out.numel() < MIN_ELEMENTS_TO_JUDGE:
+            continue
+        mean = out[finite].mean()
+        constant = torch.where(finite, mean.expand_as(out), out)
+        if _passes([constant], [out]):
+            return f"reference {name} is nearly constant: a constant {complex(mean) if out.is_complex() else float(mean):.4g} would pass the check"
     if len(per_seed_outputs) > 1:
         for i, out in enumerate(first):
-            if all(torch.equal(out, other[i]) for other in per_seed_outputs[1:]):
-                if out.numel() > 1 or out.is_floating_point():
-                    return f"reference output {i} is identical for different random inputs: a cached answer would pass"
+            name = _label(first, i)
+            others = [other[i] for other in per_seed_outputs[1:] if i < len(other)]
+            if not others:
+                continue
+            inexact = out.is_floating_point() or out.is_complex()
+            if (out.numel() > 1 or inexact) and all(torch.equal(out, o) for o in others):
+                return f"reference {name} is identical for different random inputs: a cached answer would pass"
+            if (
+                inexact
+                and out.numel() >= MIN_ELEMENTS_TO_JUDGE
+                and all(o.shape == out.shape and o.dtype == out.dtype and _passes([out], [o]) for o in others)
+            ):
+                return (
+                    f"reference {name} barely depends on the inputs: the answer for one input passes the check "
+                    "against another's, so a cached answer would pass"
+                )
     return None
 
 
