@@ -64,6 +64,8 @@ def eval_surrogate(
     no_plots: bool = typer.Option(False, "--no-plots", help="write no PNG files"),
 ) -> None:
     """Train a surrogate on N random measured configurations, score its forecasts on the held-out rest."""
+    from pydantic import ValidationError
+
     from kernelscout.sandbox.replay import load_spaces
     from kernelscout.tools.surrogates.evaluation import EvalInputError, EvalSettings, evaluate
     from kernelscout.tools.surrogates.registry import surrogate_names
@@ -81,9 +83,24 @@ def eval_surrogate(
             f"surrogate {surrogate!r} is not available; choose from {', '.join(surrogate_names() + ['llm'])}",
             param_hint="--surrogate",
         )
-    loaded = load_spaces(spaces)
-    settings = EvalSettings(surrogate=surrogate, train=train, seeds=seeds, pairs=pairs, warm_start=warm_start, llm_configs=configs)
+    try:
+        settings = EvalSettings(surrogate=surrogate, train=train, seeds=seeds, pairs=pairs, warm_start=warm_start,
+                                llm_configs=configs)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        option = {"llm_configs": "configs"}.get(str(first["loc"][0]), str(first["loc"][0]))
+        raise typer.BadParameter(f"{first['msg']} (got {first.get('input')!r})", param_hint=f"--{option}") from None
+    try:
+        loaded = load_spaces(spaces)
+    except (ValueError, KeyError, TypeError, AttributeError, OSError, EOFError) as exc:
+        detail = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise typer.BadParameter(f"not a usable Kernel Tuner cache ({detail}); give cache files Kernel Tuner wrote "
+                                 "(.json or .json.gz) or folders of them", param_hint="SPACES") from None
     err = Console(stderr=True)
+    if warm_start:
+        for s in loaded:
+            if int(s.ok_mask.sum()) < 2:
+                err.print(f"[dim]note: {s.path}: fewer than two timed configurations, so not used as a --warm-start prior[/dim]")
 
     def progress(res: SpaceResult) -> None:
         err.print(

@@ -86,3 +86,26 @@ def test_optimize_llm_surrogate_without_a_provider_is_a_usage_error(tmp_path: Pa
     monkeypatch.setattr(llm, "require_chat_model", no_provider)
     assert_usage_error(optimize(tmp_path, "--space", str(space), "--surrogate", "llm"), "needs an LLM provider")
     assert not (tmp_path / "run").exists()
+
+
+def eval_surrogate(*args: str):
+    return kscout("eval-surrogate", *args, "--no-plots", "--json")
+
+
+@pytest.mark.parametrize("option, value", [("--train", "1"), ("--seeds", "0"), ("--pairs", "50")])
+def test_eval_surrogate_options_out_of_range_are_usage_errors(space: Path, option: str, value: str) -> None:
+    assert_usage_error(eval_surrogate(str(space), option, value), option, value)
+
+
+def test_eval_surrogate_refuses_a_file_that_is_not_a_cache(tmp_path: Path) -> None:
+    (tmp_path / "x.json").write_text('{"hello": 1}')
+    assert_usage_error(eval_surrogate(str(tmp_path / "x.json")), "not a usable Kernel Tuner cache")
+
+
+def test_eval_surrogate_warm_start_leaves_out_priors_with_under_two_times(tmp_path: Path) -> None:
+    a = write_cache(tmp_path / "a.json", timed(12))
+    one = write_cache(tmp_path / "one.json", {0: 1.0, 1: "RuntimeFailedConfig"})
+    from kernelscout.sandbox.replay import ReplaySpace
+    from kernelscout.tools.surrogates.evaluation import warm_start_priors
+
+    assert warm_start_priors(ReplaySpace.load(a), [ReplaySpace.load(a), ReplaySpace.load(one)]) == []

@@ -103,8 +103,10 @@ class EvalReport(BaseModel):
 
 
 def warm_start_priors(target: ReplaySpace, pool: Sequence[ReplaySpace], seed: int = 0) -> list[PriorSource]:
-    """Other spaces of the same kernel, each as a prior for `target`."""
-    return [PriorSource.from_space(s, seed=seed) for s in pool if s.path != target.path and s.same_kernel(target)]
+    """Other spaces of the same kernel, each as a prior for `target` (those with fewer than two timed
+    configurations are left out: a prior needs at least two times to rank)."""
+    return [PriorSource.from_space(s, seed=seed) for s in pool
+            if s.path != target.path and s.same_kernel(target) and int(s.ok_mask.sum()) >= 2]
 
 
 def train_on_replay(
