@@ -172,7 +172,7 @@ class Worker:
         per_seed_outputs, input_scale = [], 0.0
         for seed in msg["seeds"]:
             inputs = self._make_inputs(module, seed, path)
-            input_scale = max(input_scale, max((float(x.abs().max()) for x in inputs if isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel()), default=0.0))
+            input_scale = max(input_scale, correctness.finite_input_scale(inputs))  # a -inf mask is not the scale
             torch.manual_seed(seed)
             model = self._build(module.Model, init_inputs, msg["seeds"][0], path, "Model")
             try:
