@@ -109,3 +109,10 @@ def test_eval_surrogate_warm_start_leaves_out_priors_with_under_two_times(tmp_pa
     from kernelscout.tools.surrogates.evaluation import warm_start_priors
 
     assert warm_start_priors(ReplaySpace.load(a), [ReplaySpace.load(a), ReplaySpace.load(one)]) == []
+
+
+def test_eval_surrogate_on_a_space_with_too_few_timed_configurations_says_so(tmp_path: Path) -> None:
+    few = write_cache(tmp_path / "few.json", {**timed(1), 1: "RuntimeFailedConfig", 2: "RuntimeFailedConfig"})
+    result = eval_surrogate(str(few), "--train", "2")
+    assert_usage_error(result, "too few timed configurations")
+    assert "at most 2" not in result.output
