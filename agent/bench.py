@@ -382,7 +382,17 @@ def run_bench(req: BenchRequest, progress: Optional[Callable[[int, int, Trace], 
         raise BenchError(f"unknown baseline(s) {', '.join(sorted(unknown))}; the only baseline is kernel_tuner")
     spaces = {}
     for p in paths:
-        s = _space(p)
+        try:
+            s = _space(p)
+        except (ValueError, KeyError, TypeError, AttributeError, OSError, EOFError) as exc:
+            detail = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
+            raise BenchError(f"{p}: not a usable Kernel Tuner cache ({detail}); give cache files Kernel Tuner wrote") from None
+        if not s.ok_mask.any():
+            raise BenchError(f"{p}: no configuration in this space ran (all {len(s)} failed), so there is nothing to "
+                             "search; leave it out")
+        if s.name in spaces:
+            raise BenchError(f"{spaces[s.name].path} and {p} have the same name {s.name!r}, and results are kept by "
+                             "name; rename one of them (e.g. add the GPU to the file name)")
         spaces[s.name] = s
     top = budgets[-1]
     tasks = []

@@ -116,3 +116,24 @@ def test_eval_surrogate_on_a_space_with_too_few_timed_configurations_says_so(tmp
     result = eval_surrogate(str(few), "--train", "2")
     assert_usage_error(result, "too few timed configurations")
     assert "at most 2" not in result.output
+
+
+def bench(*spaces: Path):
+    return kscout("bench", "search", *map(str, spaces), "--budgets", "2", "--seeds", "1", "--baselines", "none")
+
+
+def test_bench_search_refuses_unusable_spaces(tmp_path: Path) -> None:
+    dead = write_cache(tmp_path / "dead.json", {v: "RuntimeFailedConfig" for v in range(4)})
+    assert_usage_error(bench(dead), "no configuration in this space ran")
+    (tmp_path / "x.json").write_text('{"hello": 1}')
+    assert_usage_error(bench(tmp_path / "x.json"), "not a usable Kernel Tuner cache")
+
+
+def test_bench_search_refuses_two_spaces_with_the_same_name(tmp_path: Path) -> None:
+    (tmp_path / "gpuA").mkdir()
+    (tmp_path / "gpuB").mkdir()
+    a = write_cache(tmp_path / "gpuA" / "x.json", timed(6))
+    b = write_cache(tmp_path / "gpuB" / "x.json", timed(6))
+    result = bench(a, b)
+    assert_usage_error(result, "rename one of them")
+    assert "gpuA" in result.output and "gpuB" in result.output
