@@ -96,6 +96,12 @@ def eval_surrogate(
         detail = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
         raise typer.BadParameter(f"not a usable Kernel Tuner cache ({detail}); give cache files Kernel Tuner wrote "
                                  "(.json or .json.gz) or folders of them", param_hint="SPACES") from None
+    by_name: dict[str, Path] = {}
+    for s in loaded:
+        if s.name in by_name:
+            raise typer.BadParameter(f"{by_name[s.name]} and {s.path} have the same name {s.name!r}, and results are kept "
+                                     "by name; rename one of them (e.g. add the GPU to the file name)", param_hint="SPACES")
+        by_name[s.name] = s.path
     err = Console(stderr=True)
     if warm_start:
         for s in loaded:

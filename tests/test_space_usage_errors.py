@@ -137,3 +137,13 @@ def test_bench_search_refuses_two_spaces_with_the_same_name(tmp_path: Path) -> N
     result = bench(a, b)
     assert_usage_error(result, "rename one of them")
     assert "gpuA" in result.output and "gpuB" in result.output
+
+
+def test_eval_surrogate_refuses_two_spaces_with_the_same_name(tmp_path: Path) -> None:
+    (tmp_path / "gpuA").mkdir()
+    (tmp_path / "gpuB").mkdir()
+    a = write_cache(tmp_path / "gpuA" / "x.json", timed(12))
+    b = write_cache(tmp_path / "gpuB" / "x.json", timed(12))
+    result = eval_surrogate(str(a), str(b), "--train", "4", "--seeds", "1", "--pairs", "100")
+    assert_usage_error(result, "rename one of them")
+    assert "gpuA" in result.output and "gpuB" in result.output
