@@ -290,7 +290,7 @@ def kernel_tuner_trace(space_path: str, strategy: str, seed: int, budget: int, w
         restrictions = strings or None
     options: dict[str, Any] = {"max_fevals": budget * (_DA_CALLS_PER_UNIQUE if strategy == "dual_annealing" else 1)}
     if strategy == "bayes_opt" and len(space) < 20:
-        options["popsize"] = max(2, len(space) // 2)  # its initial sample (20) cannot exceed a tiny space
+        options["popsize"] = min(len(space), max(2, len(space) // 2))  # its initial sample (20) cannot exceed a tiny space
     random.seed(seed)
     np.random.seed(seed)
     t0 = time.perf_counter()

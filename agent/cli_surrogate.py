@@ -117,7 +117,7 @@ def eval_surrogate(
     try:
         report = evaluate(loaded, settings, progress=progress, model=model)
     except EvalInputError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--train") from None
+        raise typer.BadParameter(str(exc), param_hint="--train" if "--train" in str(exc) else "SPACE") from None
     written = []
     if not no_plots and plots is not None:
         from kernelscout.tools.surrogates.plots import write_plots  # matplotlib only when asked

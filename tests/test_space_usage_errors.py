@@ -147,3 +147,10 @@ def test_eval_surrogate_refuses_two_spaces_with_the_same_name(tmp_path: Path) ->
     result = eval_surrogate(str(a), str(b), "--train", "4", "--seeds", "1", "--pairs", "100")
     assert_usage_error(result, "rename one of them")
     assert "gpuA" in result.output and "gpuB" in result.output
+
+
+def test_eval_surrogate_on_a_space_where_every_time_is_the_same_says_there_is_nothing_to_rank(tmp_path: Path) -> None:
+    flat = write_cache(tmp_path / "flat.json", {v: 2.0 for v in range(40)})
+    assert_usage_error(kscout("eval-surrogate", str(flat), "--train", "10", "--seeds", "1", "--no-plots"),
+                       "same time", "nothing to rank")
+

@@ -163,6 +163,9 @@ def _evaluate_once(
     i, j = M.sample_pairs(ok_idx.size, settings.pairs, rng)
     keep = truth[i] != truth[j]
     i, j = i[keep], j[keep]
+    if i.size == 0:
+        raise EvalInputError(f"{space.name}: every held-out configuration that ran has the same time, so there is "
+                             "nothing to rank or forecast; leave this space out")
     faster = truth[j] < truth[i]
     speedup = np.exp(truth[i] - truth[j])
     outcome_bin = np.searchsorted(np.asarray(settings.edges), speedup, side="right")
