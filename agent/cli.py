@@ -45,6 +45,8 @@ def measure(
     budget: Optional[int] = typer.Option(None, help="measurement cap for the run directory"),
     again: bool = typer.Option(False, "--again", help="measure even if this exact candidate was already measured in the run"),
     timeout: float = typer.Option(120.0, help="seconds allowed for running the candidate (checks and timing)"),
+    compile_timeout: float = typer.Option(
+        600.0, "--compile-timeout", help="seconds allowed for importing and constructing the candidate (torch.compile, Triton builds)"),
     timing_budget: float = typer.Option(2.0, "--timing-budget", help="timed seconds to aim for, both sides together"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
@@ -54,7 +56,7 @@ def measure(
 
     request = MeasureRequest(
         problem=problem, candidate=candidate, device=device, run_dir=run_dir, budget=budget, again=again,
-        harness=HarnessConfig(timeout_s=timeout, timing_budget_s=timing_budget),
+        harness=HarnessConfig(timeout_s=timeout, compile_timeout_s=compile_timeout, timing_budget_s=timing_budget),
     )
     if not as_json:
         err.print(f"[dim]measuring {candidate} against {problem} ...[/dim]", soft_wrap=True)

@@ -222,7 +222,7 @@ class Worker:
                 "invalid_problem",
                 f"{path}: get_inputs() makes {correctness.describe_bytes(needed)} of tensors; with a copy for the candidate "
                 f"and the outputs that does not fit in {where} ({correctness.describe_bytes(limit)}). "
-                "Shrink the shapes, or raise the limit with --memory-limit.",
+                "Shrink the shapes (a CPU worker may use 3/4 of the machine's memory, at most 64 GiB).",
             )
 
     def _make_inputs(self, module, seed: int, path: str) -> list[Any]:
@@ -261,7 +261,12 @@ class Worker:
         except BaseException as exc:
             if isinstance(exc, SystemExit):
                 raise Failure("compile_error", f"{path}: the candidate called sys.exit() while being imported")
-            raise Failure("compile_error", f"{path}: importing the candidate failed: {_short_error(exc, path)}")
+            hint = ""
+            missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+            if missing and os.path.exists(os.path.join(os.path.dirname(path), missing.split(".")[0] + ".py")):
+                hint = (f" (a candidate is one self-contained file, as in KernelBench: {missing.split('.')[0]}.py next to it "
+                        "is not importable; put its code into the candidate)")
+            raise Failure("compile_error", f"{path}: importing the candidate failed: {_short_error(exc, path)}{hint}")
         self.candidate_module, self.candidate_path = name, path
         if not hasattr(module, "ModelNew"):
             raise Failure("compile_error", f"{path}: defines no class ModelNew")
@@ -499,6 +504,8 @@ def main() -> None:
             reply = {"status": exc.status, "message": str(exc), **exc.extra}
         except SystemExit:
             reply = {"status": "runtime_error", "message": "the candidate called sys.exit()"}
+        except KeyboardInterrupt:  # raised by code, not typed: the supervisor never sends SIGINT to a worker
+            reply = {"status": "runtime_error", "message": "the candidate raised KeyboardInterrupt"}
         except BaseException as exc:  # a harness bug must not look like a candidate verdict
             reply = {"status": "crashed", "message": "worker error: " + _short_error(exc)}
             traceback.print_exc()

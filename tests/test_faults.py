@@ -82,6 +82,19 @@ def test_sys_exit_during_forward_is_a_runtime_error(measure_source):
     _then_healthy(measure_source)
 
 
+def test_keyboard_interrupt_raised_by_the_candidate_is_its_runtime_error(measure_source):
+    m = measure_source(_candidate_with("        raise KeyboardInterrupt"), config=FAST_TIMEOUT)
+    assert m.status == MeasureStatus.runtime_error and "KeyboardInterrupt" in m.message
+    _then_healthy(measure_source)
+
+
+def test_a_candidate_importing_a_file_next_to_it_is_told_to_inline_it(measure_source, write):
+    write("fastops.py", "def relu(x):\n    return x.clamp_min(0)\n")
+    m = measure_source(_candidate_with("        pass", imports="from fastops import relu"))
+    assert m.status == MeasureStatus.compile_error
+    assert "one self-contained file" in m.message and "fastops.py" in m.message
+
+
 
 def _problem_that_kills_its_worker(marker: Optional[Path]) -> str:
     """The reference's get_init_inputs() SIGKILLs its worker: always, or only until `marker` exists."""
