@@ -46,7 +46,7 @@ from typing import Any, Optional
 import numpy as np
 from pydantic import BaseModel, Field
 
-from kernelscout.sandbox.replay import ReplaySpace
+from kernelscout.sandbox.replay import ReplaySpace, read_cache_json
 
 KT_STRATEGIES = ("random_sample", "genetic_algorithm", "bayes_opt", "dual_annealing")
 KS_METHODS = {"kernelscout": "learned", "kernelscout --surrogate none": "none"}
@@ -298,12 +298,16 @@ def kernel_tuner_trace(space_path: str, strategy: str, seed: int, budget: int, w
         warnings.simplefilter("ignore")
         import contextlib
 
-        with contextlib.redirect_stdout(devnull):
-            results, _ = kernel_tuner.tune_kernel(
-                header["kernel_name"], f"__global__ void {header['kernel_name']}() {{}}", header["problem_size"], [], tune_params,
-                restrictions=restrictions, strategy=strategy, strategy_options=options, cache=cache,
-                simulation_mode=True, quiet=True, verbose=False,
-            )
+        try:
+            with contextlib.redirect_stdout(devnull):
+                results, _ = kernel_tuner.tune_kernel(
+                    header["kernel_name"], f"__global__ void {header['kernel_name']}() {{}}", header["problem_size"], [], tune_params,
+                    restrictions=restrictions, strategy=strategy, strategy_options=options, cache=cache,
+                    simulation_mode=True, quiet=True, verbose=False,
+                )
+        except Exception as exc:  # Kernel Tuner's own limits (a one-configuration space, list-valued parameters)
+            raise BenchError(f"Kernel Tuner's {strategy} failed on {space.name}: {type(exc).__name__}: {exc}; "
+                             "leave this space out or run it with --baselines none") from None
     wall = time.perf_counter() - t0
     measured = [space.index_of([r[k] for k in keys]) for r in results]
     order = unique_in_order([i for i in measured if i is not None])[:budget]
@@ -340,13 +344,22 @@ def _space(path: str) -> ReplaySpace:
 
 
 def _plain_cache(path: str, workdir: str) -> str:
-    """Kernel Tuner reads plain JSON only: a private uncompressed copy per process."""
+    """Kernel Tuner reads plain, complete JSON with its header fields before the cache: a private
+    canonical copy per process, so that an interrupted cache (which our loader repairs), a re-saved
+    one whose `cache` is not the last key, or one missing header fields runs as it replays here."""
     if path not in _PLAIN:
         dest = Path(workdir) / f"kt-{os.getpid()}" / Path(path).name.removesuffix(".gz")
         dest.parent.mkdir(parents=True, exist_ok=True)
-        opener = gzip.open if path.endswith(".gz") else open
-        with opener(path, "rb") as src, open(dest, "wb") as out:
-            shutil.copyfileobj(src, out)
+        raw = read_cache_json(Path(path))
+        space = _space(path)
+        doc = {k: v for k, v in raw.items() if k != "cache"}
+        doc.setdefault("device_name", space.device_name or "unknown")
+        doc.setdefault("kernel_name", space.kernel_name or "kernel")
+        doc.setdefault("problem_size", space.problem_size if space.problem_size is not None else [1])
+        doc["tune_params_keys"] = list(space.param_names)
+        doc.setdefault("objective", "time")
+        doc["cache"] = raw["cache"]
+        dest.write_text(json.dumps(doc))
         _PLAIN[path] = str(dest)
     return _PLAIN[path]
 

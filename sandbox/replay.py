@@ -44,7 +44,7 @@ _OUTSIDE_MARKERS = {"InvalidConfig"}
 _FAILED_TIME = 1e20  # what Kernel Tuner wrote for failures before it used marker strings
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_cache_json(path: Path) -> dict[str, Any]:
     """Parse a cache, also one left unterminated by an interrupted Kernel Tuner run."""
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as fh:
@@ -80,7 +80,7 @@ class ReplaySpace:
     def load(cls, path: str | Path) -> ReplaySpace:
         """Read a Kernel Tuner cache file (.json or .json.gz)."""
         path = Path(path)
-        raw = _read_json(path)
+        raw = read_cache_json(path)
         names = tuple(raw.get("tune_params_keys") or raw["tune_params"].keys())
         values = {n: tuple(raw["tune_params"][n]) for n in names}
         # Keys in the file are the str() of each value joined by ","; map text back to the typed value.

@@ -154,3 +154,27 @@ def test_eval_surrogate_on_a_space_where_every_time_is_the_same_says_there_is_no
     assert_usage_error(kscout("eval-surrogate", str(flat), "--train", "10", "--seeds", "1", "--no-plots"),
                        "same time", "nothing to rank")
 
+
+
+def test_bench_search_gives_kernel_tuner_a_cache_it_can_read(tmp_path: Path) -> None:
+    """An interrupted Kernel Tuner run (records appended, braces never closed), with the header's
+    kernel name and problem size missing: the replay loader repairs it, and Kernel Tuner gets the same."""
+    pytest.importorskip("kernel_tuner")
+    full = write_cache(tmp_path / "full.json", timed(12))
+    doc = json.loads(full.read_text())
+    del doc["kernel_name"], doc["problem_size"]
+    cut = tmp_path / "cut.json"
+    text = json.dumps(doc)
+    assert text.endswith("}}}")  # the last record, the cache, the document
+    cut.write_text(text[:-2] + ",\n")  # as Kernel Tuner leaves it when killed: records closed, cache and document not
+    result = kscout("bench", "search", str(cut), "--budgets", "4", "--seeds", "1", "--jobs", "1", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["cut"]["kernel_tuner random_sample"]["4"]["frac_of_opt"] > 0
+
+
+def test_a_kernel_tuner_failure_is_a_usage_error_naming_the_strategy(tmp_path: Path) -> None:
+    pytest.importorskip("kernel_tuner")
+    one = write_cache(tmp_path / "one.json", timed(1))
+    result = kscout("bench", "search", str(one), "--budgets", "2", "--seeds", "1", "--jobs", "1")
+    if result.exit_code != 0:  # Kernel Tuner 1.5 cannot sample a one-point space in bayes_opt
+        assert_usage_error(result, "Kernel Tuner's", "--baselines none")
