@@ -71,12 +71,29 @@ def _import_file(path: str, name: str):
     return module
 
 
+def _each_tensor(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """`fn` applied to every tensor, also inside lists and tuples (an argument may be a list of
+    tensors); everything else is passed through."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_each_tensor(v, fn) for v in value) if type(value) in (list, tuple) else value
+    return value
+
+
+def tensors_in(values: Any) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    _each_tensor(values, found.append)
+    return found
+
+
 def _to_device(values: list[Any], device: torch.device) -> list[Any]:
-    return [v.to(device) if isinstance(v, torch.Tensor) else v for v in values]
+    return [_each_tensor(v, lambda t: t.to(device)) for v in values]
 
 
 def _clone(values: list[Any]) -> list[Any]:
-    return [v.clone() if isinstance(v, torch.Tensor) else v for v in values]
+    """Deep for tensors: a tensor inside a list argument must not be shared by candidate and reference."""
+    return [_each_tensor(v, torch.Tensor.clone) for v in values]
 
 
 def _refill(buffers: Optional[list[Any]], fresh: list[Any]) -> list[Any]:
@@ -87,14 +104,16 @@ def _refill(buffers: Optional[list[Any]], fresh: list[Any]) -> list[Any]:
     """
     if buffers is None or len(buffers) != len(fresh):
         return _clone(fresh)
-    out = []
-    for old, new in zip(buffers, fresh):
-        if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor) and old.shape == new.shape and old.dtype == new.dtype and old.device == new.device:
-            old.copy_(new)
-            out.append(old)
-        else:
-            out.append(new.clone() if isinstance(new, torch.Tensor) else new)
-    return out
+    return [_refill_one(old, new) for old, new in zip(buffers, fresh)]
+
+
+def _refill_one(old: Any, new: Any) -> Any:
+    if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor) and old.shape == new.shape and old.dtype == new.dtype and old.device == new.device:
+        old.copy_(new)
+        return old
+    if type(old) in (list, tuple) and type(new) is type(old) and len(old) == len(new):
+        return type(new)(_refill_one(o, n) for o, n in zip(old, new))
+    return _each_tensor(new, torch.Tensor.clone)
 
 
 def _checksum(t: torch.Tensor) -> Any:
@@ -172,7 +191,7 @@ class Worker:
         per_seed_outputs, input_scale = [], 0.0
         for seed in msg["seeds"]:
             inputs = self._make_inputs(module, seed, path)
-            input_scale = max(input_scale, correctness.finite_input_scale(inputs))  # a -inf mask is not the scale
+            input_scale = max(input_scale, correctness.finite_input_scale(tensors_in(inputs)))  # a -inf mask is not the scale
             torch.manual_seed(seed)
             model = self._build(module.Model, init_inputs, msg["seeds"][0], path, "Model")
             try:
@@ -209,7 +228,7 @@ class Worker:
         try:
             with torch.device("meta"):
                 meta_inputs = module.get_inputs()
-            needed = correctness.tensor_bytes(list(meta_inputs))
+            needed = correctness.tensor_bytes(tensors_in(list(meta_inputs)))
         except Exception:
             return
         if self.device.type == "cuda":
@@ -231,7 +250,7 @@ class Worker:
         if not isinstance(inputs, (list, tuple)):
             raise Failure("invalid_problem", f"{path}: get_inputs() must return a list of tensors, got {type(inputs).__name__}")
         inputs = list(inputs)
-        if not any(isinstance(x, torch.Tensor) for x in inputs):
+        if not tensors_in(inputs):
             kinds = ", ".join(type(x).__name__ for x in inputs) or "an empty list"
             raise Failure("invalid_problem", f"{path}: get_inputs() must return tensors, got {kinds}")
         try:
@@ -310,7 +329,7 @@ class Worker:
     def _validate_candidate_output(self, out: Any, inputs: list[Any]) -> list[torch.Tensor]:
         try:
             outputs = correctness.flatten_outputs(out, "candidate")
-            correctness.check_no_alias(outputs, inputs)
+            correctness.check_no_alias(outputs, tensors_in(inputs))
         except CheckFailed as exc:
             raise Failure("incorrect", str(exc))
         if integrity.precision_flags() != self._pinned_flags():
@@ -389,7 +408,7 @@ class Worker:
         pool, costs = state["pool"], state["ms"]
         state["rounds"] += 1
         mean_ms = sum(costs) / len(costs) if costs else 0.0
-        exact = pool and any(isinstance(x, torch.Tensor) and not x.is_floating_point() for x in pool[0])
+        exact = pool and any(not x.is_floating_point() for x in tensors_in(pool[0]))
         cheap = costs and (mean_ms <= self.FRESH_MS or (exact and mean_ms <= self.FRESH_NONFLOAT_MS))
         if len(pool) < self.INPUT_POOL or cheap or state["rounds"] % self.REPLACE_EVERY == 0:
             t0 = integrity.perf_counter_ns()
@@ -404,7 +423,7 @@ class Worker:
         gen = torch.Generator().manual_seed(seed)
         base = pool[int(torch.randint(len(pool), (1,), generator=gen))]
         scale = 1.0 - float(torch.rand((), generator=gen)) / 64
-        return [x * scale if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in base]
+        return [_each_tensor(x, lambda t: t * scale if t.is_floating_point() else t) for x in base]
 
     def call(self, msg: dict) -> dict:
         side = msg["side"]

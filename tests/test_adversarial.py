@@ -294,3 +294,30 @@ class ModelNew(nn.Module):
     m = measure_source(cand, problem=INT_PROBLEM)
     assert m.status == MeasureStatus.ok and m.correct, m
     assert m.speedup is not None and m.speedup < 2.0, m  # with repeats it was 300x
+
+
+LIST_PROBLEM = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x, skips):
+        return torch.tanh(x + torch.stack(skips).sum(0)) * 2.0
+
+def get_inputs():
+    return [torch.randn(128, 128), [torch.randn(128, 128) for _ in range(3)]]
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_a_list_of_tensors_argument_is_measured_and_its_tensors_are_not_shared(measure_source):
+    honest = ("import torch\nimport torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, x, skips):\n"
+              "        return torch.tanh(x + skips[0] + skips[1] + skips[2]) * 2.0\n")
+    assert measure_source(honest, problem=LIST_PROBLEM).status == MeasureStatus.ok
+    # poisons the list's tensors, hoping the reference reads the same objects (tanh(inf) * 2 == 2)
+    poison = ("import torch\nimport torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, x, skips):\n"
+              "        skips[0].fill_(float('inf'))\n        return torch.full_like(x, 2.0)\n")
+    m = measure_source(poison, problem=LIST_PROBLEM, name="poison.py")
+    assert m.status == MeasureStatus.incorrect, m
