@@ -168,6 +168,9 @@ def _finish(worker: WorkerProcess, m: Measurement) -> tuple[Measurement, bool]:
         problems.append("the candidate replaced harness functions: " + ", ".join(reply["tampered"]))
     if reply.get("extra_threads"):
         problems.append(f"the candidate left {reply['extra_threads']} thread(s) running")
+    strays = worker.stray_processes()
+    if strays:  # pool.release() kills them with the worker
+        problems.append(f"the candidate left {len(strays)} process(es) running ({', '.join(sorted(set(strays)))}); they were killed")
     if problems:
         if m.timing_valid:
             m.timing_valid = False

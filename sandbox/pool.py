@@ -1,12 +1,17 @@
 """Warm sandbox worker processes: spawn, talk to, watch, kill and replace.
 
 Workers are spawned with ``subprocess`` (fork+exec, so nothing of the supervisor's memory is
-inherited), in their own session so a timeout can kill the whole process group, with an
-environment that keeps only what a kernel needs and never a credential.
+inherited), in their own session, with an environment that keeps only what a kernel needs and
+never a credential. On Linux the supervisor is made non-dumpable before the first worker starts
+(so a candidate cannot read the supervisor's environment through /proc), each worker is a child
+subreaper (so processes a candidate starts, even in new sessions or double-forked, stay in the
+worker's process tree), and killing a worker kills that whole tree. SIGTERM and SIGHUP to the
+supervisor kill its workers before it dies.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import secrets
@@ -15,6 +20,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -54,6 +60,9 @@ def clean_env(device: str, threads: int, memory_bytes: int, workdir: Path) -> di
         TORCH_EXTENSIONS_DIR=str(CACHE_DIR / "torch_extensions"),
         TRITON_CACHE_DIR=str(CACHE_DIR / "triton"),
         TORCHINDUCTOR_CACHE_DIR=str(CACHE_DIR / "inductor"),
+        # Inductor compiles in-process: its parallel compile pool (a subprocess plus a thread that reads
+        # from it) outlives the call that started it, and the harness rightly reports work left running.
+        TORCHINDUCTOR_COMPILE_THREADS="1",
     )
     if device.startswith("cpu"):
         env["TRITON_INTERPRET"] = "1"  # the only way a Triton kernel runs without a GPU
@@ -73,6 +82,197 @@ def default_memory_bytes() -> int:
     except (ValueError, OSError):
         total = 16 << 30
     return int(min(total * 0.75, 64 << 30))
+
+
+# -- the supervisor's side of process hygiene (Linux) --------------------------------------------
+_LINUX = sys.platform.startswith("linux")
+_PR_SET_DUMPABLE = 4
+
+# Runs in each new worker process before the worker module, so before any candidate code, then
+# execs the worker in place (same pid, same pipes). Every step is best effort: a kernel or a user
+# that refuses one still gets a working worker.
+_LAUNCHER = """
+import ctypes, os, sys
+prctl = ctypes.CDLL(None, use_errno=True).prctl
+# PR_SET_CHILD_SUBREAPER: a process the candidate orphans (double fork, daemon) is re-parented to the
+# worker instead of init, so it stays in the worker's process tree, where the supervisor finds it.
+prctl(36, 1, 0, 0, 0)
+# PR_CAPBSET_DROP, for a supervisor running as root: without these the worker cannot read another
+# root process's memory or environment through /proc, load kernel modules, or trace anything
+# (CAP_SYS_MODULE, CAP_SYS_RAWIO, CAP_SYS_PTRACE, CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF,
+# CAP_CHECKPOINT_RESTORE). Dropped from the bounding set, they are gone once the worker is exec'd.
+for cap in (16, 17, 19, 21, 38, 39, 40):
+    prctl(24, cap, 0, 0, 0)
+prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
+prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS: no setuid program (sudo, su) gives them back
+os.execv(sys.executable, [sys.executable, "-m", "kernelscout.sandbox.worker"] + sys.argv[1:])
+"""
+
+_SUPERVISOR_PID: Optional[int] = None
+_LIVE: dict[int, "WorkerProcess"] = {}  # pid -> worker, for the signal handler and atexit
+_PREVIOUS_HANDLERS: dict[int, Any] = {}
+_SETUP_LOCK = threading.Lock()
+
+
+def protect_supervisor() -> None:
+    """Prepare this process to supervise sandbox workers: call before the first worker is spawned.
+
+    Why: a candidate runs as the same user as the supervisor, and on Linux a process may read
+    /proc/<pid>/environ, /proc/<pid>/mem, maps and fd of any *dumpable* process of its own user.
+    The worker's environment is scrubbed, but the supervisor's still holds the user's API keys,
+    and the worker knows the supervisor's pid (getppid()). PR_SET_DUMPABLE 0 makes those files
+    root-owned and ptrace-gated, so a same-user process can no longer open them or ptrace the
+    supervisor. (A worker of a root supervisor would still pass that gate with CAP_SYS_PTRACE,
+    CAP_SYS_ADMIN or CAP_PERFMON; the worker launcher drops those.) Side effects on the
+    supervisor: no core dumps, a debugger or py-spy must attach as root, and a non-root
+    supervisor cannot read its own /proc/self/environ. Spawned workers are dumpable again, since
+    exec resets the flag, so the supervisor can still watch and kill them.
+
+    Also, once per process: SIGTERM and SIGHUP kill every live worker's process tree and then take
+    their previous course (by default, the process dies of the signal as before), and an atexit
+    hook kills any worker a pool did not close. SIGINT is left alone (KeyboardInterrupt unwinds and
+    the pools close their workers). Signal handlers can only be installed from the main thread;
+    WorkerPool() calls this too, which is usually on the main thread.
+
+    Idempotent; no-op off Linux except for the signal handlers and atexit hook.
+    """
+    global _SUPERVISOR_PID
+    with _SETUP_LOCK:
+        if _SUPERVISOR_PID != os.getpid():  # first call in this process (or in a forked child)
+            _SUPERVISOR_PID = os.getpid()
+            if _LINUX:
+                try:
+                    import ctypes
+
+                    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+                except (OSError, AttributeError):
+                    pass
+            atexit.register(_kill_all_workers)
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGHUP):
+                if signum in _PREVIOUS_HANDLERS:
+                    continue
+                previous = signal.getsignal(signum)
+                _PREVIOUS_HANDLERS[signum] = previous
+                # left alone when ignored on purpose (nohup) or installed from C
+                if previous not in (signal.SIG_IGN, None, _on_terminate):
+                    signal.signal(signum, _on_terminate)
+
+
+def _on_terminate(signum: int, frame: Any) -> None:
+    """Kill the workers, then let the signal take its previous course."""
+    _kill_all_workers()
+    previous = _PREVIOUS_HANDLERS.get(signum, signal.SIG_DFL)
+    if callable(previous):
+        previous(signum, frame)
+        return
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _kill_all_workers() -> None:
+    if _SUPERVISOR_PID != os.getpid():  # a forked child must not kill its parent's workers
+        return
+    for worker in list(_LIVE.values()):
+        worker.kill(wait=False)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_LIVE.clear)  # a forked child supervises none of its parent's workers
+
+
+# -- process trees -------------------------------------------------------------------------------
+class _Proc(tuple):
+    """(parent pid, process group, state letter, start time in clock ticks) from /proc/<pid>/stat."""
+
+    ppid = property(lambda self: self[0])
+    pgid = property(lambda self: self[1])
+    state = property(lambda self: self[2])
+    start = property(lambda self: self[3])
+
+
+def _proc_table() -> dict[int, _Proc]:
+    """Every process on the machine, by pid."""
+    table: dict[int, _Proc] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return table
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # fields[i] is field i + 3 of proc(5)
+            table[int(entry)] = _Proc((int(fields[1]), int(fields[2]), fields[0], int(fields[19])))
+        except (OSError, IndexError, ValueError):
+            continue
+    return table
+
+
+def _tree(roots: list[int], table: dict[int, _Proc]) -> list[int]:
+    """`roots`, their descendants and the members of their process groups, parents before children."""
+    children: dict[int, list[int]] = {}
+    groups: dict[int, list[int]] = {}
+    for pid, proc in table.items():
+        children.setdefault(proc.ppid, []).append(pid)
+        groups.setdefault(proc.pgid, []).append(pid)
+    order = [r for r in dict.fromkeys(roots)]
+    seen = set(order)
+    for pid in order:  # grows while it is walked
+        for other in children.get(pid, []) + groups.get(pid, []):
+            if other not in seen:
+                seen.add(other)
+                order.append(other)
+    return order
+
+
+def _still(known: dict[int, int], table: dict[int, _Proc]) -> list[int]:
+    """The pids in `known` (pid -> start time) that are still the same processes (not a reused pid)."""
+    return [pid for pid, start in known.items() if pid in table and table[pid].start == start]
+
+
+def kill_tree(root: Optional[int], known: Optional[dict[int, int]] = None) -> None:
+    """SIGKILL `root`, everything descended from it or in its process group, and the `known` processes.
+
+    A process group misses anything a candidate moves to a new session (setsid,
+    start_new_session=True), so the tree is walked instead. It is frozen first with SIGSTOP,
+    parents before children, and walked again until no new process appears (a stopped process
+    cannot fork), then killed. Processes orphaned earlier were re-parented to the worker, a child
+    subreaper, so they are in the tree too; `known` (pid -> start time) adds processes seen under
+    the worker earlier that may have left the tree since. `root` must be a pid that cannot have been
+    reused (a worker not yet reaped). Never raises.
+    """
+    known = known or {}
+    if not _LINUX:
+        if root is not None:
+            try:
+                os.killpg(root, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        return
+    if root is None and not known:
+        return
+    frozen: list[int] = []
+    seen: set[int] = set()
+    for _ in range(100):
+        table = _proc_table()
+        roots = ([root] if root is not None else []) + _still(known, table)
+        new = [pid for pid in _tree(roots, table) if pid not in seen and pid in table]
+        if not new:
+            break
+        for pid in new:
+            seen.add(pid)
+            try:
+                os.kill(pid, signal.SIGSTOP)
+                frozen.append(pid)
+            except (ProcessLookupError, PermissionError):
+                pass
+    for pid in frozen:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 class WorkerDied(Exception):
@@ -112,9 +312,11 @@ class WorkerProcess:
         cmd_r, self._cmd_w = os.pipe()
         self._res_r, res_w = os.pipe()
         env = clean_env(device, self.threads, self.memory_bytes if device.startswith("cpu") else 0, self.workdir)
+        protect_supervisor()
+        launch = ["-c", _LAUNCHER] if _LINUX else ["-m", "kernelscout.sandbox.worker"]
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "kernelscout.sandbox.worker", str(cmd_r), str(res_w)],
+                [sys.executable, *launch, str(cmd_r), str(res_w)],
                 env=env,
                 cwd=self.workdir,
                 stdin=subprocess.DEVNULL,
@@ -127,6 +329,8 @@ class WorkerProcess:
         os.close(cmd_r)
         os.close(res_w)
         self.pid = self.proc.pid
+        self._seen: dict[int, int] = {}  # pid -> start time of the processes last seen under the worker
+        _LIVE[self.pid] = self
         self.info: dict[str, Any] = {}
         self.measurements = 0
 
@@ -137,7 +341,7 @@ class WorkerProcess:
         try:
             protocol.send(self._cmd_w, {"cmd": cmd, "nonce": nonce, **fields})
             while True:
-                reply = protocol.recv(self._res_r, deadline, poll=self._watch_memory)
+                reply = protocol.recv(self._res_r, deadline, poll=self._watch)
                 if reply.get("nonce") == nonce:
                     return reply
                 # anything else on the channel was not written by the harness: ignore it
@@ -161,13 +365,25 @@ class WorkerProcess:
         except subprocess.TimeoutExpired:
             return None
 
-    def _watch_memory(self) -> None:
-        if not self.memory_bytes:
+    def _under(self, table: dict[int, _Proc]) -> list[int]:
+        """The live processes under this worker (its tree and group, and any seen there before), itself excluded."""
+        roots = ([self.pid] if self.proc.returncode is None else []) + _still(self._seen, table)
+        return [pid for pid in _tree(roots, table) if pid != self.pid and pid in table and table[pid].state not in "ZX"]
+
+    def _watch(self) -> None:
+        """Called while waiting for a reply: remember the worker's processes and enforce its memory limit."""
+        if not _LINUX:
             return
-        rss = _group_rss_bytes(self.pid)
-        if rss > self.memory_bytes:
-            self.kill()
-            raise WorkerOutOfMemory(f"the worker used {rss / 2**30:.1f} GiB, over its limit of {self.memory_bytes / 2**30:.1f} GiB")
+        table = _proc_table()
+        under = self._under(table)
+        # remembered by start time, so a process that leaves the tree (its parent died after the
+        # candidate undid the subreaper flag) is still killed with the worker, and a reused pid never is
+        self._seen = {pid: table[pid].start for pid in under}
+        if self.memory_bytes:
+            rss = _rss_bytes([self.pid] + under)
+            if rss > self.memory_bytes:
+                self.kill()
+                raise WorkerOutOfMemory(f"the worker used {rss / 2**30:.1f} GiB, over its limit of {self.memory_bytes / 2**30:.1f} GiB")
 
     # -- lifecycle ---------------------------------------------------------------------------
     @property
@@ -180,20 +396,34 @@ class WorkerProcess:
         except OSError:
             return ""
 
-    def kill(self) -> None:
-        """Kill the worker's whole process group: grandchildren of a hung candidate die too."""
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
+    def stray_processes(self) -> list[str]:
+        """Names of the processes running under this worker. Between measurements there should be none:
+        anything here was started by a candidate and outlived it (sessions and double forks included)."""
+        if not _LINUX:
+            return []
+        pids = self._under(_proc_table())
+        names = []
+        for pid in pids:
+            try:
+                names.append(Path(f"/proc/{pid}/comm").read_text().strip() or str(pid))
+            except OSError:
+                names.append(str(pid))
+        return names
+
+    def kill(self, wait: bool = True) -> None:
+        """Kill the worker's whole process tree: a hung candidate's children die too, even in new sessions."""
+        # Until it is reaped, the worker's pid cannot be reused, so its tree is safe to walk.
+        kill_tree(self.pid if self.proc.returncode is None else None, self._seen)
+        self._seen = {}
+        if wait:
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
 
     def close(self) -> None:
-        if self.alive:
-            self.kill()
+        self.kill()
+        _LIVE.pop(self.pid, None)
         for fd in (self._cmd_w, self._res_r):
             try:
                 os.close(fd)
@@ -202,17 +432,12 @@ class WorkerProcess:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def _group_rss_bytes(pgid: int) -> int:
+def _rss_bytes(pids: list[int]) -> int:
     total = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid in pids:
         try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            if int(fields[2]) != pgid:  # field 5 of stat: process group
-                continue
-            total += int(fields[21]) * os.sysconf("SC_PAGE_SIZE")  # field 24: rss pages
+            with open(f"/proc/{pid}/statm") as f:
+                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")  # second field: resident pages
         except (OSError, IndexError, ValueError):
             continue
     return total
@@ -225,6 +450,7 @@ class WorkerPool:
         self.threads = threads
         self.memory_bytes = memory_bytes
         self._idle: dict[str, list[WorkerProcess]] = {}
+        protect_supervisor()  # again at the first spawn; this call is usually the one on the main thread
 
     def acquire(self, device: str, start_timeout: float = 120.0) -> WorkerProcess:
         idle = self._idle.setdefault(device, [])
@@ -242,7 +468,8 @@ class WorkerPool:
         return worker
 
     def release(self, worker: WorkerProcess, healthy: bool) -> None:
-        if healthy and worker.alive:
+        """Keep a healthy worker warm; close one that is not, or that has processes left running under it."""
+        if healthy and worker.alive and not worker.stray_processes():
             self._idle.setdefault(worker.device, []).append(worker)
         else:
             worker.close()

@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import signal
 import socket
 import tempfile
 import threading
@@ -27,7 +26,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, Field
 
 from kernelscout.sandbox.harness import HarnessConfig, run_measurement
-from kernelscout.sandbox.pool import WorkerPool, WorkerProcess
+from kernelscout.sandbox.pool import WorkerPool, WorkerProcess, kill_tree
 from kernelscout.sandbox.problem import InputFileError, SourceFile, load_candidate, load_problem
 from kernelscout.tools.schema import Measurement, MeasureStatus
 
@@ -226,8 +225,5 @@ def _reap_orphan(pidfile: Path) -> None:
     except OSError:
         cmdline = b""
     if b"kernelscout.sandbox.worker" in cmdline:  # never a recycled pid that is now something else
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        kill_tree(pgid)  # with what its candidate started, in other sessions too
     pidfile.unlink(missing_ok=True)

@@ -1,0 +1,219 @@
+"""Sandbox hygiene: what a candidate starts dies with its measurement, and the supervisor stays out of its reach.
+
+A candidate runs as the same user as the supervisor (the `kscout` process, which holds the user's API keys),
+so on Linux it could read the supervisor's /proc/<pid>/environ, and anything it starts in a new session
+escapes a process-group kill. These tests show what the sandbox does about both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kernelscout.sandbox.pool import WorkerPool, clean_env
+from kernelscout.tools.measure import MeasureRequest, measure
+from kernelscout.tools.schema import MeasureStatus
+from conftest import QUICK, SMALL_PROBLEM
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses Linux's /proc and prctl")
+
+
+def candidate(init: str = "", forward: str = "") -> str:
+    """A correct candidate for SMALL_PROBLEM that also runs `init` in its constructor and `forward` in each call."""
+    indent = lambda code: "".join(f"        {line}\n" for line in code.strip().splitlines())  # noqa: E731
+    return f'''
+import json, os, subprocess, sys, time
+import torch
+import torch.nn as nn
+
+class ModelNew(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+{indent(init or "pass")}
+    def forward(self, x, y):
+{indent(forward or "pass")}
+        return torch.relu(x * self.scale + y) + 0.5 * x
+'''
+
+
+def running(pid: int) -> bool:
+    """True while `pid` is a live process (a zombie is dead, just not reaped yet)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in "ZX"
+
+
+def gone_soon(pid: int, within_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not running(pid)
+
+
+def kill_if_running(*pids: int) -> None:
+    """Test cleanup for the processes a failing test leaves behind (each one was started by the test)."""
+    for pid in pids:
+        if running(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+# -- secrets -----------------------------------------------------------------------------------------
+def test_a_candidate_cannot_read_the_supervisors_environment_or_memory(measure_source, tmp_path):
+    report = tmp_path / "proc.json"
+    snoop = f'''
+seen = {{"parent": os.getppid()}}
+for name in ("environ", "mem", "maps", "auxv"):
+    try:
+        with open(f"/proc/{{os.getppid()}}/{{name}}", "rb") as f:
+            f.read(64)
+        seen[name] = "read"
+    except OSError as exc:
+        seen[name] = type(exc).__name__
+with open({str(report)!r}, "w") as f:
+    json.dump(seen, f)
+'''
+    m = measure_source(candidate(init=snoop))
+
+    assert m.status == MeasureStatus.ok, m.message
+    seen = json.loads(report.read_text())
+    assert seen.pop("parent") == os.getpid(), "the worker's parent is the supervisor: this test process"
+    assert seen == {"environ": "PermissionError", "mem": "PermissionError", "maps": "PermissionError", "auxv": "PermissionError"}
+
+
+# -- processes a candidate leaves behind ----------------------------------------------------------
+def test_a_process_started_in_a_new_session_is_killed_and_named_in_the_verdict(measure_source, tmp_path):
+    pidfile = tmp_path / "sleep.pid"
+    start = f'''
+p = subprocess.Popen(["sleep", "60"], start_new_session=True)
+open({str(pidfile)!r}, "w").write(str(p.pid))
+'''
+    m = measure_source(candidate(init=start))
+    pid = int(pidfile.read_text())
+    try:
+        assert m.status == MeasureStatus.ok and m.correct, m.message
+        assert not m.timing_valid
+        assert "the candidate left 1 process(es) running (sleep); they were killed" in m.warnings
+        assert gone_soon(pid)
+    finally:
+        kill_if_running(pid)
+
+
+def test_a_double_forked_daemon_is_killed_too(measure_source, tmp_path):
+    # The middle process exits at once, so the daemon is orphaned, in a session of its own: the worker
+    # (a child subreaper) adopts it, which keeps it in the worker's process tree.
+    pidfile = tmp_path / "daemon.pid"
+    middle = f"import subprocess; open({str(pidfile)!r}, 'w').write(str(subprocess.Popen(['sleep', '60'], start_new_session=True).pid))"
+    m = measure_source(candidate(init=f"subprocess.run([sys.executable, '-c', {middle!r}], check=True)"))
+    pid = int(pidfile.read_text())
+    try:
+        assert m.status == MeasureStatus.ok, m.message
+        assert "the candidate left 1 process(es) running (sleep); they were killed" in m.warnings
+        assert gone_soon(pid)
+    finally:
+        kill_if_running(pid)
+
+
+def test_a_timed_out_candidates_processes_die_with_its_worker(measure_source, tmp_path):
+    pidfile = tmp_path / "sleep.pid"
+    start = f'''
+p = subprocess.Popen(["sleep", "60"], start_new_session=True)
+open({str(pidfile)!r}, "w").write(str(p.pid))
+'''
+    m = measure_source(candidate(init=start, forward="while True:\n    time.sleep(0.1)"),
+                       config=QUICK.model_copy(update={"timeout_s": 2.0}))
+    pid = int(pidfile.read_text())
+    try:
+        assert m.status == MeasureStatus.timeout, m.message
+        assert gone_soon(pid)
+    finally:
+        kill_if_running(pid)
+
+
+def test_the_memory_limit_counts_processes_in_other_sessions(tmp_path, write):
+    pidfile = tmp_path / "hog.pid"
+    hog = "b = b'x' * (400 << 20); import time; time.sleep(60)"  # 400 MiB, written, in its own session
+    start = f'''
+p = subprocess.Popen([sys.executable, "-c", {hog!r}], start_new_session=True)
+open({str(pidfile)!r}, "w").write(str(p.pid))
+'''
+    slow = "time.sleep(0.5)"  # long enough for the watchdog to look while the hog is alive
+    problem, cand = write("problem.py", SMALL_PROBLEM), write("hog.py", candidate(init=start, forward=slow))
+    with WorkerPool() as pool:
+        worker = pool.acquire("cpu")
+        worker.memory_bytes = worker_rss(worker.pid) + (200 << 20)  # 200 MiB of headroom for what the worker itself does
+        pool.release(worker, healthy=True)
+        m = measure(MeasureRequest(problem=str(problem), candidate=str(cand), device="cpu", run_dir=str(tmp_path / "run"),
+                                   harness=QUICK), pool=pool)
+    pid = int(pidfile.read_text())
+    try:
+        assert m.status == MeasureStatus.runtime_error, m.message
+        assert "over its limit" in m.message
+        assert gone_soon(pid)
+    finally:
+        kill_if_running(pid)
+
+
+def worker_rss(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+# -- the supervisor going away ------------------------------------------------------------------
+SUPERVISOR = '''
+import sys
+from kernelscout.sandbox.harness import HarnessConfig
+from kernelscout.tools.measure import MeasureRequest, measure
+measure(MeasureRequest(problem=sys.argv[1], candidate=sys.argv[2], device="cpu", run_dir=sys.argv[3],
+                       harness=HarnessConfig(timeout_s=300)))
+'''
+
+
+def test_sigterm_to_the_supervisor_kills_its_workers_and_their_processes(tmp_path, write):
+    pids = tmp_path / "pids.json"
+    start = f'''
+p = subprocess.Popen(["sleep", "60"], start_new_session=True)
+json.dump([os.getpid(), p.pid], open({str(pids)!r}, "w"))
+'''
+    problem, cand = write("problem.py", SMALL_PROBLEM), write("hang.py", candidate(init=start, forward="while True:\n    time.sleep(0.1)"))
+    supervisor = subprocess.Popen([sys.executable, "-c", SUPERVISOR, str(problem), str(cand), str(tmp_path / "run")],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    worker = child = None
+    try:
+        deadline = time.monotonic() + 120
+        while not pids.exists() or not pids.read_text():
+            assert supervisor.poll() is None and time.monotonic() < deadline, "the candidate never started"
+            time.sleep(0.1)
+        worker, child = json.loads(pids.read_text())
+        time.sleep(0.5)  # into the hanging forward()
+
+        supervisor.send_signal(signal.SIGTERM)
+
+        assert supervisor.wait(timeout=20) == -signal.SIGTERM, "the supervisor still dies of the signal"
+        assert gone_soon(worker) and gone_soon(child)
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+        kill_if_running(*(p for p in (worker, child) if p))
+
+
+# -- torch.compile -------------------------------------------------------------------------------
+def test_torch_compile_builds_in_process_so_no_compile_pool_outlives_a_call(measure_source, tmp_path):
+    report = tmp_path / "threads.txt"
+    check = f'''
+import torch._inductor.config
+open({str(report)!r}, "w").write(str(torch._inductor.config.compile_threads))
+'''
+    m = measure_source(candidate(init=check))
+
+    assert m.status == MeasureStatus.ok, m.message
+    assert report.read_text() == "1"
+    assert clean_env("cpu", 2, 1 << 30, tmp_path)["TORCHINDUCTOR_COMPILE_THREADS"] == "1"
