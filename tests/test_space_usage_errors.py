@@ -177,4 +177,8 @@ def test_a_kernel_tuner_failure_is_a_usage_error_naming_the_strategy(tmp_path: P
     one = write_cache(tmp_path / "one.json", timed(1))
     result = kscout("bench", "search", str(one), "--budgets", "2", "--seeds", "1", "--jobs", "1")
     if result.exit_code != 0:  # Kernel Tuner 1.5 cannot sample a one-point space in bayes_opt
-        assert_usage_error(result, "Kernel Tuner's", "--baselines none")
+        # (not assert_usage_error: Kernel Tuner's logger, attached to a stream an earlier CliRunner
+        # closed, prints logging's own "--- Logging error --- Traceback" into the captured output)
+        assert result.exit_code == 2, result.output
+        message = " ".join(result.output.split())
+        assert "Kernel Tuner's" in message and "--baselines none" in message, result.output
