@@ -8,19 +8,21 @@ and references too weak to tell a right answer from zeros.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import torch
 
 # Relative tolerance by dtype. The absolute tolerance is this times the RMS of the reference
 # output, so an output of tiny magnitude does not pass by being close to zero.
-TOLERANCE: dict[torch.dtype, float] = {
+TOLERANCE: Mapping[torch.dtype, float] = MappingProxyType({  # read-only: candidate code shares the process
     torch.float64: 1e-7,
     torch.float32: 1e-4,
     torch.float16: 1e-2,
     torch.bfloat16: 2e-2,
-}
+})
 
 
 class CheckFailed(Exception):

@@ -141,7 +141,7 @@ def _drive(worker: WorkerProcess, problem: SourceFile, candidate: SourceFile, co
         return _fail(reply), False
     phase.name = "run"
     if reply["tampered"]:
-        m = Measurement(status=MeasureStatus.incorrect, message="the candidate replaced harness functions while being imported: " + ", ".join(reply["tampered"]))
+        m = Measurement(status=MeasureStatus.incorrect, message="the candidate tampered with the harness or the reference while being imported: " + ", ".join(reply["tampered"]))
         return m, True
     deadline = time.monotonic() + config.timeout_s
     checks = [f"{config.correctness_trials} correctness trials with fresh seeds, candidate before reference"]
@@ -165,7 +165,7 @@ def _finish(worker: WorkerProcess, m: Measurement) -> tuple[Measurement, bool]:
     reply = worker.request("unload", 60.0)
     problems = []
     if reply.get("tampered"):
-        problems.append("the candidate replaced harness functions: " + ", ".join(reply["tampered"]))
+        problems.append("the candidate tampered with the harness or the reference: " + ", ".join(reply["tampered"]))
     if reply.get("extra_threads"):
         problems.append(f"the candidate left {reply['extra_threads']} thread(s) running")
     strays = worker.stray_processes()

@@ -51,12 +51,19 @@ def _watched() -> list[tuple[str, Any]]:
             spaces.append((label, module))
     spaces += [(f"torch.nn.{name}", cls) for name, cls in sorted(vars(torch.nn).items())
                if isinstance(cls, type) and issubclass(cls, torch.nn.Module) and cls is not torch.nn.Module]
-    for name, module in sorted(sys.modules.items()):
+    base = getattr(torch._C, "TensorBase", None) or getattr(torch._C, "_TensorBase", None)
+    if base is not None:
+        spaces.append(("torch._C.TensorBase", base))  # what torch.Tensor inherits most methods from
+    modules = sorted(sys.modules.items())
+    main = sys.modules.get("__main__")
+    if main is not None and hasattr(main, "Worker"):  # the worker runs as `python -m`, so it is __main__
+        modules.append((_HARNESS_PREFIX + ".worker (__main__)", main))
+    for name, module in modules:
         if module is None or not (name.startswith(_HARNESS_PREFIX) or name.startswith(_PROBLEM_PREFIX)):
             continue
         spaces.append((name, module))
         spaces += [(f"{name}.{cls_name}", cls) for cls_name, cls in sorted(vars(module).items())
-                   if isinstance(cls, type) and getattr(cls, "__module__", None) == name]
+                   if isinstance(cls, type) and getattr(cls, "__module__", None) == module.__name__]
     return spaces
 
 
@@ -69,26 +76,39 @@ def _resolve(dotted: str) -> Any:
     return obj
 
 
-def _entries(obj: Any) -> dict[str, tuple[int, int]]:
+_INHERITED = "\0inherited"  # a class's entry: every name it resolved, its own or inherited, at the snapshot
+
+
+def _entries(label: str, obj: Any) -> dict[str, Any]:
     """id of every callable or object in a namespace, and of a function's code: swapping a
-    function's ``__code__`` in place keeps the function object."""
+    function's ``__code__`` in place keeps the function object. In the harness's and the problem's
+    own namespaces plain values count too (a tolerance or a pool size is as good a target as a
+    function). For a class, also the names it inherits: a new attribute that shadows an inherited
+    method (``Tensor.resolve_conj`` lives on TensorBase) is a patch, not a new name."""
     try:
         items = list(vars(obj).items())
     except TypeError:
         return {}
-    out = {}
+    ours = label.startswith(_HARNESS_PREFIX) or label.startswith(_PROBLEM_PREFIX)
+    out: dict[str, Any] = {}
     for name, value in items:
-        if isinstance(value, (types.ModuleType, int, float, str, bool, type(None))):
+        if isinstance(value, types.ModuleType):
+            continue
+        if isinstance(value, (int, float, str, bool, type(None))):
+            if ours:
+                out[name] = ("value", repr(value))
             continue
         out[name] = (id(value), id(getattr(value, "__code__", None)))
+    if isinstance(obj, type):
+        out[_INHERITED] = frozenset(dir(obj))
     return out
 
 
-def snapshot() -> dict[str, dict[str, tuple[int, int]]]:
-    return {label: _entries(obj) for label, obj in _watched()}
+def snapshot() -> dict[str, dict[str, Any]]:
+    return {label: _entries(label, obj) for label, obj in _watched()}
 
 
-def changed_since(before: dict[str, dict[str, tuple[int, int]]]) -> list[str]:
+def changed_since(before: dict[str, dict[str, Any]]) -> list[str]:
     """Names whose object was replaced since the snapshot (new names, such as lazily imported
     submodules, are not tampering). The worker installs torch.compile's own patches before any
     snapshot (see `install_library_patches`), so every replacement seen here is the candidate's."""
@@ -97,10 +117,15 @@ def changed_since(before: dict[str, dict[str, tuple[int, int]]]) -> list[str]:
     for label, entries in before.items():
         now = after.get(label, {})
         for name, ident in entries.items():
+            if name == _INHERITED:
+                continue
             if name in now and now[name] != ident:
                 changes.append(f"{label}.{name}")
             elif name not in now:
                 changes.append(f"{label}.{name} (deleted)")
+        inherited = entries.get(_INHERITED, frozenset())
+        changes += [f"{label}.{name} (shadows an inherited attribute)" for name in now
+                    if name != _INHERITED and name not in entries and name in inherited]
     originals = {
         "time.perf_counter_ns": (time.perf_counter_ns, perf_counter_ns),
         "time.monotonic": (time.monotonic, monotonic),

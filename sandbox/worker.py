@@ -123,23 +123,60 @@ def _checksum(t: torch.Tensor) -> Any:
     return v if v == v else "nan"
 
 
+def _perturb(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """`t` scaled by random factors in [1 - 2^-6, 1), one per index of its first and one per index of
+    its last axis: positive and at most 1, so signs, zeros, ordering within a row and bounds such as
+    [0, 1] hold, and a square matrix gets D·A·D, which keeps symmetry and definiteness. Unlike one
+    factor for the whole tensor, a cached output cannot be rescaled into the new one (a key made of
+    ratios between elements no longer matches)."""
+    if t.dim() == 0 or t.numel() == 0:
+        return t * (1.0 - float(torch.rand((), generator=gen)) / 64)
+
+    def factors(n: int) -> torch.Tensor:
+        return (1.0 - torch.rand(n, generator=gen, dtype=torch.float64) / 64).to(t.dtype).to(t.device)
+
+    first = factors(t.shape[0]).view(-1, *([1] * (t.dim() - 1)))
+    if t.dim() == 1:
+        return t * first
+    last = first.view(-1) if t.shape[-1] == t.shape[0] else factors(t.shape[-1])
+    return t * first * last.view(*([1] * (t.dim() - 1)), -1)
+
+
+_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs")
+_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                 "_global_backward_pre_hooks", "_global_module_registration_hooks", "_global_parameter_registration_hooks",
+                 "_global_buffer_registration_hooks")
+
+
 def _module_fingerprint(model: Any, weights: bool = True) -> tuple:
-    """Identity of a module's public attributes and submodules (an instance-level forward override
-    shows) and, with `weights`, a checksum of every parameter (zeroed weights would make zeros
-    correct). Buffers are left out: BatchNorm in training mode updates its running stats itself."""
+    """What makes the reference compute what it computes, short of its buffers: the class and the
+    attributes of it and every submodule (an instance-level forward override, a swapped `__class__`
+    or a changed `eps` shows), their forward hooks and torch's global module hooks (a hook can slow
+    or change the reference without touching it), and, with `weights`, a checksum of every parameter
+    (zeroed weights would make zeros correct). Buffers are left out: BatchNorm in training mode
+    updates its running stats itself."""
     if not isinstance(model, torch.nn.Module):
         return ()
-    def objects(m: torch.nn.Module) -> tuple:
-        return tuple(sorted((k, id(v)) for k, v in vars(m).items()
-                            if not k.startswith("_") and not isinstance(v, (int, float, str, bool, type(None)))))
 
-    ids = objects(model)
-    subs = tuple((name, id(m), objects(m)) for name, m in model.named_modules())
+    def attributes(m: torch.nn.Module) -> tuple:
+        return tuple(sorted((k, repr(v) if isinstance(v, (int, float, str, bool, type(None))) else id(v))
+                            for k, v in vars(m).items() if not k.startswith("_")))
+
+    def hooks(m: torch.nn.Module) -> tuple:
+        return tuple(tuple(getattr(m, h, {}).items()) for h in _HOOK_DICTS)
+
+    subs = tuple((name, id(m), type(m), attributes(m), hooks(m)) for name, m in model.named_modules())
     if not weights:
-        return ids, subs
+        return subs
     with torch.no_grad():
         sums = tuple((name, t.data_ptr(), _checksum(t)) for name, t in model.named_parameters())
-    return ids, subs, sums
+    return subs, sums
+
+
+def _global_module_hooks() -> tuple:
+    """torch's process-wide module hooks: one registered by the candidate runs inside the reference."""
+    module_globals = torch.nn.modules.module
+    return tuple(tuple(getattr(module_globals, h, {}).items()) for h in _GLOBAL_HOOKS)
 
 
 def _sync(device: torch.device) -> None:
@@ -171,6 +208,7 @@ class Worker:
         self.built: Optional[tuple] = None  # (reference, candidate, timer) as load_candidate made them
         self.reference_print: tuple = ()
         self.reference_ids: tuple = ()
+        self.global_hooks: tuple = ()
 
     # -- problem -----------------------------------------------------------------------------
     def load_problem(self, msg: dict) -> dict:
@@ -272,6 +310,7 @@ class Worker:
             raise Failure("crashed", "load_problem must come first")
         path = msg["path"]
         self.snapshot = integrity.snapshot()
+        self.global_hooks = _global_module_hooks()
         self.threads_before_candidate = integrity.thread_count()
         self.thread_baseline = None
         name = f"kscout_candidate_{msg['sha'][:16]}_{os.getpid()}"
@@ -306,6 +345,8 @@ class Worker:
         for what, now, then in zip(("reference", "candidate", "timer"), (self.reference, self.candidate, self.timer), self.built):
             if now is not then:
                 changes.append(f"the worker's {what} object was replaced")
+        if _global_module_hooks() != self.global_hooks:
+            changes.append("a global nn.Module hook was registered (it would run inside the reference too)")
         if self.reference is not None and weights and _module_fingerprint(self.reference) != self.reference_print:
             changes.append("the reference model's attributes or weights were changed")
         elif self.reference is not None and not weights and _module_fingerprint(self.reference, weights=False) != self.reference_ids:
@@ -398,9 +439,8 @@ class Worker:
 
         get_inputs() (randn of large tensors) can cost more than the kernel being timed, so when it is
         slow a few generated sets are kept, one of them replaced by a fresh set every few rounds, and
-        each round scales one by a random factor in [1 - 2^-6, 1). The factor is positive and at most
-        1, so signs, zeros, ordering and bounds such as [0, 1] are kept, but no two rounds see the same
-        float values. Integer and boolean tensors cannot be rescaled, so a problem with such inputs
+        each round scales one by random factors in [1 - 2^-6, 1) along its first and last axes
+        (`_perturb`), so no two rounds see the same float values. Integer and boolean tensors cannot be rescaled, so a problem with such inputs
         gets fresh sets every round unless get_inputs() is very slow: an exact repeat would let a
         content cache replay a result the re-check cannot fault (it is the right output).
         """
@@ -422,8 +462,7 @@ class Worker:
             return fresh
         gen = torch.Generator().manual_seed(seed)
         base = pool[int(torch.randint(len(pool), (1,), generator=gen))]
-        scale = 1.0 - float(torch.rand((), generator=gen)) / 64
-        return [_each_tensor(x, lambda t: t * scale if t.is_floating_point() else t) for x in base]
+        return [_each_tensor(x, lambda t: _perturb(t, gen) if t.is_floating_point() else t) for x in base]
 
     def call(self, msg: dict) -> dict:
         side = msg["side"]

@@ -321,3 +321,89 @@ def test_a_list_of_tensors_argument_is_measured_and_its_tensors_are_not_shared(m
               "        skips[0].fill_(float('inf'))\n        return torch.full_like(x, 2.0)\n")
     m = measure_source(poison, problem=LIST_PROBLEM, name="poison.py")
     assert m.status == MeasureStatus.incorrect, m
+
+
+# -- second round: cheats written against the first round's defenses ----------------------------
+
+def test_loosening_the_tolerance_table_is_refused(measure_source):
+    header = "import kernelscout.sandbox.correctness as C\nfor k in list(C.TOLERANCE):\n    C.TOLERANCE[k] = 1e30"
+    m = measure_source(_model("        return torch.zeros_like(x)", header))
+    assert m.status != MeasureStatus.ok, m  # the table is read-only: the import fails
+
+
+def test_a_new_tensor_method_that_shadows_an_inherited_one_is_tampering(measure_source):
+    """Computes lazily when the checker touches the output (compare resolves conjugation first), so
+    it is right whenever checked and free when timed; the new name on torch.Tensor gives it away."""
+    header = "_orig = torch._C.TensorBase.resolve_conj\ntorch.Tensor.resolve_conj = lambda self: _orig(self)"
+    m = measure_source(_model(_HONEST, header))
+    assert m.status == MeasureStatus.incorrect, m
+    assert "torch.Tensor.resolve_conj (shadows an inherited attribute)" in m.message
+
+
+def test_swapping_the_references_class_or_hooking_every_module_is_tampering(measure_source):
+    swap = """        return torch.relu(x * self.scale + y) + 0.5 * x
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+        import gc
+        for o in gc.get_objects():
+            if type(o).__name__ == "Model" and type(o).__module__.startswith("kscout_problem_"):
+                o.__class__ = type("Slow", (type(o),), {})"""
+    m = measure_source(_model(swap, "import gc\ngc.unfreeze()"))
+    assert m.status == MeasureStatus.incorrect and "reference model" in m.message, m
+    hook = "torch.nn.modules.module.register_module_forward_pre_hook(lambda mod, args: None)"
+    m = measure_source(_model(_HONEST, hook), name="hook.py")
+    assert m.status == MeasureStatus.incorrect and "global nn.Module hook" in m.message, m
+
+
+def test_the_workers_own_settings_are_watched(measure_source):
+    header = "import sys\nsys.modules['__main__'].Worker.FRESH_MS = -1.0"
+    m = measure_source(_model(_HONEST, header))
+    assert m.status == MeasureStatus.incorrect and "Worker.FRESH_MS" in m.message, m
+
+
+SLOW_INPUTS_PROBLEM = '''
+import time
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(256, 64) / 16, requires_grad=False)
+
+    def forward(self, x):
+        return torch.relu(x @ self.w)
+
+def get_inputs():
+    time.sleep(0.02)  # slow enough that timed rounds reuse pooled inputs, perturbed
+    return [torch.randn(512, 256)]
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_a_cache_that_rescales_a_result_for_rescaled_inputs_never_hits(measure_source):
+    """relu(x @ W) is homogeneous: if pooled inputs were rescaled by one factor, a key made of element
+    ratios would find the cached output and rescale it. Factors per row and column defeat it."""
+    cand = '''
+import torch
+import torch.nn as nn
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(256, 64) / 16, requires_grad=False)
+        self.seen = set()
+
+    def forward(self, x):
+        f = x.reshape(-1)
+        key = tuple(round(float(f[i] / f[0]), 4) for i in (1, 77, 3001, 90001))
+        if key in self.seen:  # a cheat would return the cached output rescaled by f[0] / x0 here
+            raise RuntimeError("an input repeated up to one factor")
+        self.seen.add(key)
+        return torch.relu(x @ self.w)
+'''
+    m = measure_source(cand, problem=SLOW_INPUTS_PROBLEM)
+    assert m.status == MeasureStatus.ok and m.correct, m  # never a hit, so never the RuntimeError
