@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 from pydantic import BaseModel, Field
 
 from kernelscout.agent.graph import SearchSettings
@@ -154,6 +155,11 @@ def _check_space(path: str, warm_start: list[str], surrogate: str) -> None:
                             "to search or to time a reference with; record the space on hardware where some run")
     for prior_path in warm_start:
         prior = _load_space(prior_path, "--warm-start")
+        same_file = Path(prior_path).resolve() == Path(path).resolve()
+        if same_file or (prior.param_names == space.param_names and prior.configs == space.configs
+                         and prior.device_name == space.device_name and np.array_equal(prior.times, space.times, equal_nan=True)):
+            raise OptimizeError(f"{prior_path}: this is the space being searched, so as a prior it would hand the surrogate "
+                                "every answer; --warm-start takes the same kernel recorded on another device")
         if set(prior.param_names) != set(space.param_names):
             raise OptimizeError(f"{prior_path}: its parameters ({', '.join(prior.param_names)}) differ from the space's "
                                 f"({', '.join(space.param_names)}); --warm-start takes the same kernel recorded on another device")

@@ -182,3 +182,11 @@ def test_a_kernel_tuner_failure_is_a_usage_error_naming_the_strategy(tmp_path: P
         assert result.exit_code == 2, result.output
         message = " ".join(result.output.split())
         assert "Kernel Tuner's" in message and "--baselines none" in message, result.output
+
+
+def test_optimize_refuses_the_searched_space_as_its_own_warm_start(tmp_path: Path, space: Path) -> None:
+    copy = tmp_path / "copy.json"
+    copy.write_text(space.read_text())  # another path, the same recording: every answer in the prior
+    for prior in (space, copy):
+        assert_usage_error(optimize(tmp_path, "--space", str(space), "--warm-start", str(prior)), "hand the surrogate every answer")
+    assert not (tmp_path / "run").exists()
