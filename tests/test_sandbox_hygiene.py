@@ -7,6 +7,7 @@ escapes a process-group kill. These tests show what the sandbox does about both.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -91,21 +92,30 @@ with open({str(report)!r}, "w") as f:
 
 
 # -- processes a candidate leaves behind ----------------------------------------------------------
-def test_a_process_started_in_a_new_session_is_killed_and_named_in_the_verdict(measure_source, tmp_path):
-    pidfile = tmp_path / "sleep.pid"
-    start = f'''
+@contextlib.contextmanager
+def started_by_candidate(pidfile: Path):
+    """The pid the candidate wrote; killed afterwards if the test failed before the harness did it."""
+    pid = int(pidfile.read_text())
+    try:
+        yield pid
+    finally:
+        kill_if_running(pid)
+
+
+def new_session_sleep(pidfile: Path) -> str:
+    return f'''
 p = subprocess.Popen(["sleep", "60"], start_new_session=True)
 open({str(pidfile)!r}, "w").write(str(p.pid))
 '''
-    m = measure_source(candidate(init=start))
-    pid = int(pidfile.read_text())
-    try:
+
+
+def test_a_process_started_in_a_new_session_is_killed_and_named_in_the_verdict(measure_source, tmp_path):
+    m = measure_source(candidate(init=new_session_sleep(tmp_path / "sleep.pid")))
+    with started_by_candidate(tmp_path / "sleep.pid") as pid:
         assert m.status == MeasureStatus.ok and m.correct, m.message
         assert not m.timing_valid
         assert "the candidate left 1 process(es) running (sleep); they were killed" in m.warnings
         assert gone_soon(pid)
-    finally:
-        kill_if_running(pid)
 
 
 def test_a_double_forked_daemon_is_killed_too(measure_source, tmp_path):
@@ -114,29 +124,18 @@ def test_a_double_forked_daemon_is_killed_too(measure_source, tmp_path):
     pidfile = tmp_path / "daemon.pid"
     middle = f"import subprocess; open({str(pidfile)!r}, 'w').write(str(subprocess.Popen(['sleep', '60'], start_new_session=True).pid))"
     m = measure_source(candidate(init=f"subprocess.run([sys.executable, '-c', {middle!r}], check=True)"))
-    pid = int(pidfile.read_text())
-    try:
+    with started_by_candidate(pidfile) as pid:
         assert m.status == MeasureStatus.ok, m.message
         assert "the candidate left 1 process(es) running (sleep); they were killed" in m.warnings
         assert gone_soon(pid)
-    finally:
-        kill_if_running(pid)
 
 
 def test_a_timed_out_candidates_processes_die_with_its_worker(measure_source, tmp_path):
-    pidfile = tmp_path / "sleep.pid"
-    start = f'''
-p = subprocess.Popen(["sleep", "60"], start_new_session=True)
-open({str(pidfile)!r}, "w").write(str(p.pid))
-'''
-    m = measure_source(candidate(init=start, forward="while True:\n    time.sleep(0.1)"),
+    m = measure_source(candidate(init=new_session_sleep(tmp_path / "sleep.pid"), forward="while True:\n    time.sleep(0.1)"),
                        config=QUICK.model_copy(update={"timeout_s": 2.0}))
-    pid = int(pidfile.read_text())
-    try:
+    with started_by_candidate(tmp_path / "sleep.pid") as pid:
         assert m.status == MeasureStatus.timeout, m.message
         assert gone_soon(pid)
-    finally:
-        kill_if_running(pid)
 
 
 def test_the_memory_limit_counts_processes_in_other_sessions(tmp_path, write):
