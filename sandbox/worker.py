@@ -76,8 +76,8 @@ def _each_tensor(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     tensors); everything else is passed through."""
     if isinstance(value, torch.Tensor):
         return fn(value)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_each_tensor(v, fn) for v in value) if type(value) in (list, tuple) else value
+    if type(value) in (list, tuple):  # not subclasses such as named tuples: those pass through whole
+        return type(value)(_each_tensor(v, fn) for v in value)
     return value
 
 
@@ -133,7 +133,7 @@ def _perturb(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
         return t * (1.0 - float(torch.rand((), generator=gen)) / 64)
 
     def factors(n: int) -> torch.Tensor:
-        return (1.0 - torch.rand(n, generator=gen, dtype=torch.float64) / 64).to(t.dtype).to(t.device)
+        return (1.0 - torch.rand(n, generator=gen, dtype=torch.float64) / 64).to(device=t.device, dtype=t.dtype)
 
     first = factors(t.shape[0]).view(-1, *([1] * (t.dim() - 1)))
     if t.dim() == 1:
@@ -167,7 +167,7 @@ def _module_fingerprint(model: Any, weights: bool = True) -> tuple:
 
     subs = tuple((name, id(m), type(m), attributes(m), hooks(m)) for name, m in model.named_modules())
     if not weights:
-        return subs
+        return (subs,)  # a prefix of the full fingerprint
     with torch.no_grad():
         sums = tuple((name, t.data_ptr(), _checksum(t)) for name, t in model.named_parameters())
     return subs, sums
@@ -206,8 +206,7 @@ class Worker:
         self.thread_baseline: Optional[int] = None
         self.round: dict[str, Any] = {}
         self.built: Optional[tuple] = None  # (reference, candidate, timer) as load_candidate made them
-        self.reference_print: tuple = ()
-        self.reference_ids: tuple = ()
+        self.reference_print: tuple = ()  # _module_fingerprint of the reference as built: (structure, weights)
         self.global_hooks: tuple = ()
 
     # -- problem -----------------------------------------------------------------------------
@@ -331,7 +330,6 @@ class Worker:
         seed = msg["init_seed"]
         self.reference = self._build(self.problem.Model, self.init_inputs, seed, self.problem_path, "Model")
         self.reference_print = _module_fingerprint(self.reference)
-        self.reference_ids = _module_fingerprint(self.reference, weights=False)
         self.candidate = self._build(module.ModelNew, self.init_inputs, seed, path, "ModelNew")
         self.built = (self.reference, self.candidate, self.timer)
         tampered = integrity.changed_since(self.snapshot) + self._reference_tampering()
@@ -347,10 +345,11 @@ class Worker:
                 changes.append(f"the worker's {what} object was replaced")
         if _global_module_hooks() != self.global_hooks:
             changes.append("a global nn.Module hook was registered (it would run inside the reference too)")
-        if self.reference is not None and weights and _module_fingerprint(self.reference) != self.reference_print:
-            changes.append("the reference model's attributes or weights were changed")
-        elif self.reference is not None and not weights and _module_fingerprint(self.reference, weights=False) != self.reference_ids:
-            changes.append("the reference model's attributes were changed")
+        if self.reference is not None:
+            now = _module_fingerprint(self.reference, weights)
+            if now != (self.reference_print if weights else self.reference_print[:1]):
+                changes.append("the reference model's attributes or weights were changed" if weights
+                               else "the reference model's attributes were changed")
         return changes
 
     def _run_candidate(self, inputs: list[Any]) -> list[torch.Tensor]:
@@ -440,9 +439,10 @@ class Worker:
         get_inputs() (randn of large tensors) can cost more than the kernel being timed, so when it is
         slow a few generated sets are kept, one of them replaced by a fresh set every few rounds, and
         each round scales one by random factors in [1 - 2^-6, 1) along its first and last axes
-        (`_perturb`), so no two rounds see the same float values. Integer and boolean tensors cannot be rescaled, so a problem with such inputs
-        gets fresh sets every round unless get_inputs() is very slow: an exact repeat would let a
-        content cache replay a result the re-check cannot fault (it is the right output).
+        (`_perturb`), so no two rounds see the same float values. Integer and boolean tensors cannot
+        be rescaled, so a problem with such inputs gets fresh sets every round unless get_inputs() is
+        very slow: an exact repeat would let a content cache replay a result the re-check cannot
+        fault (it is the right output).
         """
         state = self.__dict__.setdefault("_inputs", {}).setdefault(self.problem_sha, {"pool": [], "ms": [], "rounds": 0})
         pool, costs = state["pool"], state["ms"]
