@@ -46,7 +46,7 @@ from typing import Any, Optional
 import numpy as np
 from pydantic import BaseModel, Field
 
-from kernelscout.sandbox.replay import ReplaySpace, read_cache_json
+from kernelscout.sandbox.replay import CacheFileError, ReplaySpace, read_cache_json
 
 KT_STRATEGIES = ("random_sample", "genetic_algorithm", "bayes_opt", "dual_annealing")
 KS_METHODS = {"kernelscout": "learned", "kernelscout --surrogate none": "none"}
@@ -397,9 +397,8 @@ def run_bench(req: BenchRequest, progress: Optional[Callable[[int, int, Trace], 
     for p in paths:
         try:
             s = _space(p)
-        except (ValueError, KeyError, TypeError, AttributeError, OSError, EOFError) as exc:
-            detail = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
-            raise BenchError(f"{p}: not a usable Kernel Tuner cache ({detail}); give cache files Kernel Tuner wrote") from None
+        except CacheFileError as exc:
+            raise BenchError(f"{exc}; give cache files Kernel Tuner wrote") from None
         if not s.ok_mask.any():
             raise BenchError(f"{p}: no configuration in this space ran (all {len(s)} failed), so there is nothing to "
                              "search; leave it out")

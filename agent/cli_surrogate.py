@@ -66,7 +66,7 @@ def eval_surrogate(
     """Train a surrogate on N random measured configurations, score its forecasts on the held-out rest."""
     from pydantic import ValidationError
 
-    from kernelscout.sandbox.replay import load_spaces
+    from kernelscout.sandbox.replay import CacheFileError, load_spaces
     from kernelscout.tools.surrogates.evaluation import EvalInputError, EvalSettings, evaluate
     from kernelscout.tools.surrogates.registry import surrogate_names
 
@@ -92,9 +92,8 @@ def eval_surrogate(
         raise typer.BadParameter(f"{first['msg']} (got {first.get('input')!r})", param_hint=f"--{option}") from None
     try:
         loaded = load_spaces(spaces)
-    except (ValueError, KeyError, TypeError, AttributeError, OSError, EOFError) as exc:
-        detail = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
-        raise typer.BadParameter(f"not a usable Kernel Tuner cache ({detail}); give cache files Kernel Tuner wrote "
+    except CacheFileError as exc:
+        raise typer.BadParameter(f"not a usable Kernel Tuner cache ({exc.reason}); give cache files Kernel Tuner wrote "
                                  "(.json or .json.gz) or folders of them", param_hint="SPACES") from None
     by_name: dict[str, Path] = {}
     for s in loaded:

@@ -132,19 +132,16 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
 
 
 def _load_space(path: str, what: str):
-    from kernelscout.sandbox.replay import ReplaySpace
+    from kernelscout.sandbox.replay import CacheFileError, ReplaySpace
 
     if Path(path).is_dir():
         raise OptimizeError(f"{path}: a folder; {what} takes one Kernel Tuner cache file (.json or .json.gz)")
     if not Path(path).exists():
         raise OptimizeError(f"{path}: no such recorded space ({what})")
     try:
-        space = ReplaySpace.load(path)
-    except (ValueError, KeyError, TypeError, AttributeError, OSError, EOFError) as exc:
-        detail = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
-        raise OptimizeError(f"{path}: not a usable Kernel Tuner cache ({detail}); give {what} a cache file "
-                            "Kernel Tuner wrote (.json or .json.gz)") from None
-    return space
+        return ReplaySpace.load(path)
+    except CacheFileError as exc:
+        raise OptimizeError(f"{exc}; give {what} a cache file Kernel Tuner wrote (.json or .json.gz)") from None
 
 
 def _check_space(path: str, warm_start: list[str], surrogate: str) -> None:

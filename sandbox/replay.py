@@ -60,6 +60,17 @@ def _value_text(value: ParamValue) -> str:
     return str(value)
 
 
+class CacheFileError(ValueError):
+    """A file given as a recorded space that is not a usable Kernel Tuner cache; `reason` says why."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"{path}: not a usable Kernel Tuner cache ({reason})")
+        self.path, self.reason = path, reason
+
+    def __reduce__(self):  # raised in a benchmark's worker process, it must unpickle in the parent
+        return type(self), (self.path, self.reason)
+
+
 @dataclass(frozen=True, eq=False)
 class ReplaySpace:
     """One kernel's brute-forced space on one device, as recorded in a Kernel Tuner cache."""
@@ -78,8 +89,18 @@ class ReplaySpace:
 
     @classmethod
     def load(cls, path: str | Path) -> ReplaySpace:
-        """Read a Kernel Tuner cache file (.json or .json.gz)."""
+        """Read a Kernel Tuner cache file (.json or .json.gz). Anything that is not one (missing,
+        unreadable, not JSON, no tune_params, no configurations) is a `CacheFileError` saying why, so
+        every command can turn it into the same usage error."""
         path = Path(path)
+        try:
+            return cls._load(path)
+        except (ValueError, KeyError, TypeError, AttributeError, OSError, EOFError) as exc:
+            detail = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
+            raise CacheFileError(path, detail) from exc
+
+    @classmethod
+    def _load(cls, path: Path) -> ReplaySpace:
         raw = read_cache_json(path)
         names = tuple(raw.get("tune_params_keys") or raw["tune_params"].keys())
         values = {n: tuple(raw["tune_params"][n]) for n in names}
