@@ -5,13 +5,15 @@ inherited), in their own session, with an environment that keeps only what a ker
 never a credential. On Linux the supervisor is made non-dumpable before the first worker starts
 (so a candidate cannot read the supervisor's environment through /proc), each worker is a child
 subreaper (so processes a candidate starts, even in new sessions or double-forked, stay in the
-worker's process tree), and killing a worker kills that whole tree. SIGTERM and SIGHUP to the
-supervisor kill its workers before it dies.
+worker's process tree), each worker has a network namespace of its own with no usable device (so
+a candidate cannot reach the network; best effort, see `_LAUNCHER`), and killing a worker kills
+that whole tree. SIGTERM and SIGHUP to the supervisor kill its workers before it dies.
 """
 
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import re
 import secrets
@@ -26,6 +28,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from kernelscout.sandbox import protocol
+
+log = logging.getLogger(__name__)
 
 # Variables a kernel build or run may need; everything else is dropped.
 _ALLOWED = re.compile(
@@ -64,6 +68,8 @@ def clean_env(device: str, threads: int, memory_bytes: int, workdir: Path) -> di
         # from it) outlives the call that started it, and the harness rightly reports work left running.
         TORCHINDUCTOR_COMPILE_THREADS="1",
     )
+    if os.environ.get("KSCOUT_SANDBOX_NETWORK") == "allow":  # a kernel that must reach the network
+        env["KSCOUT_SANDBOX_NETWORK"] = "allow"
     if device.startswith("cpu"):
         env["TRITON_INTERPRET"] = "1"  # the only way a Triton kernel runs without a GPU
     return env
@@ -105,6 +111,25 @@ for cap in (16, 17, 19, 21, 38, 39, 40):
     prctl(24, cap, 0, 0, 0)
 prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
 prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS: no setuid program (sudo, su) gives them back
+# CLONE_NEWUSER | CLONE_NEWNET: a network namespace of the worker's own, whose only device is a
+# loopback that is down, so a candidate cannot send the user's files anywhere. The user namespace
+# is what lets a normal user create it; mapping the same uid and gid keeps the worker's file access
+# what it was. A kernel or security module that refuses user namespaces leaves the network open,
+# and the worker says so in its hello.
+network = "open (KSCOUT_SANDBOX_NETWORK=allow)"
+if os.environ.get("KSCOUT_SANDBOX_NETWORK") != "allow":
+    uid, gid = os.getuid(), os.getgid()
+    if ctypes.CDLL(None, use_errno=True).unshare(0x10000000 | 0x40000000) != 0:
+        network = "open (no network namespace: " + os.strerror(ctypes.get_errno()) + ")"
+    else:
+        network = "isolated"
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+            try:
+                with open("/proc/self/" + name, "w") as f:
+                    f.write(text)
+            except OSError:
+                pass
+os.environ["KSCOUT_SANDBOX_NETWORK"] = network
 os.execv(sys.executable, [sys.executable, "-m", "kernelscout.sandbox.worker"] + sys.argv[1:])
 """
 
@@ -288,6 +313,19 @@ class WorkerOutOfMemory(Exception):
     pass
 
 
+_WARNED_NETWORK = False
+
+
+def _warn_if_network_open(network: str) -> None:
+    """Once per process: a Linux worker that could not get a network namespace of its own."""
+    global _WARNED_NETWORK
+    if _LINUX and network.startswith("open (no network namespace") and not _WARNED_NETWORK:
+        _WARNED_NETWORK = True
+        log.warning("sandbox workers can reach the network: %s. Allow unprivileged user namespaces "
+                    "(sysctl kernel.unprivileged_userns_clone=1, or on Ubuntu 24.04 "
+                    "kernel.apparmor_restrict_unprivileged_userns=0) to cut them off.", network)
+
+
 def _describe_exit(code: Optional[int]) -> str:
     if code is None:
         return "is still running"
@@ -357,6 +395,7 @@ class WorkerProcess:
 
     def start(self, timeout: float = 120.0) -> dict[str, Any]:
         self.info = self.request("hello", timeout)
+        _warn_if_network_open(self.info.get("network", ""))
         return self.info
 
     def _wait_exit(self) -> Optional[int]:

@@ -528,7 +528,8 @@ class Worker:
 
     def hello(self, msg: dict) -> dict:
         name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
-        return {"status": "ok", "pid": os.getpid(), "torch": torch.__version__, "device_name": name, "threads": torch.get_num_threads()}
+        return {"status": "ok", "pid": os.getpid(), "torch": torch.__version__, "device_name": name, "threads": torch.get_num_threads(),
+                "network": os.environ.get("KSCOUT_SANDBOX_NETWORK", "open (no network namespace on this platform)")}
 
 
 def main() -> None:

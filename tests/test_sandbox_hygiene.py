@@ -1,4 +1,4 @@
-"""Sandbox hygiene: what a candidate starts dies with its measurement, and the supervisor stays out of its reach.
+"""Sandbox hygiene: what a candidate starts dies with its measurement, and the supervisor and the network stay out of its reach.
 
 A candidate runs as the same user as the supervisor (the `kscout` process, which holds the user's API keys),
 so on Linux it could read the supervisor's /proc/<pid>/environ, and anything it starts in a new session
@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -89,6 +90,76 @@ with open({str(report)!r}, "w") as f:
     seen = json.loads(report.read_text())
     assert seen.pop("parent") == os.getpid(), "the worker's parent is the supervisor: this test process"
     assert seen == {"environ": "PermissionError", "mem": "PermissionError", "maps": "PermissionError", "auxv": "PermissionError"}
+
+
+# -- the network ---------------------------------------------------------------------------------
+@contextlib.contextmanager
+def listener():
+    """A TCP server on this machine's loopback, outside any sandbox: yields its port and a function
+    that says whether anyone connected."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    server.setblocking(False)
+
+    def connected() -> bool:
+        try:
+            server.accept()[0].close()
+            return True
+        except BlockingIOError:
+            return False
+
+    try:
+        yield server.getsockname()[1], connected
+    finally:
+        server.close()
+
+
+def phone_home(port: int, report: Path) -> str:
+    return f'''
+import socket
+s = socket.socket()
+s.settimeout(5)
+try:
+    s.connect(("127.0.0.1", {port}))
+    outcome = "connected"
+except OSError as exc:
+    outcome = type(exc).__name__
+open({str(report)!r}, "w").write(outcome)
+'''
+
+
+def test_a_candidate_cannot_reach_the_network(measure_source, pool, tmp_path):
+    worker = pool.acquire("cpu")
+    network = worker.info["network"]
+    pool.release(worker, healthy=True)
+    if network != "isolated":
+        pytest.skip(f"this machine gives the sandbox no network namespace: the worker reports {network!r}")
+    report = tmp_path / "outcome.txt"
+    with listener() as (port, connected):
+        m = measure_source(candidate(init=phone_home(port, report)))
+
+        assert m.status == MeasureStatus.ok and m.correct, m.message
+        assert report.read_text() != "connected"
+        assert not connected()
+
+
+def test_kscout_sandbox_network_allow_opens_it_again(tmp_path, write, monkeypatch):
+    # For a kernel that must reach the network; also shows that the probe above would see a connection.
+    monkeypatch.setenv("KSCOUT_SANDBOX_NETWORK", "allow")
+    report = tmp_path / "outcome.txt"
+    problem = write("problem.py", SMALL_PROBLEM)
+    with listener() as (port, connected), WorkerPool() as own:
+        cand = write("candidate.py", candidate(init=phone_home(port, report)))
+        m = measure(MeasureRequest(problem=str(problem), candidate=str(cand), device="cpu", run_dir=str(tmp_path / "run"),
+                                   harness=QUICK), pool=own)
+        worker = own.acquire("cpu")
+        assert worker.info["network"] == "open (KSCOUT_SANDBOX_NETWORK=allow)"
+        own.release(worker, healthy=True)
+
+        assert m.status == MeasureStatus.ok, m.message
+        assert report.read_text() == "connected"
+        assert connected()
 
 
 # -- processes a candidate leaves behind ----------------------------------------------------------
