@@ -103,14 +103,6 @@ prctl = ctypes.CDLL(None, use_errno=True).prctl
 # PR_SET_CHILD_SUBREAPER: a process the candidate orphans (double fork, daemon) is re-parented to the
 # worker instead of init, so it stays in the worker's process tree, where the supervisor finds it.
 prctl(36, 1, 0, 0, 0)
-# PR_CAPBSET_DROP, for a supervisor running as root: without these the worker cannot read another
-# root process's memory or environment through /proc, load kernel modules, or trace anything
-# (CAP_SYS_MODULE, CAP_SYS_RAWIO, CAP_SYS_PTRACE, CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF,
-# CAP_CHECKPOINT_RESTORE). Dropped from the bounding set, they are gone once the worker is exec'd.
-for cap in (16, 17, 19, 21, 38, 39, 40):
-    prctl(24, cap, 0, 0, 0)
-prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
-prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS: no setuid program (sudo, su) gives them back
 # CLONE_NEWUSER | CLONE_NEWNET: a network namespace of the worker's own, whose only device is a
 # loopback that is down, so a candidate cannot send the user's files anywhere. The user namespace
 # is what lets a normal user create it; mapping the same uid and gid keeps the worker's file access
@@ -130,6 +122,16 @@ if os.environ.get("KSCOUT_SANDBOX_NETWORK") != "allow":
             except OSError:
                 pass
 os.environ["KSCOUT_SANDBOX_NETWORK"] = network
+# PR_CAPBSET_DROP, for a supervisor running as root: without these the worker cannot read another
+# root process's memory or environment through /proc, load kernel modules, or trace anything
+# (CAP_SYS_MODULE, CAP_SYS_RAWIO, CAP_SYS_PTRACE, CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF,
+# CAP_CHECKPOINT_RESTORE). Dropped from the bounding set, they are gone once the worker is exec'd.
+# After the user namespace, whose creation hands the process a full set again (scoped to that
+# namespace, but scoped is not the same as gone).
+for cap in (16, 17, 19, 21, 38, 39, 40):
+    prctl(24, cap, 0, 0, 0)
+prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
+prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS: no setuid program (sudo, su) gives them back
 os.execv(sys.executable, [sys.executable, "-m", "kernelscout.sandbox.worker"] + sys.argv[1:])
 """
 

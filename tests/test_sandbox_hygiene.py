@@ -92,6 +92,21 @@ with open({str(report)!r}, "w") as f:
     assert seen == {"environ": "PermissionError", "mem": "PermissionError", "maps": "PermissionError", "auxv": "PermissionError"}
 
 
+def test_a_worker_cannot_gain_ptrace_or_admin_capabilities(pool):
+    # Dropped from the bounding set after the worker's user namespace is made, since making one hands
+    # the process a full capability set again; nothing exec'd later can get them back.
+    worker = pool.acquire("cpu")
+    try:
+        status = Path(f"/proc/{worker.pid}/status").read_text()
+    finally:
+        pool.release(worker, healthy=True)
+    bounding = int(next(line.split()[1] for line in status.splitlines() if line.startswith("CapBnd:")), 16)
+    no_new_privs = next(line.split()[1] for line in status.splitlines() if line.startswith("NoNewPrivs:"))
+    for cap, name in ((16, "CAP_SYS_MODULE"), (17, "CAP_SYS_RAWIO"), (19, "CAP_SYS_PTRACE"), (21, "CAP_SYS_ADMIN")):
+        assert not bounding & (1 << cap), f"{name} is still in the worker's bounding set"
+    assert no_new_privs == "1"
+
+
 # -- the network ---------------------------------------------------------------------------------
 @contextlib.contextmanager
 def listener():
