@@ -99,7 +99,8 @@ _PR_SET_DUMPABLE = 4
 # that refuses one still gets a working worker.
 _LAUNCHER = """
 import ctypes, os, sys
-prctl = ctypes.CDLL(None, use_errno=True).prctl
+libc = ctypes.CDLL(None, use_errno=True)
+prctl = libc.prctl
 # PR_SET_CHILD_SUBREAPER: a process the candidate orphans (double fork, daemon) is re-parented to the
 # worker instead of init, so it stays in the worker's process tree, where the supervisor finds it.
 prctl(36, 1, 0, 0, 0)
@@ -111,7 +112,7 @@ prctl(36, 1, 0, 0, 0)
 network = "open (KSCOUT_SANDBOX_NETWORK=allow)"
 if os.environ.get("KSCOUT_SANDBOX_NETWORK") != "allow":
     uid, gid = os.getuid(), os.getgid()
-    if ctypes.CDLL(None, use_errno=True).unshare(0x10000000 | 0x40000000) != 0:
+    if libc.unshare(0x10000000 | 0x40000000) != 0:
         network = "open (no network namespace: " + os.strerror(ctypes.get_errno()) + ")"
     else:
         network = "isolated"

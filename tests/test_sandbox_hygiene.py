@@ -92,14 +92,21 @@ with open({str(report)!r}, "w") as f:
     assert seen == {"environ": "PermissionError", "mem": "PermissionError", "maps": "PermissionError", "auxv": "PermissionError"}
 
 
+@contextlib.contextmanager
+def borrowed_worker(pool: WorkerPool):
+    """A warm CPU worker of `pool`, handed back afterwards."""
+    worker = pool.acquire("cpu")
+    try:
+        yield worker
+    finally:
+        pool.release(worker, healthy=True)
+
+
 def test_a_worker_cannot_gain_ptrace_or_admin_capabilities(pool):
     # Dropped from the bounding set after the worker's user namespace is made, since making one hands
     # the process a full capability set again; nothing exec'd later can get them back.
-    worker = pool.acquire("cpu")
-    try:
+    with borrowed_worker(pool) as worker:
         status = Path(f"/proc/{worker.pid}/status").read_text()
-    finally:
-        pool.release(worker, healthy=True)
     bounding = int(next(line.split()[1] for line in status.splitlines() if line.startswith("CapBnd:")), 16)
     no_new_privs = next(line.split()[1] for line in status.splitlines() if line.startswith("NoNewPrivs:"))
     for cap, name in ((16, "CAP_SYS_MODULE"), (17, "CAP_SYS_RAWIO"), (19, "CAP_SYS_PTRACE"), (21, "CAP_SYS_ADMIN")):
@@ -145,9 +152,8 @@ open({str(report)!r}, "w").write(outcome)
 
 
 def test_a_candidate_cannot_reach_the_network(measure_source, pool, tmp_path):
-    worker = pool.acquire("cpu")
-    network = worker.info["network"]
-    pool.release(worker, healthy=True)
+    with borrowed_worker(pool) as worker:
+        network = worker.info["network"]
     if network != "isolated":
         pytest.skip(f"this machine gives the sandbox no network namespace: the worker reports {network!r}")
     report = tmp_path / "outcome.txt"
@@ -168,9 +174,8 @@ def test_kscout_sandbox_network_allow_opens_it_again(tmp_path, write, monkeypatc
         cand = write("candidate.py", candidate(init=phone_home(port, report)))
         m = measure(MeasureRequest(problem=str(problem), candidate=str(cand), device="cpu", run_dir=str(tmp_path / "run"),
                                    harness=QUICK), pool=own)
-        worker = own.acquire("cpu")
-        assert worker.info["network"] == "open (KSCOUT_SANDBOX_NETWORK=allow)"
-        own.release(worker, healthy=True)
+        with borrowed_worker(own) as worker:
+            assert worker.info["network"] == "open (KSCOUT_SANDBOX_NETWORK=allow)"
 
         assert m.status == MeasureStatus.ok, m.message
         assert report.read_text() == "connected"
