@@ -6,8 +6,9 @@ never a credential. On Linux the supervisor is made non-dumpable before the firs
 (so a candidate cannot read the supervisor's environment through /proc), each worker is a child
 subreaper (so processes a candidate starts, even in new sessions or double-forked, stay in the
 worker's process tree), each worker has a network namespace of its own with no usable device (so
-a candidate cannot reach the network; best effort, see `_LAUNCHER`), and killing a worker kills
-that whole tree. SIGTERM and SIGHUP to the supervisor kill its workers before it dies.
+a candidate cannot reach the network) and a PID namespace of its own (so it cannot signal the
+supervisor or the user's other processes; both best effort, see `_LAUNCHER`), and killing a worker
+kills that whole tree. SIGTERM and SIGHUP to the supervisor kill its workers before it dies.
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ def clean_env(device: str, threads: int, memory_bytes: int, workdir: Path) -> di
     )
     if os.environ.get("KSCOUT_SANDBOX_NETWORK") == "allow":  # a kernel that must reach the network
         env["KSCOUT_SANDBOX_NETWORK"] = "allow"
+    if os.environ.get("KSCOUT_SANDBOX_PIDS") == "shared":  # a system where a PID namespace breaks something
+        env["KSCOUT_SANDBOX_PIDS"] = "shared"
     if device.startswith("cpu"):
         env["TRITON_INTERPRET"] = "1"  # the only way a Triton kernel runs without a GPU
     return env
@@ -94,35 +97,45 @@ def default_memory_bytes() -> int:
 _LINUX = sys.platform.startswith("linux")
 _PR_SET_DUMPABLE = 4
 
-# Runs in each new worker process before the worker module, so before any candidate code, then
-# execs the worker in place (same pid, same pipes). Every step is best effort: a kernel or a user
-# that refuses one still gets a working worker.
+# Runs in each new worker process before the worker module, so before any candidate code. With a PID
+# namespace the process the supervisor started (the launcher) stays outside it and mirrors the exit of
+# the worker, which runs two forks down; without one it execs the worker in place (same pid). Every
+# step is best effort: a kernel or a user that refuses one still gets a working worker.
 _LAUNCHER = """
-import ctypes, os, sys
+import ctypes, os, signal, sys
 libc = ctypes.CDLL(None, use_errno=True)
 prctl = libc.prctl
-# PR_SET_CHILD_SUBREAPER: a process the candidate orphans (double fork, daemon) is re-parented to the
-# worker instead of init, so it stays in the worker's process tree, where the supervisor finds it.
-prctl(36, 1, 0, 0, 0)
-# CLONE_NEWUSER | CLONE_NEWNET: a network namespace of the worker's own, whose only device is a
-# loopback that is down, so a candidate cannot send the user's files anywhere. The user namespace
-# is what lets a normal user create it; mapping the same uid and gid keeps the worker's file access
-# what it was. A kernel or security module that refuses user namespaces leaves the network open,
-# and the worker says so in its hello.
-network = "open (KSCOUT_SANDBOX_NETWORK=allow)"
-if os.environ.get("KSCOUT_SANDBOX_NETWORK") != "allow":
+# CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID: a network namespace of the worker's own, whose only
+# device is a loopback that is down, so a candidate cannot send the user's files anywhere; and a PID
+# namespace, in which the supervisor and every other process of the user have no pid, so a candidate
+# cannot signal them (SIGSTOP the supervisor, kill(-1) the user's session). The user namespace is what
+# lets a normal user create both; mapping the same uid and gid keeps the worker's file access what it
+# was. A kernel or security module that refuses them leaves the network (or the pids) open, and the
+# worker says so in its hello. KSCOUT_SANDBOX_NETWORK=allow and KSCOUT_SANDBOX_PIDS=shared opt out.
+NEWUSER, NEWNET, NEWPID = 0x10000000, 0x40000000, 0x20000000
+want_net = os.environ.get("KSCOUT_SANDBOX_NETWORK") != "allow"
+want_pid = os.environ.get("KSCOUT_SANDBOX_PIDS") != "shared"
+network = "isolated" if want_net else "open (KSCOUT_SANDBOX_NETWORK=allow)"
+pids = "isolated" if want_pid else "shared (KSCOUT_SANDBOX_PIDS=shared)"
+if want_net or want_pid:
     uid, gid = os.getuid(), os.getgid()
-    if libc.unshare(0x10000000 | 0x40000000) != 0:
-        network = "open (no network namespace: " + os.strerror(ctypes.get_errno()) + ")"
-    else:
-        network = "isolated"
+    made = libc.unshare(NEWUSER | (NEWNET if want_net else 0) | (NEWPID if want_pid else 0)) == 0
+    if not made:
+        reason = os.strerror(ctypes.get_errno())
+        if want_pid:
+            pids = "shared (no PID namespace: " + reason + ")"
+        if want_net and want_pid:  # some kernels allow one and not the other
+            made = libc.unshare(NEWUSER | NEWNET) == 0
+        if not made and want_net:
+            network = "open (no network namespace: " + reason + ")"
+    if made:
         for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
             try:
                 with open("/proc/self/" + name, "w") as f:
                     f.write(text)
             except OSError:
                 pass
-os.environ["KSCOUT_SANDBOX_NETWORK"] = network
+os.environ["KSCOUT_SANDBOX_NETWORK"], os.environ["KSCOUT_SANDBOX_PIDS"] = network, pids
 # PR_CAPBSET_DROP, for a supervisor running as root: without these the worker cannot read another
 # root process's memory or environment through /proc, load kernel modules, or trace anything
 # (CAP_SYS_MODULE, CAP_SYS_RAWIO, CAP_SYS_PTRACE, CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF,
@@ -133,6 +146,42 @@ for cap in (16, 17, 19, 21, 38, 39, 40):
     prctl(24, cap, 0, 0, 0)
 prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
 prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS: no setuid program (sudo, su) gives them back
+channel = [int(fd) for fd in sys.argv[1:3]]
+
+def mirror(status):
+    # leave as the worker left: the same exit code, or killed by the same signal (the supervisor
+    # reports a candidate's SIGSEGV as such); init passes a signal on as 128 + its number
+    code = os.waitstatus_to_exitcode(status)
+    sig = -code if code < 0 else code - 128 if code > 128 else 0
+    if sig:
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):  # those two have no handler to reset
+            signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+    os._exit(code if code >= 0 else 1)
+
+if pids == "isolated":
+    # A new PID namespace holds only the children made after unshare. The first is its init (pid 1):
+    # it reaps orphans, and when it exits the kernel kills everything left in the namespace. The worker
+    # is init's child, an ordinary process, so signals it sends itself behave as usual.
+    child = os.fork()
+    if child:  # the launcher, outside: the supervisor's child, it mirrors init's exit
+        for fd in channel:
+            os.close(fd)
+        mirror(os.waitpid(child, 0)[1])
+    prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: the launcher killed, init (and so all) dies
+    worker = os.fork()
+    if worker:
+        for fd in channel:
+            os.close(fd)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        while True:
+            pid, status = os.wait()
+            if pid == worker:
+                # encoded for the launcher: init cannot be killed by its own signal
+                os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.waitstatus_to_exitcode(status))
+# PR_SET_CHILD_SUBREAPER: a process the candidate orphans (double fork, daemon) is re-parented to the
+# worker instead of init, so it stays in the worker's process tree, where the supervisor finds it.
+prctl(36, 1, 0, 0, 0)
 os.execv(sys.executable, [sys.executable, "-m", "kernelscout.sandbox.worker"] + sys.argv[1:])
 """
 
@@ -369,11 +418,18 @@ class WorkerProcess:
             )
         os.close(cmd_r)
         os.close(res_w)
-        self.pid = self.proc.pid
+        self.pid = self.proc.pid  # the launcher: the process this supervisor started and waits for
+        self.worker_pid = self.pid  # the process running candidate code (below the launcher in a PID namespace)
+        self._own = {self.pid}  # the sandbox's own processes, which are never strays
         self._seen: dict[int, int] = {}  # pid -> start time of the processes last seen under the worker
         _LIVE[self.pid] = self
         self.info: dict[str, Any] = {}
         self.measurements = 0
+
+    @property
+    def own_pids(self) -> frozenset[int]:
+        """The sandbox's own processes (launcher, namespace init, worker) as this supervisor sees them."""
+        return frozenset(self._own)
 
     # -- talking -----------------------------------------------------------------------------
     def request(self, cmd: str, timeout: Optional[float], **fields: Any) -> dict[str, Any]:
@@ -399,6 +455,10 @@ class WorkerProcess:
     def start(self, timeout: float = 120.0) -> dict[str, Any]:
         self.info = self.request("hello", timeout)
         _warn_if_network_open(self.info.get("network", ""))
+        if self.info.get("pids") == "isolated":
+            # the worker and its namespace's init run under the launcher: part of the sandbox, not strays
+            self._own.update(int(p) for p in self.info.get("sandbox_pids", []))
+            self.worker_pid = int(self.info.get("sandbox_pids", [self.pid])[0])
         return self.info
 
     def _wait_exit(self) -> Optional[int]:
@@ -443,7 +503,7 @@ class WorkerProcess:
         anything here was started by a candidate and outlived it (sessions and double forks included)."""
         if not _LINUX:
             return []
-        pids = self._under(_proc_table())
+        pids = [pid for pid in self._under(_proc_table()) if pid not in self._own]
         names = []
         for pid in pids:
             try:

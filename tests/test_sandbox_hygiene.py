@@ -73,10 +73,10 @@ def kill_if_running(*pids: int) -> None:
 def test_a_candidate_cannot_read_the_supervisors_environment_or_memory(measure_source, tmp_path):
     report = tmp_path / "proc.json"
     snoop = f'''
-seen = {{"parent": os.getppid()}}
+seen = {{}}
 for name in ("environ", "mem", "maps", "auxv"):
     try:
-        with open(f"/proc/{{os.getppid()}}/{{name}}", "rb") as f:
+        with open(f"/proc/{os.getpid()}/{{name}}", "rb") as f:
             f.read(64)
         seen[name] = "read"
     except OSError as exc:
@@ -88,8 +88,49 @@ with open({str(report)!r}, "w") as f:
 
     assert m.status == MeasureStatus.ok, m.message
     seen = json.loads(report.read_text())
-    assert seen.pop("parent") == os.getpid(), "the worker's parent is the supervisor: this test process"
     assert seen == {"environ": "PermissionError", "mem": "PermissionError", "maps": "PermissionError", "auxv": "PermissionError"}
+
+
+def test_a_candidate_cannot_signal_the_supervisor_or_the_users_other_processes(measure_source, tmp_path):
+    # Same user, so without a PID namespace a candidate could SIGSTOP or SIGKILL the supervisor, or
+    # kill(-1) every process of the user's session. In its namespace those pids do not exist.
+    bystander = subprocess.Popen(["sleep", "60"])
+    report = tmp_path / "signals.json"
+    probe = f'''
+seen = {{}}
+for name, pid in (("supervisor", {os.getpid()}), ("bystander", {bystander.pid})):
+    try:
+        os.kill(pid, 0)
+        seen[name] = "reachable"
+    except OSError as exc:
+        seen[name] = type(exc).__name__
+with open({str(report)!r}, "w") as f:
+    json.dump(seen, f)
+'''
+    try:
+        m = measure_source(candidate(init=probe))
+        assert m.status == MeasureStatus.ok, m.message
+        assert json.loads(report.read_text()) == {"supervisor": "ProcessLookupError", "bystander": "ProcessLookupError"}
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_kscout_sandbox_pids_shared_lets_the_same_probe_reach_the_supervisor(tmp_path, write, monkeypatch):
+    # The other side of the test above, so that it can fail: no PID namespace, and the supervisor is there.
+    monkeypatch.setenv("KSCOUT_SANDBOX_PIDS", "shared")
+    report = tmp_path / "signals.txt"
+    probe = f"os.kill({os.getpid()}, 0)\nopen({str(report)!r}, 'w').write('reachable')"
+    problem, cand = write("problem.py", SMALL_PROBLEM), write("candidate.py", candidate(init=probe))
+    with WorkerPool() as own:
+        m = measure(MeasureRequest(problem=str(problem), candidate=str(cand), device="cpu", run_dir=str(tmp_path / "run"),
+                                   harness=QUICK), pool=own)
+        with borrowed_worker(own) as worker:
+            assert worker.info["pids"] == "shared (KSCOUT_SANDBOX_PIDS=shared)"
+            assert worker.info["network"] == "isolated"
+    assert m.status == MeasureStatus.ok, m.message
+    assert report.read_text() == "reachable"
 
 
 @contextlib.contextmanager
@@ -106,7 +147,7 @@ def test_a_worker_cannot_gain_ptrace_or_admin_capabilities(pool):
     # Dropped from the bounding set after the worker's user namespace is made, since making one hands
     # the process a full capability set again; nothing exec'd later can get them back.
     with borrowed_worker(pool) as worker:
-        status = Path(f"/proc/{worker.pid}/status").read_text()
+        status = Path(f"/proc/{worker.worker_pid}/status").read_text()
     bounding = int(next(line.split()[1] for line in status.splitlines() if line.startswith("CapBnd:")), 16)
     no_new_privs = next(line.split()[1] for line in status.splitlines() if line.startswith("NoNewPrivs:"))
     for cap, name in ((16, "CAP_SYS_MODULE"), (17, "CAP_SYS_RAWIO"), (19, "CAP_SYS_PTRACE"), (21, "CAP_SYS_ADMIN")):
@@ -193,10 +234,19 @@ def started_by_candidate(pidfile: Path):
         kill_if_running(pid)
 
 
+def write_host_pid_then(pidfile: Path, argv: list[str]) -> str:
+    """Python source that writes its pid as this test sees it (inside a PID namespace os.getpid() is
+    the namespace's number; /proc is the host's), then becomes `argv` in place."""
+    return (f"import os; open({str(pidfile)!r}, 'w').write(os.readlink('/proc/self')); "
+            f"os.execvp({argv[0]!r}, {argv!r})")
+
+
 def new_session_sleep(pidfile: Path) -> str:
+    child = write_host_pid_then(pidfile, ["sleep", "60"])
     return f'''
-p = subprocess.Popen(["sleep", "60"], start_new_session=True)
-open({str(pidfile)!r}, "w").write(str(p.pid))
+subprocess.Popen([sys.executable, "-c", {child!r}], start_new_session=True)
+while not os.path.exists({str(pidfile)!r}) or not open({str(pidfile)!r}).read():
+    time.sleep(0.01)
 '''
 
 
@@ -213,8 +263,10 @@ def test_a_double_forked_daemon_is_killed_too(measure_source, tmp_path):
     # The middle process exits at once, so the daemon is orphaned, in a session of its own: the worker
     # (a child subreaper) adopts it, which keeps it in the worker's process tree.
     pidfile = tmp_path / "daemon.pid"
-    middle = f"import subprocess; open({str(pidfile)!r}, 'w').write(str(subprocess.Popen(['sleep', '60'], start_new_session=True).pid))"
-    m = measure_source(candidate(init=f"subprocess.run([sys.executable, '-c', {middle!r}], check=True)"))
+    daemon = write_host_pid_then(pidfile, ["sleep", "60"])
+    middle = f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {daemon!r}], start_new_session=True)"
+    wait = f"while not os.path.exists({str(pidfile)!r}) or not open({str(pidfile)!r}).read():\n    time.sleep(0.01)"
+    m = measure_source(candidate(init=f"subprocess.run([sys.executable, '-c', {middle!r}], check=True)\n{wait}"))
     with started_by_candidate(pidfile) as pid:
         assert m.status == MeasureStatus.ok, m.message
         assert "the candidate left 1 process(es) running (sleep); they were killed" in m.warnings
@@ -231,16 +283,16 @@ def test_a_timed_out_candidates_processes_die_with_its_worker(measure_source, tm
 
 def test_the_memory_limit_counts_processes_in_other_sessions(tmp_path, write):
     pidfile = tmp_path / "hog.pid"
-    hog = "b = b'x' * (400 << 20); import time; time.sleep(60)"  # 400 MiB, written, in its own session
+    hog = (f"import os, time; open({str(pidfile)!r}, 'w').write(os.readlink('/proc/self')); b = b'x' * (400 << 20); "
+           "time.sleep(60)")  # 400 MiB, written, in its own session
     start = f'''
-p = subprocess.Popen([sys.executable, "-c", {hog!r}], start_new_session=True)
-open({str(pidfile)!r}, "w").write(str(p.pid))
+subprocess.Popen([sys.executable, "-c", {hog!r}], start_new_session=True)
 '''
     slow = "time.sleep(0.5)"  # long enough for the watchdog to look while the hog is alive
     problem, cand = write("problem.py", SMALL_PROBLEM), write("hog.py", candidate(init=start, forward=slow))
     with WorkerPool() as pool:
         worker = pool.acquire("cpu")
-        worker.memory_bytes = worker_rss(worker.pid) + (200 << 20)  # 200 MiB of headroom for what the worker itself does
+        worker.memory_bytes = sum(worker_rss(pid) for pid in worker.own_pids) + (200 << 20)  # 200 MiB of headroom for what the worker itself does
         pool.release(worker, healthy=True)
         m = measure(MeasureRequest(problem=str(problem), candidate=str(cand), device="cpu", run_dir=str(tmp_path / "run"),
                                    harness=QUICK), pool=pool)
@@ -269,9 +321,8 @@ measure(MeasureRequest(problem=sys.argv[1], candidate=sys.argv[2], device="cpu",
 
 def test_sigterm_to_the_supervisor_kills_its_workers_and_their_processes(tmp_path, write):
     pids = tmp_path / "pids.json"
-    start = f'''
-p = subprocess.Popen(["sleep", "60"], start_new_session=True)
-json.dump([os.getpid(), p.pid], open({str(pids)!r}, "w"))
+    start = new_session_sleep(tmp_path / "sleep.pid") + f'''
+json.dump([int(os.readlink("/proc/self")), int(open({str(tmp_path / "sleep.pid")!r}).read())], open({str(pids)!r}, "w"))
 '''
     problem, cand = write("problem.py", SMALL_PROBLEM), write("hang.py", candidate(init=start, forward="while True:\n    time.sleep(0.1)"))
     supervisor = subprocess.Popen([sys.executable, "-c", SUPERVISOR, str(problem), str(cand), str(tmp_path / "run")],
