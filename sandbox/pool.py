@@ -105,29 +105,38 @@ _LAUNCHER = """
 import ctypes, os, signal, sys
 libc = ctypes.CDLL(None, use_errno=True)
 prctl = libc.prctl
-# CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID: a network namespace of the worker's own, whose only
-# device is a loopback that is down, so a candidate cannot send the user's files anywhere; and a PID
-# namespace, in which the supervisor and every other process of the user have no pid, so a candidate
-# cannot signal them (SIGSTOP the supervisor, kill(-1) the user's session). The user namespace is what
-# lets a normal user create both; mapping the same uid and gid keeps the worker's file access what it
-# was. A kernel or security module that refuses them leaves the network (or the pids) open, and the
-# worker says so in its hello. KSCOUT_SANDBOX_NETWORK=allow and KSCOUT_SANDBOX_PIDS=shared opt out.
-NEWUSER, NEWNET, NEWPID = 0x10000000, 0x40000000, 0x20000000
+# CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS: a network namespace of the worker's
+# own, whose only device is a loopback that is down, so a candidate cannot send the user's files
+# anywhere; and a PID namespace with a /proc of its own (mounted in a private mount namespace), in
+# which the supervisor and every other process of the user have no pid, so a candidate can neither
+# signal them (SIGSTOP the supervisor, kill(-1) the user's session) nor read their /proc entries (the
+# environment of a process the user started with an API key in it). The user namespace is what lets a
+# normal user create them; mapping the same uid and gid keeps the worker's file access what it was.
+# A kernel or security module that refuses some leaves those open, and the worker says so in its
+# hello. KSCOUT_SANDBOX_NETWORK=allow and KSCOUT_SANDBOX_PIDS=shared opt out.
+NEWUSER, NEWNET, NEWPID, NEWNS = 0x10000000, 0x40000000, 0x20000000, 0x00020000
 want_net = os.environ.get("KSCOUT_SANDBOX_NETWORK") != "allow"
 want_pid = os.environ.get("KSCOUT_SANDBOX_PIDS") != "shared"
 network = "isolated" if want_net else "open (KSCOUT_SANDBOX_NETWORK=allow)"
 pids = "isolated" if want_pid else "shared (KSCOUT_SANDBOX_PIDS=shared)"
+proc = "private" if want_pid else "host"
 if want_net or want_pid:
     uid, gid = os.getuid(), os.getgid()
-    made = libc.unshare(NEWUSER | (NEWNET if want_net else 0) | (NEWPID if want_pid else 0)) == 0
-    if not made:
-        reason = os.strerror(ctypes.get_errno())
-        if want_pid:
-            pids = "shared (no PID namespace: " + reason + ")"
-        if want_net and want_pid:  # some kernels allow one and not the other
-            made = libc.unshare(NEWUSER | NEWNET) == 0
-        if not made and want_net:
-            network = "open (no network namespace: " + reason + ")"
+    net = NEWNET if want_net else 0
+    tries = [NEWUSER | net | NEWPID | NEWNS, NEWUSER | net | NEWPID] if want_pid else []
+    tries += [NEWUSER | net] if want_net else []  # some kernels allow one namespace and not another
+    made, reason = 0, ""
+    for flags in tries:
+        if libc.unshare(flags) == 0:
+            made = flags
+            break
+        reason = reason or os.strerror(ctypes.get_errno())
+    if want_pid and not made & NEWPID:
+        pids, proc = "shared (no PID namespace: " + reason + ")", "host"
+    elif want_pid and not made & NEWNS:
+        proc = "host (no mount namespace: " + reason + ")"
+    if want_net and not made:
+        network = "open (no network namespace: " + reason + ")"
     if made:
         for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
             try:
@@ -135,7 +144,7 @@ if want_net or want_pid:
                     f.write(text)
             except OSError:
                 pass
-os.environ["KSCOUT_SANDBOX_NETWORK"], os.environ["KSCOUT_SANDBOX_PIDS"] = network, pids
+os.environ["KSCOUT_SANDBOX_NETWORK"], os.environ["KSCOUT_SANDBOX_PIDS"], os.environ["KSCOUT_SANDBOX_PROC"] = network, pids, proc
 # PR_CAPBSET_DROP, for a supervisor running as root: without these the worker cannot read another
 # root process's memory or environment through /proc, load kernel modules, or trace anything
 # (CAP_SYS_MODULE, CAP_SYS_RAWIO, CAP_SYS_PTRACE, CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF,
@@ -169,6 +178,13 @@ if pids == "isolated":
             os.close(fd)
         mirror(os.waitpid(child, 0)[1])
     prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: the launcher killed, init (and so all) dies
+    if proc == "private":
+        # mounts made private first, so that the new /proc stays in this namespace
+        libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+        if libc.mount(None, b"/", None, 16384 | (1 << 18), None) != 0 or \
+                libc.mount(b"proc", b"/proc", b"proc", 2 | 4 | 8, None) != 0:  # MS_NOSUID | MS_NODEV | MS_NOEXEC
+            proc = "host (mounting /proc: " + os.strerror(ctypes.get_errno()) + ")"
+        os.environ["KSCOUT_SANDBOX_PROC"] = proc
     worker = os.fork()
     if worker:
         for fd in channel:
@@ -455,10 +471,12 @@ class WorkerProcess:
     def start(self, timeout: float = 120.0) -> dict[str, Any]:
         self.info = self.request("hello", timeout)
         _warn_if_network_open(self.info.get("network", ""))
-        if self.info.get("pids") == "isolated":
-            # the worker and its namespace's init run under the launcher: part of the sandbox, not strays
-            self._own.update(int(p) for p in self.info.get("sandbox_pids", []))
-            self.worker_pid = int(self.info.get("sandbox_pids", [self.pid])[0])
+        if self.info.get("pids") == "isolated" and _LINUX:
+            # the namespace's init and the worker run under the launcher: part of the sandbox, not strays.
+            # At hello no candidate code has run, so the launcher's tree is exactly those processes.
+            tree = _tree([self.pid], _proc_table())
+            self._own.update(tree)
+            self.worker_pid = tree[-1]
         return self.info
 
     def _wait_exit(self) -> Optional[int]:

@@ -15,7 +15,6 @@ import os
 import resource
 import sys
 import traceback
-from pathlib import Path
 from typing import Any, Callable, Optional
 
 from kernelscout.sandbox import protocol
@@ -532,18 +531,7 @@ class Worker:
         return {"status": "ok", "pid": os.getpid(), "torch": torch.__version__, "device_name": name, "threads": torch.get_num_threads(),
                 "network": os.environ.get("KSCOUT_SANDBOX_NETWORK", "open (no network namespace on this platform)"),
                 "pids": os.environ.get("KSCOUT_SANDBOX_PIDS", "shared (no PID namespace on this platform)"),
-                "sandbox_pids": _sandbox_host_pids()}
-
-
-def _sandbox_host_pids() -> list[int]:
-    """This process's pid and its parent's as the supervisor sees them. In a PID namespace os.getpid()
-    is the namespace's number; /proc is still the host's, so it gives the host's numbers."""
-    try:
-        me = int(os.readlink("/proc/self"))
-        parent = int(Path(f"/proc/{me}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        return [me, parent]
-    except (OSError, ValueError, IndexError):
-        return []
+                "proc": os.environ.get("KSCOUT_SANDBOX_PROC", "host")}
 
 
 def main() -> None:

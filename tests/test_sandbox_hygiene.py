@@ -70,67 +70,75 @@ def kill_if_running(*pids: int) -> None:
 
 
 # -- secrets -----------------------------------------------------------------------------------------
-def test_a_candidate_cannot_read_the_supervisors_environment_or_memory(measure_source, tmp_path):
-    report = tmp_path / "proc.json"
-    snoop = f'''
+def snoop(report: Path, bystander: int) -> str:
+    """Candidate code that tries to read the supervisor's /proc entries and a bystander's environment
+    (a process of the same user started with a key in it), and to signal both; writes what happened."""
+    return f'''
+def attempt(action):
+    try:
+        return action()
+    except OSError as exc:
+        return type(exc).__name__
 seen = {{}}
 for name in ("environ", "mem", "maps", "auxv"):
-    try:
-        with open(f"/proc/{os.getpid()}/{{name}}", "rb") as f:
-            f.read(64)
-        seen[name] = "read"
-    except OSError as exc:
-        seen[name] = type(exc).__name__
+    seen["supervisor " + name] = attempt(lambda: open(f"/proc/{os.getpid()}/{{name}}", "rb").read(64) and "read")
+seen["bystander environ"] = attempt(lambda: "read the key" if b"sk-test-123" in open("/proc/{bystander}/environ", "rb").read() else "read")
+seen["signal supervisor"] = attempt(lambda: os.kill({os.getpid()}, 0) or "reachable")
+seen["signal bystander"] = attempt(lambda: os.kill({bystander}, 0) or "reachable")
 with open({str(report)!r}, "w") as f:
     json.dump(seen, f)
 '''
-    m = measure_source(candidate(init=snoop))
-
-    assert m.status == MeasureStatus.ok, m.message
-    seen = json.loads(report.read_text())
-    assert seen == {"environ": "PermissionError", "mem": "PermissionError", "maps": "PermissionError", "auxv": "PermissionError"}
 
 
-def test_a_candidate_cannot_signal_the_supervisor_or_the_users_other_processes(measure_source, tmp_path):
-    # Same user, so without a PID namespace a candidate could SIGSTOP or SIGKILL the supervisor, or
-    # kill(-1) every process of the user's session. In its namespace those pids do not exist.
-    bystander = subprocess.Popen(["sleep", "60"])
-    report = tmp_path / "signals.json"
-    probe = f'''
-seen = {{}}
-for name, pid in (("supervisor", {os.getpid()}), ("bystander", {bystander.pid})):
+@contextlib.contextmanager
+def bystander_with_a_key():
+    """A process of this user, started with an API key in its environment (an editor, a wrapper script)."""
+    proc = subprocess.Popen(["sleep", "60"], env=dict(os.environ, OPENAI_API_KEY="sk-test-123"))
     try:
-        os.kill(pid, 0)
-        seen[name] = "reachable"
-    except OSError as exc:
-        seen[name] = type(exc).__name__
-with open({str(report)!r}, "w") as f:
-    json.dump(seen, f)
-'''
-    try:
-        m = measure_source(candidate(init=probe))
-        assert m.status == MeasureStatus.ok, m.message
-        assert json.loads(report.read_text()) == {"supervisor": "ProcessLookupError", "bystander": "ProcessLookupError"}
-        assert bystander.poll() is None
+        yield proc.pid
     finally:
-        bystander.kill()
-        bystander.wait()
+        proc.kill()
+        proc.wait()
 
 
-def test_kscout_sandbox_pids_shared_lets_the_same_probe_reach_the_supervisor(tmp_path, write, monkeypatch):
-    # The other side of the test above, so that it can fail: no PID namespace, and the supervisor is there.
+def test_a_candidate_can_neither_see_nor_signal_the_supervisor_or_the_users_other_processes(measure_source, tmp_path):
+    # Same user: without namespaces a candidate could SIGSTOP or SIGKILL the supervisor, kill(-1) the
+    # user's session, or read the environment of any process the user started with a key in it. In its
+    # PID namespace, with a /proc of its own, none of them exists.
+    report = tmp_path / "seen.json"
+    with bystander_with_a_key() as bystander:
+        m = measure_source(candidate(init=snoop(report, bystander)))
+    assert m.status == MeasureStatus.ok, m.message
+    assert json.loads(report.read_text()) == {
+        "supervisor environ": "FileNotFoundError", "supervisor mem": "FileNotFoundError",
+        "supervisor maps": "FileNotFoundError", "supervisor auxv": "FileNotFoundError",
+        "bystander environ": "FileNotFoundError",
+        "signal supervisor": "ProcessLookupError", "signal bystander": "ProcessLookupError",
+    }
+
+
+def test_with_kscout_sandbox_pids_shared_only_the_non_dumpable_supervisor_is_protected(tmp_path, write, monkeypatch):
+    # The same probe without the PID namespace, so that the test above can fail: both processes are
+    # there to be signalled. Their /proc entries stay closed: the supervisor is non-dumpable, and a
+    # process in a user namespace of its own (the network namespace's) may not read the environment of
+    # one outside it (checked as an unprivileged user too: readable without the user namespace).
     monkeypatch.setenv("KSCOUT_SANDBOX_PIDS", "shared")
-    report = tmp_path / "signals.txt"
-    probe = f"os.kill({os.getpid()}, 0)\nopen({str(report)!r}, 'w').write('reachable')"
-    problem, cand = write("problem.py", SMALL_PROBLEM), write("candidate.py", candidate(init=probe))
-    with WorkerPool() as own:
+    report = tmp_path / "seen.json"
+    problem = write("problem.py", SMALL_PROBLEM)
+    with bystander_with_a_key() as bystander, WorkerPool() as own:
+        cand = write("candidate.py", candidate(init=snoop(report, bystander)))
         m = measure(MeasureRequest(problem=str(problem), candidate=str(cand), device="cpu", run_dir=str(tmp_path / "run"),
                                    harness=QUICK), pool=own)
         with borrowed_worker(own) as worker:
-            assert worker.info["pids"] == "shared (KSCOUT_SANDBOX_PIDS=shared)"
+            assert worker.info["pids"] == "shared (KSCOUT_SANDBOX_PIDS=shared)" and worker.info["proc"] == "host"
             assert worker.info["network"] == "isolated"
     assert m.status == MeasureStatus.ok, m.message
-    assert report.read_text() == "reachable"
+    assert json.loads(report.read_text()) == {
+        "supervisor environ": "PermissionError", "supervisor mem": "PermissionError",
+        "supervisor maps": "PermissionError", "supervisor auxv": "PermissionError",
+        "bystander environ": "PermissionError",
+        "signal supervisor": "reachable", "signal bystander": "reachable",
+    }
 
 
 @contextlib.contextmanager
@@ -224,70 +232,94 @@ def test_kscout_sandbox_network_allow_opens_it_again(tmp_path, write, monkeypatc
 
 
 # -- processes a candidate leaves behind ----------------------------------------------------------
+def with_marker(marker: str) -> list[int]:
+    """Live processes on this machine whose command line holds `marker`. A candidate runs in a PID
+    namespace with a /proc of its own, so it cannot tell this test the pids of what it starts: the test
+    finds them by an argument only they have."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                if marker.encode() in Path(f"/proc/{entry}/cmdline").read_bytes() and running(int(entry)):
+                    found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def all_gone_soon(marker: str, within_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while with_marker(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not with_marker(marker)
+
+
 @contextlib.contextmanager
-def started_by_candidate(pidfile: Path):
-    """The pid the candidate wrote; killed afterwards if the test failed before the harness did it."""
-    pid = int(pidfile.read_text())
+def started_by_candidate(startfile: Path, marker: str):
+    """Checks that the candidate's process did start; kills it afterwards if the test failed before the harness did."""
     try:
-        yield pid
+        assert startfile.exists(), "the candidate's process never started"
+        yield
     finally:
-        kill_if_running(pid)
+        kill_if_running(*with_marker(marker))
 
 
-def write_host_pid_then(pidfile: Path, argv: list[str]) -> str:
-    """Python source that writes its pid as this test sees it (inside a PID namespace os.getpid() is
-    the namespace's number; /proc is the host's), then becomes `argv` in place."""
-    return (f"import os; open({str(pidfile)!r}, 'w').write(os.readlink('/proc/self')); "
-            f"os.execvp({argv[0]!r}, {argv!r})")
+def announce_then(startfile: Path, argv: list[str]) -> str:
+    """Python source that creates `startfile`, then becomes `argv` in place (same process)."""
+    return f"import os; open({str(startfile)!r}, 'w').write('started'); os.execvp({argv[0]!r}, {argv!r})"
 
 
-def new_session_sleep(pidfile: Path) -> str:
-    child = write_host_pid_then(pidfile, ["sleep", "60"])
-    return f'''
-subprocess.Popen([sys.executable, "-c", {child!r}], start_new_session=True)
-while not os.path.exists({str(pidfile)!r}) or not open({str(pidfile)!r}).read():
-    time.sleep(0.01)
-'''
+def wait_for(startfile: Path) -> str:
+    return f"while not os.path.exists({str(startfile)!r}):\n    time.sleep(0.01)\n"
+
+
+def marked_sleep(tmp_path: Path) -> tuple[Path, str]:
+    """A start file and a `sleep` argument no other process has (GNU sleep takes fractions)."""
+    return tmp_path / "sleep.started", f"60.{time.time_ns() % 10**9:09d}"
+
+
+def new_session_sleep(startfile: Path, marker: str) -> str:
+    child = announce_then(startfile, ["sleep", marker])
+    return f"subprocess.Popen([sys.executable, '-c', {child!r}], start_new_session=True)\n" + wait_for(startfile)
 
 
 def test_a_process_started_in_a_new_session_is_killed_and_named_in_the_verdict(measure_source, tmp_path):
-    m = measure_source(candidate(init=new_session_sleep(tmp_path / "sleep.pid")))
-    with started_by_candidate(tmp_path / "sleep.pid") as pid:
+    startfile, marker = marked_sleep(tmp_path)
+    m = measure_source(candidate(init=new_session_sleep(startfile, marker)))
+    with started_by_candidate(startfile, marker):
         assert m.status == MeasureStatus.ok and m.correct, m.message
         assert not m.timing_valid
         assert "the candidate left 1 process(es) running (sleep); they were killed" in m.warnings
-        assert gone_soon(pid)
+        assert all_gone_soon(marker)
 
 
 def test_a_double_forked_daemon_is_killed_too(measure_source, tmp_path):
     # The middle process exits at once, so the daemon is orphaned, in a session of its own: the worker
     # (a child subreaper) adopts it, which keeps it in the worker's process tree.
-    pidfile = tmp_path / "daemon.pid"
-    daemon = write_host_pid_then(pidfile, ["sleep", "60"])
+    startfile, marker = marked_sleep(tmp_path)
+    daemon = announce_then(startfile, ["sleep", marker])
     middle = f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {daemon!r}], start_new_session=True)"
-    wait = f"while not os.path.exists({str(pidfile)!r}) or not open({str(pidfile)!r}).read():\n    time.sleep(0.01)"
-    m = measure_source(candidate(init=f"subprocess.run([sys.executable, '-c', {middle!r}], check=True)\n{wait}"))
-    with started_by_candidate(pidfile) as pid:
+    m = measure_source(candidate(init=f"subprocess.run([sys.executable, '-c', {middle!r}], check=True)\n" + wait_for(startfile)))
+    with started_by_candidate(startfile, marker):
         assert m.status == MeasureStatus.ok, m.message
         assert "the candidate left 1 process(es) running (sleep); they were killed" in m.warnings
-        assert gone_soon(pid)
+        assert all_gone_soon(marker)
 
 
 def test_a_timed_out_candidates_processes_die_with_its_worker(measure_source, tmp_path):
-    m = measure_source(candidate(init=new_session_sleep(tmp_path / "sleep.pid"), forward="while True:\n    time.sleep(0.1)"),
+    startfile, marker = marked_sleep(tmp_path)
+    m = measure_source(candidate(init=new_session_sleep(startfile, marker), forward="while True:\n    time.sleep(0.1)"),
                        config=QUICK.model_copy(update={"timeout_s": 2.0}))
-    with started_by_candidate(tmp_path / "sleep.pid") as pid:
+    with started_by_candidate(startfile, marker):
         assert m.status == MeasureStatus.timeout, m.message
-        assert gone_soon(pid)
+        assert all_gone_soon(marker)
 
 
 def test_the_memory_limit_counts_processes_in_other_sessions(tmp_path, write):
-    pidfile = tmp_path / "hog.pid"
-    hog = (f"import os, time; open({str(pidfile)!r}, 'w').write(os.readlink('/proc/self')); b = b'x' * (400 << 20); "
-           "time.sleep(60)")  # 400 MiB, written, in its own session
-    start = f'''
-subprocess.Popen([sys.executable, "-c", {hog!r}], start_new_session=True)
-'''
+    startfile, marker = tmp_path / "hog.started", f"hog-{time.time_ns()}"
+    hog = (f"import os, time; open({str(startfile)!r}, 'w').write('started'); b = b'x' * (400 << 20); "
+           f"time.sleep(60)  # {marker}")  # 400 MiB, written, in its own session
+    start = f"subprocess.Popen([sys.executable, '-c', {hog!r}], start_new_session=True)\n" + wait_for(startfile)
     slow = "time.sleep(0.5)"  # long enough for the watchdog to look while the hog is alive
     problem, cand = write("problem.py", SMALL_PROBLEM), write("hog.py", candidate(init=start, forward=slow))
     with WorkerPool() as pool:
@@ -296,13 +328,10 @@ subprocess.Popen([sys.executable, "-c", {hog!r}], start_new_session=True)
         pool.release(worker, healthy=True)
         m = measure(MeasureRequest(problem=str(problem), candidate=str(cand), device="cpu", run_dir=str(tmp_path / "run"),
                                    harness=QUICK), pool=pool)
-    pid = int(pidfile.read_text())
-    try:
+    with started_by_candidate(startfile, marker):
         assert m.status == MeasureStatus.runtime_error, m.message
         assert "over its limit" in m.message
-        assert gone_soon(pid)
-    finally:
-        kill_if_running(pid)
+        assert all_gone_soon(marker)
 
 
 def worker_rss(pid: int) -> int:
@@ -319,31 +348,47 @@ measure(MeasureRequest(problem=sys.argv[1], candidate=sys.argv[2], device="cpu",
 '''
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid` on this machine."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                table[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = [], [pid]
+    while frontier:
+        kids = [p for p, parent in table.items() if parent in frontier]
+        found += kids
+        frontier = kids
+    return found
+
+
 def test_sigterm_to_the_supervisor_kills_its_workers_and_their_processes(tmp_path, write):
-    pids = tmp_path / "pids.json"
-    start = new_session_sleep(tmp_path / "sleep.pid") + f'''
-json.dump([int(os.readlink("/proc/self")), int(open({str(tmp_path / "sleep.pid")!r}).read())], open({str(pids)!r}, "w"))
-'''
-    problem, cand = write("problem.py", SMALL_PROBLEM), write("hang.py", candidate(init=start, forward="while True:\n    time.sleep(0.1)"))
+    startfile, marker = marked_sleep(tmp_path)
+    problem = write("problem.py", SMALL_PROBLEM)
+    cand = write("hang.py", candidate(init=new_session_sleep(startfile, marker), forward="while True:\n    time.sleep(0.1)"))
     supervisor = subprocess.Popen([sys.executable, "-c", SUPERVISOR, str(problem), str(cand), str(tmp_path / "run")],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    worker = child = None
+    below: list[int] = []
     try:
         deadline = time.monotonic() + 120
-        while not pids.exists() or not pids.read_text():
+        while not startfile.exists():
             assert supervisor.poll() is None and time.monotonic() < deadline, "the candidate never started"
             time.sleep(0.1)
-        worker, child = json.loads(pids.read_text())
         time.sleep(0.5)  # into the hanging forward()
+        below = descendants(supervisor.pid)  # the sandbox's processes, the worker and the candidate's sleep
+        assert with_marker(marker) and set(with_marker(marker)) <= set(below)
 
         supervisor.send_signal(signal.SIGTERM)
 
         assert supervisor.wait(timeout=20) == -signal.SIGTERM, "the supervisor still dies of the signal"
-        assert gone_soon(worker) and gone_soon(child)
+        assert all(gone_soon(pid) for pid in below)
     finally:
         if supervisor.poll() is None:
             supervisor.kill()
-        kill_if_running(*(p for p in (worker, child) if p))
+        kill_if_running(*below, *with_marker(marker))
 
 
 # -- torch.compile -------------------------------------------------------------------------------
