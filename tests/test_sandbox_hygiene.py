@@ -403,3 +403,18 @@ open({str(report)!r}, "w").write(str(torch._inductor.config.compile_threads))
     assert m.status == MeasureStatus.ok, m.message
     assert report.read_text() == "1"
     assert clean_env("cpu", 2, 1 << 30, tmp_path)["TORCHINDUCTOR_COMPILE_THREADS"] == "1"
+
+
+def test_a_system_that_refuses_the_namespaces_is_warned_about_once(monkeypatch, caplog):
+    from kernelscout.sandbox import pool as pool_module
+
+    monkeypatch.setattr(pool_module, "_WARNED_NETWORK", False)
+    with caplog.at_level("WARNING", logger="kernelscout.sandbox.pool"):
+        pool_module._warn_if_network_open("isolated", "isolated")
+        pool_module._warn_if_network_open("open (no network namespace: Operation not permitted)",
+                                          "shared (no PID namespace: Operation not permitted)")
+        pool_module._warn_if_network_open("open (no network namespace: Operation not permitted)",
+                                          "shared (no PID namespace: Operation not permitted)")
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1
+    assert "reach the network and the user's other processes" in warnings[0] and "Operation not permitted" in warnings[0]
