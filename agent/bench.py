@@ -343,6 +343,22 @@ def _seeded_latin_hypercube(seed: int) -> Iterator[None]:
         module.LatinHypercube = original
 
 
+MEMBERSHIP_TEST_LIMIT = 2_000_000  # parameter combinations Kernel Tuner may test one by one in reasonable time
+
+
+def _check_kernel_tuner_can_enumerate(space_path: str) -> None:
+    """Refuse up front a space Kernel Tuner would spend hours enumerating: without restriction strings it
+    gets a membership test, which it calls on every combination of the parameters' values (a 30-flag
+    space recorded at 200 configurations is a billion calls), before any baseline result exists."""
+    space = _space(space_path)
+    product = math.prod(len(v) for v in space.param_values.values())
+    if product > MEMBERSHIP_TEST_LIMIT and product != len(space) and restrictions_for(space_path) is None:
+        raise BenchError(
+            f"{space.name}: Kernel Tuner would test each of the {product:.3g} combinations of its parameter values "
+            f"against the {len(space)} recorded configurations; list its restrictions as strings in a README.md next to "
+            "the cache (see shared/data/benchmark_hub/README.md), or run it with --baselines none")
+
+
 def _membership_test(space: ReplaySpace, keys: Sequence[str]) -> Callable[[Any], bool]:
     """A restriction that admits exactly the recorded configurations.
 
@@ -454,6 +470,8 @@ def run_bench(req: BenchRequest, progress: Optional[Callable[[int, int, Trace], 
         except ImportError:
             raise BenchError("Kernel Tuner is not installed: pip install 'kernelscout[bench]' (or pip install kernel-tuner), "
                              "or pass --baselines none") from None
+        for p in paths:
+            _check_kernel_tuner_can_enumerate(p)
     workdir = req.out or tempfile.mkdtemp(prefix="kscout-bench-")
     Path(workdir).mkdir(parents=True, exist_ok=True)
     traces: list[Trace] = []

@@ -190,3 +190,22 @@ def test_optimize_refuses_the_searched_space_as_its_own_warm_start(tmp_path: Pat
     for prior in (space, copy):
         assert_usage_error(optimize(tmp_path, "--space", str(space), "--warm-start", str(prior)), "hand the surrogate every answer")
     assert not (tmp_path / "run").exists()
+
+
+def test_bench_search_refuses_a_kernel_tuner_baseline_that_would_enumerate_a_huge_product(tmp_path: Path) -> None:
+    """30 on/off flags recorded at 200 configurations: Kernel Tuner would call its membership test a billion times."""
+    pytest.importorskip("kernel_tuner")
+    import random
+
+    rng = random.Random(0)
+    names = [f"f{i}" for i in range(30)]
+    rows = {tuple(rng.randint(0, 1) for _ in names) for _ in range(200)}
+    cache = {",".join(map(str, r)): {**dict(zip(names, r)), "time": 1.0 + sum(r), "times": [1.0 + sum(r)] * 3} for r in rows}
+    path = tmp_path / "flags_GPU.json"
+    path.write_text(json.dumps({"device_name": "GPU", "kernel_name": "flags", "problem_size": [64], "tune_params_keys": names,
+                                "tune_params": {n: [0, 1] for n in names}, "objective": "time", "cache": cache}))
+
+    result = kscout("bench", "search", str(path), "--budgets", "4", "--seeds", "1", "--jobs", "1")
+
+    assert_usage_error(result, "1.07e+09 combinations", "--baselines none")
+    assert kscout("bench", "search", str(path), "--budgets", "4", "--seeds", "1", "--jobs", "1", "--baselines", "none").exit_code == 0
