@@ -102,6 +102,9 @@ def eval_surrogate(
                                      "by name; rename one of them (e.g. add the GPU to the file name)", param_hint="SPACES")
         by_name[s.name] = s.path
     err = Console(stderr=True)
+    for s in loaded:
+        if s.objective_note:
+            err.print(f"[dim]note: {s.objective_note}[/dim]")
     if warm_start:
         for s in loaded:
             if int(s.ok_mask.sum()) < 2:

@@ -56,6 +56,17 @@ def read_cache_json(path: Path) -> dict[str, Any]:
         return json.loads(text.rstrip().rstrip(",") + "}}")
 
 
+def _number_or_marker(t: Any) -> Any:
+    """A record's time as written: numbers as they are, a number written as text ("1.25", "NaN") as
+    that number, anything else (a failure marker, a missing time) unchanged."""
+    if isinstance(t, str) and t not in _FAILURE_STATUS:
+        try:
+            return float(t)
+        except ValueError:
+            return t
+    return t
+
+
 def _value_text(value: ParamValue) -> str:
     return str(value)
 
@@ -85,7 +96,15 @@ class ReplaySpace:
     repeats: tuple[np.ndarray, ...]
     failures: dict[int, MeasureStatus]  # config index -> how it failed
     problem_size: Any = None
+    objective: str = "time"  # the header's; kernelscout minimises the recorded time whatever it says
     _index: dict[tuple[str, ...], int] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def objective_note(self) -> Optional[str]:
+        """What to tell a user whose cache was tuned for something other than time."""
+        if self.objective == "time":
+            return None
+        return f"{self.path.name}: its objective is {self.objective!r}; kernelscout minimises the recorded time instead"
 
     @classmethod
     def load(cls, path: str | Path) -> ReplaySpace:
@@ -110,6 +129,7 @@ class ReplaySpace:
         times: list[float] = []
         repeats: list[np.ndarray] = []
         failures: dict[int, MeasureStatus] = {}
+        untimed = 0  # records with neither a time nor a failure marker
         for key, record in raw["cache"].items():
             config = cls._parse_config(key, record, names, by_text)
             if config is None:
@@ -117,6 +137,8 @@ class ReplaySpace:
             t = record.get("time") if isinstance(record, Mapping) else None
             if isinstance(t, str) and t in _OUTSIDE_MARKERS:
                 continue
+            t = _number_or_marker(t)
+            untimed += t is None or isinstance(t, (bool, list, dict))
             status = cls._failure_of(t)
             idx = len(configs)
             configs.append(config)
@@ -134,6 +156,10 @@ class ReplaySpace:
             repeats.append(reps_arr if reps_arr.size else np.asarray([float(t)]))
         if not configs:
             raise ValueError(f"{path}: no configurations in the cache")
+        objective = str(raw.get("objective") or "time")
+        if untimed == len(configs):
+            other = f"; its objective is {objective!r}, and kernelscout replays times" if objective != "time" else ""
+            raise ValueError(f"no record has a numeric \"time\" (ms){other}")
         space = cls(
             path=path,
             kernel_name=str(raw.get("kernel_name", "")),
@@ -145,6 +171,7 @@ class ReplaySpace:
             repeats=tuple(repeats),
             failures=failures,
             problem_size=raw.get("problem_size"),
+            objective=objective,
         )
         space._index.update({tuple(_value_text(v) for v in c): i for i, c in enumerate(configs)})
         return space
@@ -167,7 +194,7 @@ class ReplaySpace:
     def _failure_of(t: Any) -> Optional[MeasureStatus]:
         if isinstance(t, str):
             return _FAILURE_STATUS.get(t, MeasureStatus.runtime_error)
-        if not isinstance(t, (int, float)) or not math.isfinite(t) or t >= _FAILED_TIME or t <= 0:
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t >= _FAILED_TIME or t <= 0:
             return MeasureStatus.runtime_error
         return None
 
