@@ -129,13 +129,15 @@ def optimize(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object at the end"),
 ) -> None:
     """Search for a faster verified kernel within a hard measurement budget."""
-    from kernelscout.agent.runner import OptimizeError, start_search
+    from kernelscout.agent.runner import OptimizeError, SearchInterrupted, start_search
 
     try:
         result = start_search(problem=problem, space=space, budget=budget, policy=policy, surrogate=surrogate, device=device,
                               run_dir=run_dir, seed=seed, proposals=proposals, patience=patience, max_wall=max_wall,
                               warm_start=warm_start, quiet=as_json, max_device_s=max_device_s, max_usd=max_usd,
                               max_llm_tokens=max_tokens, workers=workers, ray=ray)
+    except SearchInterrupted as exc:
+        _interrupted(exc, as_json)
     except OptimizeError as exc:
         if as_json:
             print(json.dumps({"status": "failed", "message": str(exc)}))
@@ -151,7 +153,7 @@ def resume(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object at the end"),
 ) -> None:
     """Continue a search after an interruption: no measurement lost, none repeated, no budget spent twice."""
-    from kernelscout.agent.runner import OptimizeError, resume_search
+    from kernelscout.agent.runner import OptimizeError, SearchInterrupted, resume_search
 
     from kernelscout.agent.headless import is_headless_run
 
@@ -161,10 +163,21 @@ def resume(
         return resume_run(run_dir, as_json)
     try:
         result = resume_search(run_dir, quiet=as_json)
+    except SearchInterrupted as exc:
+        _interrupted(exc, as_json)
     except OptimizeError as exc:
         err.print(f"[red]error:[/red] {exc}", soft_wrap=True)
         raise typer.Exit(2)
     _finish_search(result, as_json)
+
+
+def _interrupted(exc, as_json: bool) -> None:
+    """Ctrl-C: say where the run stands and how to go on (stdout stays JSON under --json)."""
+    if as_json:
+        print(json.dumps({"status": "interrupted", "run_dir": str(exc.run_dir), "measurements_used": exc.used,
+                          "budget": exc.cap, "message": str(exc)}))
+    err.print(str(exc), soft_wrap=True, highlight=False)
+    raise typer.Exit(130)
 
 
 def _finish_search(result, as_json: bool) -> None:

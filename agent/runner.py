@@ -21,6 +21,17 @@ class OptimizeError(Exception):
     """Bad arguments or an unusable problem; the message says what to do."""
 
 
+class SearchInterrupted(Exception):
+    """Ctrl-C (SIGINT) during a search. Every finished measurement is in the run directory already, and
+    `kscout resume` adopts one that was in flight, so the message says where the run stands."""
+
+    def __init__(self, run_dir: Path, used: int, cap: Optional[int]) -> None:
+        of = f" of {cap}" if cap is not None else ""
+        super().__init__(f"interrupted after {used}{of} measurements; nothing measured is lost. "
+                         f"Continue with: kscout resume {run_dir}")
+        self.run_dir, self.used, self.cap = run_dir, used, cap
+
+
 class Scaling(BaseModel):
     """Where measurements run. Stored in the run directory, so `kscout resume` uses the same workers."""
 
@@ -232,7 +243,11 @@ def _run(run: RunDir, spec: SearchSpec, resume: bool, quiet: bool, report: bool 
         loop = build_loop(run, spec, on_event=None if quiet else progress, pool=pool)
         if dispatcher is not None:
             loop.scale_out(dispatcher)
-        state = loop.run_to_end(resume=resume)
+        try:
+            state = loop.run_to_end(resume=resume)
+        except KeyboardInterrupt:
+            status = Budget(run).status()
+            raise SearchInterrupted(run.path, status.used, status.cap) from None
     result = summarise(run, spec, loop, state)
     if report:  # benchmarks skip it (agent/bench.py): thousands of runs, nobody reads their reports
         from kernelscout.agent.report import write_report

@@ -121,6 +121,27 @@ def test_kill_nine_then_resume_loses_nothing_and_never_overspends(tmp_path):
     assert status.used <= budget and status.reserved == 0
 
 
+@needs_hub
+def test_ctrl_c_says_where_the_run_stands_and_resume_finishes_it(tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "kernelscout", "optimize", "--space", str(SPACE), "--budget", "60", "--run-dir", str(run_dir),
+           "--surrogate", "none", "--json"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while len(_measurement_ids(run_dir)) < 3 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+
+    assert proc.returncode == 130, (out, err)
+    stopped = json.loads(out.strip().splitlines()[-1])
+    assert stopped["status"] == "interrupted" and stopped["run_dir"] == str(run_dir) and stopped["budget"] == 60
+    assert 3 <= stopped["measurements_used"] < 60
+    assert f"of 60 measurements; nothing measured is lost. Continue with: kscout resume {run_dir}" in " ".join(err.split())
+    done = subprocess.run([sys.executable, "-m", "kernelscout", "resume", str(run_dir), "--json"], capture_output=True, text=True, timeout=600)
+    assert json.loads(done.stdout.strip().splitlines()[-1])["measurements_used"] == 60
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("problem", sorted(UNSEEN.glob("*.py")), ids=lambda p: p.stem)
 def test_unseen_kernelbench_problems_run_to_completion_and_report_honestly(problem, tmp_path):
