@@ -46,7 +46,9 @@ _FAILED_TIME = 1e20  # what Kernel Tuner wrote for failures before it used marke
 
 def read_cache_json(path: Path) -> dict[str, Any]:
     """Parse a cache, also one left unterminated by an interrupted Kernel Tuner run."""
-    opener = gzip.open if path.suffix == ".gz" else open
+    with open(path, "rb") as fh:
+        gzipped = fh.read(2) == b"\x1f\x8b"  # by content: a gzip file named .json is still gzip
+    opener = gzip.open if gzipped else open
     with opener(path, "rt", encoding="utf-8") as fh:
         text = fh.read()
     try:
@@ -121,6 +123,8 @@ class ReplaySpace:
     @classmethod
     def _load(cls, path: Path) -> ReplaySpace:
         raw = read_cache_json(path)
+        if not isinstance(raw, Mapping):
+            raise ValueError(f"the file holds a JSON {type(raw).__name__}, where a cache is an object with tune_params and cache")
         names = tuple(raw.get("tune_params_keys") or raw["tune_params"].keys())
         values = {n: tuple(raw["tune_params"][n]) for n in names}
         # Keys in the file are the str() of each value joined by ","; map text back to the typed value.
@@ -155,7 +159,7 @@ class ReplaySpace:
             times.append(float(t))
             repeats.append(reps_arr if reps_arr.size else np.asarray([float(t)]))
         if not configs:
-            raise ValueError(f"{path}: no configurations in the cache")
+            raise ValueError("no configurations in the cache")
         objective = str(raw.get("objective") or "time")
         if untimed == len(configs):
             other = f"; its objective is {objective!r}, and kernelscout replays times" if objective != "time" else ""

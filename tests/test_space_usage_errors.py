@@ -52,6 +52,7 @@ def test_optimize_refuses_a_space_where_nothing_ran(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("text, phrase", [
     ('{"tune_params": {"bs": [1]}, "cache": {}}', "no configurations in the cache"),
+    ('[{"bs": 1, "time": 1.0}]', "the file holds a JSON list"),
     ('{"hello": 1}', "not a usable Kernel Tuner cache"),
 ])
 def test_optimize_refuses_a_file_that_is_not_a_usable_cache(tmp_path: Path, text: str, phrase: str) -> None:
@@ -114,7 +115,7 @@ def test_eval_surrogate_warm_start_leaves_out_priors_with_under_two_times(tmp_pa
 def test_eval_surrogate_on_a_space_with_too_few_timed_configurations_says_so(tmp_path: Path) -> None:
     few = write_cache(tmp_path / "few.json", {**timed(1), 1: "RuntimeFailedConfig", 2: "RuntimeFailedConfig"})
     result = eval_surrogate(str(few), "--train", "2")
-    assert_usage_error(result, "too few timed configurations")
+    assert_usage_error(result, "only 1 of its configurations ran", "needs at least 4", "leave this space out")
     assert "at most 2" not in result.output
 
 
@@ -240,3 +241,13 @@ def test_times_written_as_text_are_read_as_numbers(tmp_path: Path) -> None:
 
     assert space.times[0] == 2.0 and space.times[1] == 1.5
     assert space.failures.keys() == {2, 3}  # the marker and the NaN are failures, as they were on the hardware
+
+
+def test_a_gzipped_cache_is_read_whatever_its_name(tmp_path: Path, space: Path) -> None:
+    import gzip
+
+    misnamed = tmp_path / "packed.json"
+    misnamed.write_bytes(gzip.compress(space.read_bytes()))
+    result = optimize(tmp_path, "--space", str(misnamed), "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout.strip().splitlines()[-1])["measurements_used"] == 3

@@ -207,9 +207,8 @@ def evaluate_space(space: ReplaySpace, settings: EvalSettings, pool: Sequence[Re
     start = time.perf_counter()
     ran = int(np.isfinite(space.median_times).sum())
     if ran < 4:
-        raise EvalInputError(f"{space.name}: only {ran} of its configurations ran on the hardware; a surrogate needs at least "
-                             "2 timed to train on and 2 to evaluate on, so this space has too few timed configurations "
-                             "(leave it out)")
+        raise EvalInputError(f"{space.name}: only {ran} of its configurations ran on the hardware; an evaluation needs at least "
+                             "4 (2 to train on and 2 to evaluate on), so leave this space out")
     if settings.train + 2 > ran:
         raise EvalInputError(f"{space.name}: {ran} of its configurations ran on the hardware, so --train {settings.train} leaves "
                          f"fewer than 2 to evaluate on; ask for at most {max(2, ran - 2)} (half, {max(2, ran // 2)}, "
