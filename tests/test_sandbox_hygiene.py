@@ -90,6 +90,12 @@ with open({str(report)!r}, "w") as f:
 '''
 
 
+def seen(supervisor_files: str, bystander_environ: str, signals: str) -> dict[str, str]:
+    """What `snoop` reports when each of its attempts ends as given."""
+    return {**{f"supervisor {name}": supervisor_files for name in ("environ", "mem", "maps", "auxv")},
+            "bystander environ": bystander_environ, "signal supervisor": signals, "signal bystander": signals}
+
+
 @contextlib.contextmanager
 def bystander_with_a_key():
     """A process of this user, started with an API key in its environment (an editor, a wrapper script)."""
@@ -109,12 +115,8 @@ def test_a_candidate_can_neither_see_nor_signal_the_supervisor_or_the_users_othe
     with bystander_with_a_key() as bystander:
         m = measure_source(candidate(init=snoop(report, bystander)))
     assert m.status == MeasureStatus.ok, m.message
-    assert json.loads(report.read_text()) == {
-        "supervisor environ": "FileNotFoundError", "supervisor mem": "FileNotFoundError",
-        "supervisor maps": "FileNotFoundError", "supervisor auxv": "FileNotFoundError",
-        "bystander environ": "FileNotFoundError",
-        "signal supervisor": "ProcessLookupError", "signal bystander": "ProcessLookupError",
-    }
+    assert json.loads(report.read_text()) == seen(supervisor_files="FileNotFoundError", bystander_environ="FileNotFoundError",
+                                                  signals="ProcessLookupError")
 
 
 def test_with_kscout_sandbox_pids_shared_only_the_non_dumpable_supervisor_is_protected(tmp_path, write, monkeypatch):
@@ -133,12 +135,8 @@ def test_with_kscout_sandbox_pids_shared_only_the_non_dumpable_supervisor_is_pro
             assert worker.info["pids"] == "shared (KSCOUT_SANDBOX_PIDS=shared)" and worker.info["proc"] == "host"
             assert worker.info["network"] == "isolated"
     assert m.status == MeasureStatus.ok, m.message
-    assert json.loads(report.read_text()) == {
-        "supervisor environ": "PermissionError", "supervisor mem": "PermissionError",
-        "supervisor maps": "PermissionError", "supervisor auxv": "PermissionError",
-        "bystander environ": "PermissionError",
-        "signal supervisor": "reachable", "signal bystander": "reachable",
-    }
+    assert json.loads(report.read_text()) == seen(supervisor_files="PermissionError", bystander_environ="PermissionError",
+                                                  signals="reachable")
 
 
 @contextlib.contextmanager
