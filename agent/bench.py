@@ -183,7 +183,7 @@ def summarise(traces: Sequence[Trace], spaces: dict[str, ReplaySpace], budgets: 
             mean[m][b] = Cell(frac_of_opt=round(float(np.mean([c.frac_of_opt for c in cells])), 4),
                               considered_per_measurement=round(float(np.mean(cpm)), 2) if cpm else None,
                               stderr=None if se is None else round(se, 4))
-    notes = sorted({t.note for t in traces if t.note} | {s.objective_note for s in spaces.values() if s.objective_note})
+    notes = sorted({t.note for t in traces if t.note} | {n for s in spaces.values() for n in s.notes})
     return BenchResult(budgets=list(budgets), seeds=seeds, spaces=out, mean=mean, wall_s={k: round(v, 1) for k, v in wall.items()}, notes=notes)
 
 

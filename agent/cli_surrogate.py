@@ -103,8 +103,8 @@ def eval_surrogate(
         by_name[s.name] = s.path
     err = Console(stderr=True)
     for s in loaded:
-        if s.objective_note:
-            err.print(f"[dim]note: {s.objective_note}[/dim]")
+        for note in s.notes:
+            err.print(f"[dim]note: {note}[/dim]")
     if warm_start:
         for s in loaded:
             if int(s.ok_mask.sum()) < 2:

@@ -158,10 +158,11 @@ def _load_space(path: str, what: str):
 def _check_space(path: str, warm_start: list[str], surrogate: str) -> None:
     """Refuse, before a run directory exists, a recorded space (or prior) the search could not use."""
     space = _load_space(path, "--space")
-    if space.objective_note:
+    if space.notes:
         from rich.console import Console
 
-        Console(stderr=True).print(f"[dim]note: {space.objective_note}[/dim]")
+        for note in space.notes:
+            Console(stderr=True).print(f"[dim]note: {note}[/dim]", soft_wrap=True)
     if not space.ok_mask.any():
         raise OptimizeError(f"{path}: no configuration in this space ran (all {len(space)} failed), so there is nothing "
                             "to search or to time a reference with; record the space on hardware where some run")

@@ -99,14 +99,20 @@ class ReplaySpace:
     failures: dict[int, MeasureStatus]  # config index -> how it failed
     problem_size: Any = None
     objective: str = "time"  # the header's; kernelscout minimises the recorded time whatever it says
+    undeclared: tuple[str, ...] = ()  # "name=value" of record values missing from the header's tune_params
     _index: dict[tuple[str, ...], int] = field(default_factory=dict, repr=False, compare=False)
 
     @property
-    def objective_note(self) -> Optional[str]:
-        """What to tell a user whose cache was tuned for something other than time."""
-        if self.objective == "time":
-            return None
-        return f"{self.path.name}: its objective is {self.objective!r}; kernelscout minimises the recorded time instead"
+    def notes(self) -> list[str]:
+        """What the loader accepted but a user should know: the file says something it does not replay."""
+        out = []
+        if self.objective != "time":
+            out.append(f"{self.path.name}: its objective is {self.objective!r}; kernelscout minimises the recorded time instead")
+        if self.undeclared:
+            shown = ", ".join(self.undeclared[:3]) + (", ..." if len(self.undeclared) > 3 else "")
+            out.append(f"{self.path.name}: records hold parameter values its tune_params do not list ({shown}); "
+                       "they are searched as recorded")
+        return out
 
     @classmethod
     def load(cls, path: str | Path) -> ReplaySpace:
@@ -176,6 +182,8 @@ class ReplaySpace:
             failures=failures,
             problem_size=raw.get("problem_size"),
             objective=objective,
+            undeclared=tuple(sorted({f"{n}={c[j]!r}" for c in configs for j, n in enumerate(names)
+                                     if _value_text(c[j]) not in by_text[j]})),
         )
         space._index.update({tuple(_value_text(v) for v in c): i for i, c in enumerate(configs)})
         return space

@@ -251,3 +251,14 @@ def test_a_gzipped_cache_is_read_whatever_its_name(tmp_path: Path, space: Path) 
     result = optimize(tmp_path, "--space", str(misnamed), "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout.strip().splitlines()[-1])["measurements_used"] == 3
+
+
+def test_records_that_contradict_the_header_are_searched_as_recorded_and_said_so(tmp_path: Path) -> None:
+    doc = json.loads(write_cache(tmp_path / "k.json", timed(8)).read_text())
+    doc["cache"]["3"]["bs"] = 300  # the key and tune_params say 3
+    (tmp_path / "k.json").write_text(json.dumps(doc))
+
+    result = optimize(tmp_path, "--space", str(tmp_path / "k.json"))
+
+    assert result.exit_code == 0, result.output
+    assert "records hold parameter values its tune_params do not list (bs=300)" in " ".join(result.output.split())
