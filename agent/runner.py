@@ -21,9 +21,10 @@ class OptimizeError(Exception):
     """Bad arguments or an unusable problem; the message says what to do."""
 
 
-class SearchInterrupted(Exception):
+class SearchInterrupted(KeyboardInterrupt):
     """Ctrl-C (SIGINT) during a search. Every finished measurement is in the run directory already, and
-    `kscout resume` adopts one that was in flight, so the message says where the run stands."""
+    `kscout resume` adopts one that was in flight, so the message says where the run stands. Still a
+    KeyboardInterrupt, so that callers that stop on one (a `kscout run` of many problems) still do."""
 
     def __init__(self, run_dir: Path, used: int, cap: Optional[int]) -> None:
         of = f" of {cap}" if cap is not None else ""
