@@ -121,13 +121,21 @@ def test_kill_nine_then_resume_loses_nothing_and_never_overspends(tmp_path):
     assert status.used <= budget and status.reserved == 0
 
 
+def _sigint_as_from_a_terminal() -> None:
+    """In the child before exec: SIGINT handled and deliverable. Ignored signals and the signal mask are
+    inherited through exec, and in the full suite something earlier leaves SIGINT ignored or blocked in
+    this process (the interrupt never arrived and the run spent its whole budget)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 @needs_hub
 def test_ctrl_c_says_where_the_run_stands_and_resume_finishes_it(tmp_path):
     run_dir = tmp_path / "run"
     budget = 3000  # far more than it can spend before the interrupt, however fast the machine
     cmd = [sys.executable, "-m", "kernelscout", "optimize", "--space", str(SPACE), "--budget", str(budget), "--run-dir", str(run_dir),
            "--surrogate", "none", "--json"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_as_from_a_terminal)
     deadline = time.monotonic() + 120
     while len(_measurement_ids(run_dir)) < 3 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
