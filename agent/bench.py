@@ -28,10 +28,10 @@ What is compared, and how, so that the numbers mean what they say:
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import math
-import contextlib
 import os
 import random
 import re

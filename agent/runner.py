@@ -162,8 +162,9 @@ def _check_space(path: str, warm_start: list[str], surrogate: str) -> None:
     if space.notes:
         from rich.console import Console
 
+        err = Console(stderr=True)
         for note in space.notes:
-            Console(stderr=True).print(f"[dim]note: {note}[/dim]", soft_wrap=True)
+            err.print(f"[dim]note: {note}[/dim]", soft_wrap=True)
     if not space.ok_mask.any():
         raise OptimizeError(f"{path}: no configuration in this space ran (all {len(space)} failed), so there is nothing "
                             "to search or to time a reference with; record the space on hardware where some run")

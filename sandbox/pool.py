@@ -381,17 +381,17 @@ class WorkerOutOfMemory(Exception):
     pass
 
 
-_WARNED_NETWORK = False
+_WARNED_NAMESPACES = False
 
 
-def _warn_if_network_open(network: str, pids: str = "") -> None:
+def _warn_if_namespaces_refused(network: str, pids: str = "") -> None:
     """Once per process: a Linux worker that could not get a network (or PID) namespace of its own."""
-    global _WARNED_NETWORK
+    global _WARNED_NAMESPACES
     refused = [what for what, state, prefix in (("the network", network, "open (no network namespace"),
                                                 ("the user's other processes", pids, "shared (no PID namespace"))
                if state.startswith(prefix)]
-    if _LINUX and refused and not _WARNED_NETWORK:
-        _WARNED_NETWORK = True
+    if _LINUX and refused and not _WARNED_NAMESPACES:
+        _WARNED_NAMESPACES = True
         log.warning("sandbox workers can reach %s: %s. Allow unprivileged user namespaces "
                     "(sysctl kernel.unprivileged_userns_clone=1, or on Ubuntu 24.04 "
                     "kernel.apparmor_restrict_unprivileged_userns=0) to cut them off.",
@@ -474,7 +474,7 @@ class WorkerProcess:
 
     def start(self, timeout: float = 120.0) -> dict[str, Any]:
         self.info = self.request("hello", timeout)
-        _warn_if_network_open(self.info.get("network", ""), self.info.get("pids", ""))
+        _warn_if_namespaces_refused(self.info.get("network", ""), self.info.get("pids", ""))
         if self.info.get("pids") == "isolated" and _LINUX:
             # the namespace's init and the worker run under the launcher: part of the sandbox, not strays.
             # At hello no candidate code has run, so the launcher's tree is exactly those processes.

@@ -406,12 +406,12 @@ open({str(report)!r}, "w").write(str(torch._inductor.config.compile_threads))
 def test_a_system_that_refuses_the_namespaces_is_warned_about_once(monkeypatch, caplog):
     from kernelscout.sandbox import pool as pool_module
 
-    monkeypatch.setattr(pool_module, "_WARNED_NETWORK", False)
+    monkeypatch.setattr(pool_module, "_WARNED_NAMESPACES", False)
     with caplog.at_level("WARNING", logger="kernelscout.sandbox.pool"):
-        pool_module._warn_if_network_open("isolated", "isolated")
-        pool_module._warn_if_network_open("open (no network namespace: Operation not permitted)",
+        pool_module._warn_if_namespaces_refused("isolated", "isolated")
+        pool_module._warn_if_namespaces_refused("open (no network namespace: Operation not permitted)",
                                           "shared (no PID namespace: Operation not permitted)")
-        pool_module._warn_if_network_open("open (no network namespace: Operation not permitted)",
+        pool_module._warn_if_namespaces_refused("open (no network namespace: Operation not permitted)",
                                           "shared (no PID namespace: Operation not permitted)")
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1
