@@ -64,3 +64,31 @@ def test_rich_features_add_pairwise_products_raw_does_not() -> None:
     assert any(np.allclose(col, log_product) for col in rich.full.T)
     assert not any(np.allclose(col, log_product) for col in raw.full.T)
     assert np.isfinite(rich.full).all() and np.isfinite(rich.compact).all()
+
+
+def test_thread_blocks_are_charged_for_whole_warps_and_wavefronts() -> None:
+    """A 16x5x2 block (160 threads) fills five 32-lane warps exactly but pays for 192 lanes on 64-lane
+    wavefronts; block_size_z has one value and still multiplies the threads."""
+    enc = ConfigEncoder({"block_size_x": [16, 32], "block_size_y": [5, 8], "block_size_z": [2], "tile": [1, 2]})
+    configs = [{"block_size_x": 16, "block_size_y": 5, "block_size_z": 2, "tile": 1},
+               {"block_size_x": 32, "block_size_y": 8, "block_size_z": 2, "tile": 1}]
+    blocks = enc.transform(configs)
+    log_threads, warp_use, wavefront_use = blocks.compact[:, -3:].T
+    assert log_threads.tolist() == [np.log2(160), np.log2(512)]
+    assert warp_use.tolist() == [160 / 160, 1.0]
+    assert wavefront_use.tolist() == [160 / 192, 1.0]
+    np.testing.assert_array_equal(blocks.full[:, -3:], blocks.compact[:, -3:])
+
+
+def test_lane_use_of_a_single_block_dimension() -> None:
+    enc = ConfigEncoder({"block_size_x": [48, 64, 80], "other": [1, 2]})
+    x = enc.transform([{"block_size_x": b, "other": 1} for b in (48, 64, 80)]).compact
+    warp_use, wavefront_use = x[:, -2:].T  # one dimension: log2(threads) would repeat block_size_x's own column
+    assert warp_use.tolist() == [48 / 64, 1.0, 80 / 96]
+    assert wavefront_use.tolist() == [48 / 64, 1.0, 80 / 128]
+
+
+def test_no_thread_block_columns_without_block_size_parameters() -> None:
+    with_blocks = ConfigEncoder({"block_size_x": [32, 48], "tile": [1, 2]}).transform([{"block_size_x": 32, "tile": 1}])
+    without = ConfigEncoder({"threads": [32, 48], "tile": [1, 2]}).transform([{"threads": 32, "tile": 1}])
+    assert with_blocks.compact.shape[1] == without.compact.shape[1] + 2

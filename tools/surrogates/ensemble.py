@@ -10,16 +10,15 @@ the same values for every space: extra-trees consider every feature at each spli
 with ~50 points, random feature subsets mostly add noise), and the GP uses a Matern-5/2 kernel with one
 length scale per compact feature; both were worth a few thousandths of pairwise accuracy.
 
-Why a prior on the GP's length scales (`LENGTH_SCALE_PRIOR`, log-normal, median 4 standardised units,
+Why a prior on the GP's length scales (`LENGTH_SCALE_PRIOR`, log-normal, median 8 standardised units,
 log-sd 1, also the starting point): with ~50 points and 8-26 compact features, maximum likelihood
 happily makes a few length scales short, so the GP chases single points and ranks the unseen
 configurations between them badly. The prior keeps a length scale short only where the data insist.
-On the provided spaces (50 training points, 10 seeds, same draws) it raised the GP alone from 0.825 to
-0.833 pairwise accuracy and the ensemble from 0.842 to 0.844 (+0.0026, standard error 0.0011 over
-seeds; better on 6 of 8 spaces), with ECE and top-10% recovery unchanged or better, and it helped at 25
-and 100 training points as well. Medians of 3 to 6 scored alike; 2 without a prior is the old setting,
-and the much longer scales suggested for high-dimensional Bayesian optimisation (about 16 here) were
-worse (0.836). It costs nothing: the penalty is added to the objective L-BFGS-B already minimises.
+On the provided spaces (50 training points, 10 seeds, same draws) a median of 4 raised the GP alone
+from 0.825 to 0.833 pairwise accuracy and the ensemble from 0.842 to 0.844; with the thread-block
+columns (features.py) a median of 8 scores 0.852 against 0.850 for 4. Much longer scales, as suggested
+for high-dimensional Bayesian optimisation (about 16 here), were worse. It costs nothing: the penalty
+is added to the objective L-BFGS-B already minimises.
 
 Why `refresh`: the search asks for forecasts after every measurement. Refitting a 100-tree forest and
 re-optimising the GP's hyperparameters each time costs about a second on the shared 2-core machines;
@@ -54,7 +53,7 @@ DEFAULT_MEMBERS: tuple[Member, ...] = ("et", "gp")
 N_TREES = 100
 REFRESH_SHARE = 0.1  # share of a forest's trees regrown by one `refresh`
 WARM_GP_ITERATIONS = 15  # L-BFGS-B iterations when GP hyperparameters start from an earlier fit
-LENGTH_SCALE_PRIOR = (4.0, 1.0)  # GP length scales (standardised inputs): log-normal median and log-sd
+LENGTH_SCALE_PRIOR = (8.0, 1.0)  # GP length scales (standardised inputs): log-normal median and log-sd
 
 
 @dataclass
