@@ -11,7 +11,7 @@ with ~50 points, random feature subsets mostly add noise), and the GP uses a Mat
 length scale per compact feature; both were worth a few thousandths of pairwise accuracy.
 
 Why a prior on the GP's length scales (`LENGTH_SCALE_PRIOR`, log-normal, median 8 standardised units,
-log-sd 1, also the starting point): with ~50 points and 8-26 compact features, maximum likelihood
+log-sd 1): with ~50 points and 8-26 compact features, maximum likelihood
 happily makes a few length scales short, so the GP chases single points and ranks the unseen
 configurations between them badly. The prior keeps a length scale short only where the data insist.
 On the provided spaces (50 training points, 10 seeds, same draws) a median of 4 raised the GP alone
