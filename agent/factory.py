@@ -65,7 +65,7 @@ def make_predictor(spec: SearchSpec, target: Any) -> Forecaster:
         if spec.surrogate == "llm":
             return llm_space_forecaster(target, ref, model=metered_chat_model(spec, target.run), seed=spec.settings.seed, priors=priors)
         return make_forecaster(spec.surrogate, target.space.param_values, ref, lambda rec: dict(rec.params),
-                               priors=priors, seed=spec.settings.seed)
+                               priors=priors, seed=spec.settings.seed, valid=target.space.configs)
     sol = target.bounds.time_ms if getattr(target, "bounds", None) else None
     if spec.surrogate == "llm":
         return llm_forecaster(target, ref, model=metered_chat_model(spec, target.run), seed=spec.settings.seed)
@@ -112,5 +112,6 @@ def llm_space_forecaster(target: Any, ref, model: Any = None, seed: int = 0, pri
                 "device": space.device_label, "sol": SPACE_SOL, "related": transfer_lines(priors, parent, rec.params)}
 
     features = lambda rec: dict(rec.params)  # noqa: E731
-    screener = make_forecaster("learned", space.param_values, ref, features, priors=list(priors), seed=seed)
+    screener = make_forecaster("learned", space.param_values, ref, features, priors=list(priors), seed=seed,
+                               valid=space.configs)
     return Forecaster(LLMSurrogate(model), ref, features, seed=seed, code_context=context, screener=screener)

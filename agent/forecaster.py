@@ -300,9 +300,10 @@ class Forecaster:
 
 
 def make_forecaster(name: str, tune_params: Optional[Mapping[str, Sequence[Any]]], reference_ms, features,
-                    priors: Sequence[Any] = (), seed: int = 0, sol_ms: Optional[float] = None) -> Forecaster:
+                    priors: Sequence[Any] = (), seed: int = 0, sol_ms: Optional[float] = None,
+                    valid: Optional[Sequence[Sequence[Any]]] = None) -> Forecaster:
     if tune_params is not None:
-        surrogate = make_surrogate("none" if name == "none" else name, tune_params, priors=priors, seed=seed)
+        surrogate = make_surrogate("none" if name == "none" else name, tune_params, priors=priors, seed=seed, valid=valid)
     else:
         surrogate = OpenSpaceSurrogate("none" if name == "none" else name, seed=seed)
     return Forecaster(surrogate, reference_ms, features, measure_all=(name == "none"), seed=seed, sol_ms=sol_ms)

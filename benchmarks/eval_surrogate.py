@@ -90,7 +90,7 @@ def _stream(
     """Train the learned surrogate as in the evaluation, then a random stream of unseen candidates."""
     rng = seeded_rng(space, 1000 + seed)
     priors = warm_start_priors(space, warm) if warm else []
-    surrogate = make_surrogate("learned", space.param_values, priors=priors, seed=seed)
+    surrogate = make_surrogate("learned", space.param_values, priors=priors, seed=seed, valid=space.configs)
     pool, _ = train_on_replay(space, surrogate, train, rng)
     seen = np.setdiff1d(np.arange(len(space)), pool)
     incumbent = float(np.nanmin(space.median_times[seen]))

@@ -92,3 +92,53 @@ def test_no_thread_block_columns_without_block_size_parameters() -> None:
     with_blocks = ConfigEncoder({"block_size_x": [32, 48], "tile": [1, 2]}).transform([{"block_size_x": 32, "tile": 1}])
     without = ConfigEncoder({"threads": [32, 48], "tile": [1, 2]}).transform([{"threads": 32, "tile": 1}])
     assert with_blocks.compact.shape[1] == without.compact.shape[1] + 2
+
+
+# A dedispersion-like space: a stride only exists when the tile is larger than 1 (Kernel Tuner
+# restriction `tile_size_x > 1 or tile_stride_x == 0`), and padding needs shared memory.
+STRIDED = {"tile_size_x": [1, 2, 4], "tile_stride_x": [0, 1], "use_shmem": [0, 1], "use_padding": [0, 1]}
+
+
+def _strided_space() -> list[tuple]:
+    return [(t, s, m, p) for t in STRIDED["tile_size_x"] for s in STRIDED["tile_stride_x"]
+            for m in STRIDED["use_shmem"] for p in STRIDED["use_padding"]
+            if (t > 1 or s == 0) and (p == 0 or m == 1)]
+
+
+def test_a_switch_forced_off_is_encoded_as_not_applying() -> None:
+    """With tile 1 the stride is no choice: encoded as neither setting, so that a model that has seen
+    'stride 0 is slow' on large tiles does not carry that to tile-1 configurations."""
+    enc = ConfigEncoder(STRIDED, valid=_strided_space())
+    plain = ConfigEncoder(STRIDED)
+    tile1 = {"tile_size_x": 1, "tile_stride_x": 0, "use_shmem": 1, "use_padding": 0}
+    stride0, stride1 = (plain.transform([{**tile1, "tile_size_x": 2, "tile_stride_x": s}]).full for s in (0, 1))
+    got = enc.transform([tile1, {**tile1, "tile_size_x": 2}]).full
+    expected = (plain.transform([{**tile1, "tile_stride_x": 0}]).full + plain.transform([{**tile1, "tile_stride_x": 1}]).full) / 2
+    np.testing.assert_allclose(got[0], expected[0])
+    np.testing.assert_array_equal(got[1], stride0[0])  # a tile of 2 chose its stride: encoded as is
+    assert not np.array_equal(stride0, stride1)
+
+
+def test_a_switch_forced_on_is_a_real_choice() -> None:
+    """Padding forces shared memory on: shared memory is then in use, not inapplicable. Padding,
+    forced off without shared memory, does not apply there."""
+    enc = ConfigEncoder(STRIDED, valid=_strided_space())
+    plain = ConfigEncoder(STRIDED)
+    padded = {"tile_size_x": 2, "tile_stride_x": 1, "use_shmem": 1, "use_padding": 1}
+    np.testing.assert_array_equal(enc.transform([padded]).full, plain.transform([padded]).full)
+    no_shmem = {**padded, "use_shmem": 0, "use_padding": 0}
+    assert not np.array_equal(enc.transform([no_shmem]).full, plain.transform([no_shmem]).full)
+
+
+def test_switches_forced_off_together_are_averaged_over_all_their_settings() -> None:
+    enc = ConfigEncoder(STRIDED, valid=_strided_space())
+    plain = ConfigEncoder(STRIDED)
+    both = {"tile_size_x": 1, "tile_stride_x": 0, "use_shmem": 0, "use_padding": 0}
+    settings = [{**both, "tile_stride_x": s, "use_padding": p} for s in (0, 1) for p in (0, 1)]
+    np.testing.assert_allclose(enc.transform([both]).full[0], plain.transform(settings).full.mean(axis=0))
+
+
+def test_without_the_valid_space_every_value_is_encoded_as_given() -> None:
+    tile1 = {"tile_size_x": 1, "tile_stride_x": 0, "use_shmem": 1, "use_padding": 0}
+    np.testing.assert_array_equal(ConfigEncoder(STRIDED).transform([tile1]).full,
+                                  ConfigEncoder(STRIDED, valid=[]).transform([tile1]).full)

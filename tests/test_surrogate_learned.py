@@ -185,3 +185,24 @@ def test_configurations_predicted_slow_do_not_look_more_uncertain_for_being_in_t
     slow, fast = pred.mean > np.quantile(y, 0.9), pred.mean < np.quantile(y, 0.5)
     assert slow.any() and fast.any()
     assert np.median(pred.spread[slow]) < 2.5 * np.median(pred.spread[fast])
+
+
+def test_a_stride_that_does_not_apply_is_not_judged_by_strides_that_did() -> None:
+    """Measured tiles larger than 1 say "stride 0 is four times slower". A tile of 1 has no stride (the
+    space forces it to 0): told the valid space, the surrogate does not carry that verdict over."""
+    tune = {"tile": [1, 2, 4, 8], "stride": [0, 1], "unroll": [1, 2, 4, 8]}
+    valid = [(t, s, u) for t in tune["tile"] for s in tune["stride"] for u in tune["unroll"] if t > 1 or s == 0]
+
+    def fit(**kwargs) -> LearnedSurrogate:
+        surrogate = LearnedSurrogate(tune, seed=0, **kwargs)
+        for t, s, u in valid:
+            if t > 1:
+                surrogate.observe({"tile": t, "stride": s, "unroll": u}, (4.0 if s == 0 else 1.0) * (1 + 0.1 * u))
+        return surrogate
+
+    tile1 = [{"tile": 1, "stride": 0, "unroll": u} for u in tune["unroll"]]
+    blind = float(np.mean(fit().predictive(tile1).mu))
+    told = float(np.mean(fit(valid=valid).predictive(tile1).mu))
+    slow, fast = np.log(4.0 * 1.25), np.log(1.25)  # mean log-times of stride 0 and stride 1 at tile > 1
+    assert blind > fast + 0.75 * (slow - fast)  # judged as a stride-0 configuration
+    assert told < blind - 0.2

@@ -151,7 +151,7 @@ def _evaluate_once(
     space: ReplaySpace, settings: EvalSettings, priors: list[PriorSource], seed: int
 ) -> tuple[dict[str, float], dict[str, np.ndarray], int]:
     rng = seeded_rng(space, seed)
-    surrogate = make_surrogate(settings.surrogate, space.param_values, priors=priors, seed=seed)
+    surrogate = make_surrogate(settings.surrogate, space.param_values, priors=priors, seed=seed, valid=space.configs)
     pool, failed = train_on_replay(space, surrogate, settings.train, rng)
     values = np.asarray(space.configs, dtype=object)[pool]
     truth_all = np.log(space.median_times[pool])

@@ -11,6 +11,10 @@ spaces hard for a model fed raw values with 50 samples:
   block, work per thread and tile footprints are products and ratios of the raw parameters;
 * one-hot columns for parameters with few values, because small integers are often codes (a method
   number) whose order means nothing, and a tree cannot isolate a middle value in one split;
+* a switch (a two-valued parameter) that another parameter's value forces off is encoded as "does not
+  apply" (the average of its two encodings), when the valid configurations are known: a tile stride
+  when the tile is 1, or padding for a block that needs none, is no choice at all, yet encoded as
+  "off" it teaches the model that "off" is slow from configurations where it was chosen;
 * for Kernel Tuner's thread-block parameters (`block_size_x/y/z`, its default `block_size_names`):
   threads per block and the share of the last warp (32 lanes) and wavefront (64 lanes) that is used,
   because a block of 80 threads pays for 96 lanes on NVIDIA and 128 on AMD. No combination of log-values
@@ -82,7 +86,10 @@ def _lane_use(threads: np.ndarray, width: int) -> np.ndarray:
 class ConfigEncoder:
     """Encodes configurations of one tuning space (its `tune_params`) as numeric feature blocks."""
 
-    def __init__(self, tune_params: Mapping[str, Sequence[Any]], rich: bool = True) -> None:
+    def __init__(self, tune_params: Mapping[str, Sequence[Any]], rich: bool = True,
+                 valid: Sequence[Sequence[Any]] | np.ndarray | None = None) -> None:
+        """`valid`: the space's valid configurations (rows in `tune_params` order), when it can be
+        enumerated; from them the encoder learns which switches other parameters force off."""
         self.rich = rich
         self.param_names: tuple[str, ...] = tuple(tune_params)
         params = []
@@ -106,6 +113,30 @@ class ConfigEncoder:
         self._log_pairs = list(itertools.combinations([p.name for p in logs], 2))[:MAX_PAIRS]
         self._int_pairs = list(itertools.combinations([p.name for p in ints], 2))[:MAX_PAIRS]
         self._block_dims, self._block_const = self._thread_block(params)
+        self._forced_off = self._forced_switches(valid) if valid is not None and len(valid) else []
+
+    def _forced_switches(self, valid: Sequence[Sequence[Any]] | np.ndarray) -> list[tuple[int, int, float]]:
+        """(switch column, column, value) for each value of another parameter under which every valid
+        configuration has the switch at its lower setting (for strings, the first listed). A switch forced on (padding needs shared
+        memory, so padding forces shared memory on) is a real choice and is left alone, as are the
+        thread-block dimensions, whose product is the block whatever forced it."""
+        raw = self.values_matrix(np.asarray(valid, dtype=object))
+        rules = []
+        for b, p in enumerate(self._params):
+            if len(p.values) != 2 or p.name in THREAD_BLOCK_PARAMS:
+                continue
+            off = min(self._code(p, v) for v in p.values)
+            for a in range(len(self._params)):
+                if a == b:
+                    continue
+                for value in np.unique(raw[:, a]):
+                    seen = raw[raw[:, a] == value, b]
+                    if seen.size and np.all(seen == off):
+                        rules.append((b, a, float(value)))
+        return rules
+
+    def _code(self, p: _Param, v: Any) -> float:
+        return float(self._cat_index[p.name][str(v)]) if p.categorical else float(v)
 
     @staticmethod
     def _thread_block(params: list[_Param]) -> tuple[list[str], float]:
@@ -140,6 +171,26 @@ class ConfigEncoder:
 
     def transform(self, configs: Sequence[Mapping[str, Any]] | np.ndarray) -> FeatureBlocks:
         raw = self.values_matrix(configs)
+        blocks = self._encode(raw)
+        if not self._forced_off:
+            return blocks
+        forced = np.zeros((raw.shape[0], len(self._params)), dtype=bool)
+        for b, a, value in self._forced_off:
+            forced[:, b] |= raw[:, a] == value
+        # rows with the same inapplicable switches are averaged over every setting of those switches
+        for pattern in np.unique(forced[forced.any(axis=1)], axis=0):
+            rows = np.flatnonzero((forced == pattern).all(axis=1))
+            switches = np.flatnonzero(pattern)
+            encoded = []
+            for setting in itertools.product(*[[self._code(self._params[b], v) for v in self._params[b].values] for b in switches]):
+                alt = raw[rows].copy()
+                alt[:, switches] = setting
+                encoded.append(self._encode(alt))
+            blocks.full[rows] = np.mean([e.full for e in encoded], axis=0)
+            blocks.compact[rows] = np.mean([e.compact for e in encoded], axis=0)
+        return blocks
+
+    def _encode(self, raw: np.ndarray) -> FeatureBlocks:
         n = raw.shape[0]
         if not self.rich:
             return FeatureBlocks(full=raw, compact=raw)

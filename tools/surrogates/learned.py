@@ -69,9 +69,10 @@ class LearnedSurrogate:
         refit_growth: float = 1.25,
         seed: int = 0,
         name: str = "learned",
+        valid: Optional[Sequence[Sequence[Any]]] = None,
     ) -> None:
         self.name = name
-        self.encoder = ConfigEncoder(tune_params, rich=rich_features)
+        self.encoder = ConfigEncoder(tune_params, rich=rich_features, valid=valid)
         self.param_names = self.encoder.param_names
         for p in priors:
             if not p.covers(self.param_names):

@@ -6,24 +6,26 @@ Other surrogates (the LLM forecaster) register themselves here instead of being 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Optional
 
 from kernelscout.tools.surrogates.base import NoneSurrogate, Surrogate
 from kernelscout.tools.surrogates.learned import LearnedSurrogate
 from kernelscout.tools.surrogates.warmstart import PriorSource
 
 SurrogateFactory = Callable[..., Surrogate]
-"""factory(tune_params, *, priors, seed) -> Surrogate"""
+"""factory(tune_params, *, priors, seed, valid) -> Surrogate; `valid`: the space's valid configurations
+(rows in parameter order) when it can be enumerated, else None"""
 
 
 def _learned(
-    tune_params: Mapping[str, Sequence[Any]], *, priors: Sequence[PriorSource] = (), seed: int = 0
+    tune_params: Mapping[str, Sequence[Any]], *, priors: Sequence[PriorSource] = (), seed: int = 0,
+    valid: Optional[Sequence[Sequence[Any]]] = None,
 ) -> Surrogate:
-    return LearnedSurrogate(tune_params, priors=priors, seed=seed)
+    return LearnedSurrogate(tune_params, priors=priors, seed=seed, valid=valid)
 
 
 def _plain_rf(
-    tune_params: Mapping[str, Sequence[Any]], *, priors: Sequence[PriorSource] = (), seed: int = 0
+    tune_params: Mapping[str, Sequence[Any]], *, priors: Sequence[PriorSource] = (), seed: int = 0, valid: Any = None
 ) -> Surrogate:
     """The reference point of the issue: a random forest on raw parameter values."""
     return LearnedSurrogate(
@@ -31,7 +33,7 @@ def _plain_rf(
     )
 
 
-def _none(tune_params: Mapping[str, Sequence[Any]], *, priors: Sequence[PriorSource] = (), seed: int = 0) -> Surrogate:
+def _none(tune_params: Mapping[str, Sequence[Any]], *, priors: Sequence[PriorSource] = (), seed: int = 0, valid: Any = None) -> Surrogate:
     return NoneSurrogate()
 
 
@@ -47,10 +49,13 @@ def surrogate_names() -> list[str]:
 
 
 def make_surrogate(
-    name: str, tune_params: Mapping[str, Sequence[Any]], *, priors: Sequence[PriorSource] = (), seed: int = 0
+    name: str, tune_params: Mapping[str, Sequence[Any]], *, priors: Sequence[PriorSource] = (), seed: int = 0,
+    valid: Optional[Sequence[Sequence[Any]]] = None,
 ) -> Surrogate:
     try:
         factory = _REGISTRY[name]
     except KeyError:
         raise KeyError(f"unknown surrogate {name!r}; available: {', '.join(surrogate_names())}") from None
-    return factory(tune_params, priors=priors, seed=seed)
+    if valid is None:  # factories registered before `valid` existed need not accept it
+        return factory(tune_params, priors=priors, seed=seed)
+    return factory(tune_params, priors=priors, seed=seed, valid=valid)
