@@ -12,9 +12,9 @@ def _ints(text: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise typer.BadParameter(f"{text!r}: give comma-separated integers, e.g. 20,50,100") from None
+        raise typer.BadParameter(f"{text!r}: give comma-separated integers, e.g. 20,50,100", param_hint="--budgets") from None
     if not values or min(values) < 1:
-        raise typer.BadParameter("budgets must be positive integers, e.g. 20,50,100")
+        raise typer.BadParameter("budgets must be positive integers, e.g. 20,50,100", param_hint="--budgets")
     return values
 
 
@@ -62,9 +62,12 @@ def register(app: typer.Typer) -> None:
 
         from kernelscout.agent.bench import BenchError, BenchRequest, run_bench
 
+        from kernelscout.agent.cli_errors import fail_json, json_errors
+
         err = Console(stderr=True)
         names = [] if baselines.strip() in ("", "none") else [b.strip() for b in baselines.split(",")]
-        req = BenchRequest(spaces=spaces, budgets=_ints(budgets), seeds=seeds, baselines=names, no_predict=no_predict, out=out, jobs=jobs)
+        with json_errors(as_json):
+            req = BenchRequest(spaces=spaces, budgets=_ints(budgets), seeds=seeds, baselines=names, no_predict=no_predict, out=out, jobs=jobs)
 
         def progress(done: int, total: int, trace) -> None:
             err.print(f"[dim]{done}/{total}[/dim] {trace.space} {trace.method} seed {trace.seed}: {len(trace.times)} measured, {trace.wall_s:.1f} s")
@@ -72,8 +75,7 @@ def register(app: typer.Typer) -> None:
         try:
             result = run_bench(req, progress=progress)
         except BenchError as exc:
-            err.print(f"[red]error:[/red] {exc}")
-            raise typer.Exit(2)
+            fail_json(str(exc), as_json)
         if as_json:
             typer.echo(json.dumps(result.as_json(), indent=2))
         else:

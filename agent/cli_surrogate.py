@@ -64,6 +64,14 @@ def eval_surrogate(
     no_plots: bool = typer.Option(False, "--no-plots", help="write no PNG files"),
 ) -> None:
     """Train a surrogate on N random measured configurations, score its forecasts on the held-out rest."""
+    from kernelscout.agent.cli_errors import json_errors
+
+    with json_errors(as_json):
+        _eval_surrogate(spaces, train, seeds, surrogate, warm_start, pairs, configs, as_json, plots, no_plots)
+
+
+def _eval_surrogate(spaces: list[Path], train: int, seeds: int, surrogate: str, warm_start: bool, pairs: int,
+                    configs: int, as_json: bool, plots: Optional[Path], no_plots: bool) -> None:
     from pydantic import ValidationError
 
     from kernelscout.sandbox.replay import CacheFileError, load_spaces

@@ -303,6 +303,8 @@ def test_kscout_bench_search_prints_a_table_with_error_bars_and_the_documented_j
     assert set(data["tiny_GPU"]["kernelscout"]) == {"2", "4"}
     bad = CliRunner().invoke(app, ["bench", "search", str(tiny), "--budgets", "20,x"])
     assert bad.exit_code == 2 and "comma-separated integers" in bad.output
+    bad_json = CliRunner().invoke(app, ["bench", "search", str(tiny), "--budgets", "20,x", "--json"])
+    assert bad_json.exit_code == 2 and "comma-separated integers" in json.loads(bad_json.stdout)["message"]
 
 
 def test_kernel_tuner_bayes_opt_gives_the_same_run_for_the_same_seed(tmp_path: Path) -> None:

@@ -74,3 +74,15 @@ def test_unknown_surrogate_is_a_usage_error(app: typer.Typer, space_files: list[
     result = CliRunner().invoke(app, ["eval-surrogate", str(space_files[0]), "--surrogate", "oracle", "--no-plots"])
     assert result.exit_code == 2
     assert "not available" in result.output and "llm" in result.output  # the message lists what there is
+
+
+def test_under_json_an_input_error_is_answered_in_json(app: typer.Typer, space_files: list[Path], tmp_path: Path) -> None:
+    """A script reading stdout gets a JSON answer it can parse, not an empty stream."""
+    bad = tmp_path / "notes.json"
+    bad.write_text("{}")
+    result = CliRunner().invoke(app, ["eval-surrogate", str(bad), "--json", "--no-plots"])
+    assert result.exit_code == 2
+    answer = json.loads(result.stdout)
+    assert answer["status"] == "failed" and "Kernel Tuner cache" in answer["message"]
+    unknown = CliRunner().invoke(app, ["eval-surrogate", str(space_files[0]), "--surrogate", "oracle", "--json"])
+    assert unknown.exit_code == 2 and "not available" in json.loads(unknown.stdout)["message"]
