@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kernelscout import __version__
+from kernelscout.agent.cli_errors import fail
 
 app = typer.Typer(
     name="kscout",
@@ -139,11 +140,7 @@ def optimize(
     except SearchInterrupted as exc:
         _interrupted(exc, as_json)
     except OptimizeError as exc:
-        if as_json:
-            print(json.dumps({"status": "failed", "message": str(exc)}))
-        else:
-            err.print(f"[red]error:[/red] {exc}", soft_wrap=True)
-        raise typer.Exit(2)
+        fail(str(exc), as_json)
     _finish_search(result, as_json)
 
 
@@ -166,8 +163,7 @@ def resume(
     except SearchInterrupted as exc:
         _interrupted(exc, as_json)
     except OptimizeError as exc:
-        err.print(f"[red]error:[/red] {exc}", soft_wrap=True)
-        raise typer.Exit(2)
+        fail(str(exc), as_json)
     _finish_search(result, as_json)
 
 

@@ -62,7 +62,7 @@ def register(app: typer.Typer) -> None:
 
         from kernelscout.agent.bench import BenchError, BenchRequest, run_bench
 
-        from kernelscout.agent.cli_errors import fail_json, json_errors
+        from kernelscout.agent.cli_errors import fail, json_errors
 
         err = Console(stderr=True)
         names = [] if baselines.strip() in ("", "none") else [b.strip() for b in baselines.split(",")]
@@ -75,7 +75,7 @@ def register(app: typer.Typer) -> None:
         try:
             result = run_bench(req, progress=progress)
         except BenchError as exc:
-            fail_json(str(exc), as_json)
+            fail(str(exc), as_json)
         if as_json:
             typer.echo(json.dumps(result.as_json(), indent=2))
         else:

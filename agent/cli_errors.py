@@ -1,8 +1,6 @@
-"""Errors under `--json`: a script that reads stdout gets JSON whatever happened.
-
-`kscout optimize --json` already answers a failure with `{"status": "failed", "message": ...}`; the
-commands whose input errors are Typer usage errors use `json_errors` to answer the same way (exit 2,
-as for a usage error, and the message on stderr as well, for the person watching).
+"""How a command fails: under `--json` a script reading stdout gets `{"status": "failed", "message": ...}`
+whatever went wrong; otherwise the person gets a red error on stderr. Exit code 2 either way, as for a
+usage error. `optimize`, `resume`, `run`, `eval-surrogate` and `bench search` all fail this way.
 """
 
 from __future__ import annotations
@@ -15,22 +13,22 @@ import typer
 from rich.console import Console
 
 
-def fail_json(message: str, as_json: bool, code: int = 2) -> None:
-    """Say what went wrong (stdout JSON under --json, stderr always) and exit with `code`."""
+def fail(message: str, as_json: bool, code: int = 2) -> None:
     if as_json:
         typer.echo(json.dumps({"status": "failed", "message": message}))
-    Console(stderr=True).print(f"[red]error:[/red] {message}", soft_wrap=True, highlight=False, markup=True)
+    else:
+        Console(stderr=True).print(f"[red]error:[/red] {message}", soft_wrap=True, highlight=False)
     raise typer.Exit(code)
 
 
 @contextmanager
 def json_errors(as_json: bool) -> Iterator[None]:
-    """Turn a usage error raised inside the block into the JSON answer when `as_json`; otherwise let
-    Typer print its usual usage message."""
+    """Under `as_json`, a usage error raised inside the block fails as above; otherwise Typer prints
+    its usual usage message."""
     try:
         yield
     except typer.BadParameter as exc:
         if not as_json:
             raise
         hint = exc.param_hint if isinstance(exc.param_hint, str) else None
-        fail_json(f"{hint}: {exc.message}" if hint else exc.message, as_json)
+        fail(f"{hint}: {exc.message}" if hint else exc.message, as_json)

@@ -6,7 +6,6 @@ directory holding a manifest to `resume_run`. The work itself is in agent/headle
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Optional
@@ -14,6 +13,8 @@ from typing import Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from kernelscout.agent.cli_errors import fail
 
 err = Console(stderr=True)
 out = Console()
@@ -70,14 +71,6 @@ def _finish(summary, as_json: bool) -> None:
     raise typer.Exit(_exit_code(summary))
 
 
-def _fail(message: str, as_json: bool) -> None:
-    if as_json:
-        print(json.dumps({"status": "failed", "message": message}))
-    else:
-        err.print(f"[red]error:[/red] {message}", soft_wrap=True, highlight=False)
-    raise typer.Exit(2)
-
-
 def resume_run(run_dir: str, as_json: bool = False) -> None:
     """Continue a multi-problem run: finished and failed problems stay as they are, an interrupted one resumes."""
     from kernelscout.agent.headless import HeadlessError, HeadlessRun
@@ -85,7 +78,7 @@ def resume_run(run_dir: str, as_json: bool = False) -> None:
     try:
         run = HeadlessRun.open(run_dir)
     except HeadlessError as exc:
-        _fail(str(exc), as_json)
+        fail(str(exc), as_json)
     _run(run, as_json)
 
 
@@ -117,7 +110,7 @@ def register(app: typer.Typer) -> None:
         from kernelscout.agent.headless import HeadlessError, HeadlessRun, RunCaps, RunManifest, discover
 
         if policy not in ("auto", "tuner", "llm") or surrogate not in ("auto", "learned", "llm", "none"):
-            _fail("--policy takes auto, tuner or llm; --surrogate takes auto, learned, llm or none", as_json)
+            fail("--policy takes auto, tuner or llm; --surrogate takes auto, learned, llm or none", as_json)
         try:
             refs = discover(problems)
             manifest = RunManifest(problems=refs, budget=budget, policy=policy, surrogate=surrogate, device=device, seed=seed,
@@ -126,9 +119,9 @@ def register(app: typer.Typer) -> None:
             path = run_dir or str(Path("runs") / f"run-{time.strftime('%Y%m%d-%H%M%S')}")
             headless = HeadlessRun.create(path, manifest)
         except HeadlessError as exc:
-            _fail(str(exc), as_json)
+            fail(str(exc), as_json)
         except ValidationError as exc:
-            _fail("; ".join(f"{FLAGS.get(str(e['loc'][-1]), e['loc'][-1])}: {e['msg'].lower()}" for e in exc.errors()), as_json)
+            fail("; ".join(f"{FLAGS.get(str(e['loc'][-1]), e['loc'][-1])}: {e['msg'].lower()}" for e in exc.errors()), as_json)
         if not as_json:
             err.print(f"[dim]{len(refs)} problems, budget {budget} each; run directory {headless.path}[/dim]", soft_wrap=True, highlight=False)
         _run(headless, as_json)
