@@ -1,6 +1,6 @@
 """`kscout optimize` on the examples (CPU, offline), against a plain torch.compile of the reference.
 
-Run: python benchmarks/optimize_examples.py [--budgets 5,10,20] [--problems softmax,layernorm] [--out FILE]
+Run: python benchmarks/optimize_examples.py [--budgets 5,10,20] [--problems softmax,layernorm] [--device cpu|cuda] [--out FILE]
 Each row is one fresh search; the torch.compile baseline is measured by the same harness in the
 same run directory, so its speedup is a same-session ratio like every other number here.
 """
@@ -20,13 +20,15 @@ from kernelscout.tools.measure import MeasureRequest, measure
 REPO = Path(__file__).resolve().parents[1]
 
 
-def compile_baseline(problem: Path, run_dir: str, pool: WorkerPool) -> str:
+def compile_baseline(problem: Path, run_dir: str, pool: WorkerPool, device: str) -> str:
     path = Path(run_dir) / "torch_compile_baseline.py"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render("torch_compile", problem, {"MODE": "default"}))
-    m = measure(MeasureRequest(problem=str(problem), candidate=str(path), device="cpu", run_dir=run_dir), pool=pool)
-    if m.status.value != "ok" or not m.timing_valid:
-        return f"{m.status.value}"
+    path.write_text(render("torch_compile", problem, {"MODE": "default"}, device=device))
+    m = measure(MeasureRequest(problem=str(problem), candidate=str(path), device=device, run_dir=run_dir), pool=pool)
+    if m.status.value != "ok":
+        return m.status.value
+    if not m.timing_valid:
+        return f"timing not valid ({m.timing_invalid_reason})"
     return f"{m.speedup:.2f}x"
 
 
@@ -34,6 +36,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--budgets", default="10")
     ap.add_argument("--problems", default="")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     budgets = [int(b) for b in args.budgets.split(",")]
@@ -45,10 +48,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for problem in problems:
             with WorkerPool() as pool:
-                baseline = compile_baseline(problem / "problem.py", f"{tmp}/{problem.name}-baseline", pool)
+                baseline = compile_baseline(problem / "problem.py", f"{tmp}/{problem.name}-baseline", pool, args.device)
             for budget in budgets:
                 t0 = time.monotonic()
-                r = start_search(problem=str(problem), space=None, budget=budget, device="cpu", run_dir=f"{tmp}/{problem.name}-{budget}", quiet=True)
+                r = start_search(problem=str(problem), space=None, budget=budget, device=args.device, run_dir=f"{tmp}/{problem.name}-{budget}", quiet=True)
                 wall = time.monotonic() - t0
                 best = f"{r.best_speedup:.2f}x" if r.best_speedup else "none"
                 line = (f"| {problem.name} | {budget} | {best} | {baseline} | {r.measurements_used} | {r.candidates_considered} | "

@@ -168,6 +168,9 @@ def _finish(worker: WorkerProcess, m: Measurement) -> tuple[Measurement, bool]:
         problems.append("the candidate tampered with the harness or the reference: " + ", ".join(reply["tampered"]))
     if reply.get("extra_threads"):
         problems.append(f"the candidate left {reply['extra_threads']} thread(s) running")
+    idle = "" if not reply.get("idle_threads") else (
+        f"the candidate left {reply['idle_threads']} idle thread(s) alive (such as a compiler's worker pool); "
+        "they used no CPU time while it was timed, so the timing stands")
     strays = worker.stray_processes()
     if strays:  # pool.release() kills them with the worker
         problems.append(f"the candidate left {len(strays)} process(es) running ({', '.join(sorted(set(strays)))}); they were killed")
@@ -177,6 +180,8 @@ def _finish(worker: WorkerProcess, m: Measurement) -> tuple[Measurement, bool]:
             m.timing_invalid_reason = "; ".join(problems)
             m.message += "; timing not valid: " + m.timing_invalid_reason
         m.warnings.extend(problems)
+    if idle:
+        m.warnings.append(idle)
     return m, bool(problems)
 
 

@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 import types
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +20,9 @@ import torch.nn.functional as F
 perf_counter_ns = time.perf_counter_ns
 monotonic = time.monotonic
 thread_count = threading.active_count
+list_threads = threading.enumerate
+_thread_clock = getattr(time, "pthread_getcpuclockid", None)
+_clock_ns = getattr(time, "clock_gettime_ns", None)
 cuda_synchronize = torch.cuda.synchronize
 cuda_event = torch.cuda.Event
 event_record = torch.cuda.Event.record
@@ -153,6 +156,16 @@ def install_library_patches() -> None:
         install_generation_tagging_init()
     except Exception:  # an older or stripped torch: nothing to pre-install
         pass
+
+
+def thread_cpu_ms(ident: int) -> Optional[float]:
+    """CPU time a Python thread has used, or None if it has ended or the platform cannot say."""
+    if _thread_clock is None or _clock_ns is None:
+        return None
+    try:
+        return _clock_ns(_thread_clock(ident)) / 1e6
+    except (OSError, OverflowError, ValueError):
+        return None
 
 
 def os_thread_count() -> int:

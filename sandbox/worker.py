@@ -202,8 +202,10 @@ class Worker:
         self.candidate_path: Optional[str] = None
         self.candidate_module: Optional[str] = None
         self.snapshot: Optional[dict] = None
-        self.threads_before_candidate = 0
+        self.threads_before_candidate: set[int] = set()
         self.thread_baseline: Optional[int] = None
+        self.thread_cpu_at_timing: Optional[dict[int, Optional[float]]] = None
+        self.timed_candidate_ms = 0.0
         self.round: dict[str, Any] = {}
         self.built: Optional[tuple] = None  # (reference, candidate, timer) as load_candidate made them
         self.reference_print: tuple = ()  # _module_fingerprint of the reference as built: (structure, weights)
@@ -310,8 +312,10 @@ class Worker:
         path = msg["path"]
         self.snapshot = integrity.snapshot()
         self.global_hooks = _global_module_hooks()
-        self.threads_before_candidate = integrity.thread_count()
+        self.threads_before_candidate = {t.ident for t in integrity.list_threads()}
         self.thread_baseline = None
+        self.thread_cpu_at_timing = None
+        self.timed_candidate_ms = 0.0
         name = f"kscout_candidate_{msg['sha'][:16]}_{os.getpid()}"
         try:
             module = _import_file(path, name)
@@ -426,7 +430,33 @@ class Worker:
         _sync(self.device)
         if msg.get("baseline_threads"):
             self.thread_baseline = integrity.os_thread_count()
+            self.thread_cpu_at_timing = {t.ident: integrity.thread_cpu_ms(t.ident) for t in self._candidate_threads()}
         return {"status": "ok"}
+
+    def _candidate_threads(self) -> list:
+        return [t for t in integrity.list_threads() if t.ident not in self.threads_before_candidate]
+
+    def _left_threads(self) -> tuple[int, int]:
+        """(busy, idle) threads the candidate left alive.
+
+        A thread that used CPU time while the candidate was being timed may be finishing the
+        candidate's work after its call returned, so it makes the timing invalid. One that sat idle
+        (torch.compile leaves an idle compile-worker pool thread on any machine with a few cores) did
+        not change the timing and is only reported. The bar is 1 ms, or 5% of the candidate's timed
+        total when that is more: doing the work elsewhere costs about the work itself.
+        """
+        busy = idle = 0
+        bar = max(1.0, 0.05 * self.timed_candidate_ms)
+        for t in self._candidate_threads():
+            now = integrity.thread_cpu_ms(t.ident)
+            start = (self.thread_cpu_at_timing or {}).get(t.ident)
+            if self.thread_cpu_at_timing is None or t.ident not in self.thread_cpu_at_timing or now is None or start is None:
+                busy += 1  # born after timing began, or no way to tell: assume the worst
+            elif now - start > bar:
+                busy += 1
+            else:
+                idle += 1
+        return busy, idle
 
     INPUT_POOL = 4
     FRESH_MS = 5.0  # get_inputs() this cheap runs every round
@@ -486,6 +516,8 @@ class Worker:
             raise Failure("runtime_error", self._runtime_message(exc))
         reply: dict[str, Any] = {"status": "ok", "timer_ms": timer_ms, "host_ms": host_ms}
         if side == "cand":
+            if self.thread_cpu_at_timing is not None:
+                self.timed_candidate_ms += timer_ms
             outputs = self._validate_candidate_output(out, inputs)
             if integrity.thread_count() > py_threads:
                 reply["thread_leak"] = f"{integrity.thread_count() - py_threads} Python thread(s) still running after the call returned"
@@ -515,7 +547,7 @@ class Worker:
         tampered = (integrity.changed_since(self.snapshot) if self.snapshot else []) + (
             self._reference_tampering() if self.built else [])
         self.built = None
-        extra_threads = integrity.thread_count() - self.threads_before_candidate
+        busy_threads, idle_threads = self._left_threads()
         self.candidate = self.reference = None
         self.round = {}
         if self.candidate_module:
@@ -524,7 +556,7 @@ class Worker:
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        return {"status": "ok", "tampered": tampered, "extra_threads": max(0, extra_threads)}
+        return {"status": "ok", "tampered": tampered, "extra_threads": busy_threads, "idle_threads": idle_threads}
 
     def hello(self, msg: dict) -> dict:
         name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"

@@ -189,6 +189,30 @@ def test_work_left_running_on_a_thread_invalidates_the_timing(measure_source):
     assert "thread" in (m.timing_invalid_reason or "")
 
 
+def test_a_thread_busy_while_the_candidate_is_timed_invalidates_the_timing(measure_source):
+    # Started at import, so no call grows the thread count; it burns CPU through the timed rounds.
+    header = """import threading
+import time
+def _spin(until):
+    while time.monotonic() < until:
+        sum(range(1000))
+threading.Thread(target=_spin, args=(time.monotonic() + 60.0,), daemon=True).start()"""
+    m = measure_source(_model("        return torch.relu(x * self.scale + y) + 0.5 * x", header))
+    assert _caught(m), m
+    assert "thread" in (m.timing_invalid_reason or "")
+
+
+def test_an_idle_worker_pool_left_by_the_candidate_does_not_void_the_timing(measure_source):
+    # What torch.compile leaves on a machine with a few cores: a compile-worker pool thread
+    # waiting on its queue. It does no work while the candidate is timed.
+    header = """from concurrent.futures import ThreadPoolExecutor
+_POOL = ThreadPoolExecutor(1)
+_POOL.submit(int, 1).result()"""
+    m = measure_source(_model("        return torch.relu(x * self.scale + y) + 0.5 * x", header))
+    assert m.status == MeasureStatus.ok and m.timing_valid, m.message
+    assert any("1 idle thread" in w for w in m.warnings), m.warnings
+
+
 def test_printed_or_injected_fake_results_do_nothing(measure_source):
     header = "import os\nimport json\nimport struct\n_FAKE = json.dumps({'status': 'ok', 'timer_ms': 1e-6, 'host_ms': 1e-6, 'speedup': 1000.0}).encode()"
     body = """        print(json.dumps({'status': 'ok', 'correct': True, 'speedup': 1000.0}), flush=True)

@@ -91,15 +91,16 @@ DEVICES: tuple[DeviceSpec, ...] = (
     DeviceSpec(
         key="H200", name="NVIDIA H200 SXM 141GB", vendor="nvidia",
         fp32_tflops=67, tf32_tflops=_dense(989), fp16_tflops=_dense(1979), bf16_tflops=_dense(1979), fp64_tflops=67,
-        bandwidth_gbs=4800, last_level_cache_mb=50,
-        source="NVIDIA H200 Tensor Core GPU datasheet (H200 SXM column); same GH100 die and L2 as H100",
+        bandwidth_gbs=4800, last_level_cache_mb=60,
+        source="NVIDIA H200 Tensor Core GPU datasheet (H200 SXM column); L2 as torch reported it on a lent H200 "
+               "(60 MiB, docs/gpu-validation.md)",
         aliases=(("h200",), ("h200", "sxm")),
     ),
     DeviceSpec(
         key="H200-NVL", name="NVIDIA H200 NVL 141GB", vendor="nvidia",
         fp32_tflops=60, tf32_tflops=_dense(835), fp16_tflops=_dense(1671), bf16_tflops=_dense(1671), fp64_tflops=60,
-        bandwidth_gbs=4800, last_level_cache_mb=50,
-        source="NVIDIA H200 Tensor Core GPU datasheet (H200 NVL column)",
+        bandwidth_gbs=4800, last_level_cache_mb=60,
+        source="NVIDIA H200 Tensor Core GPU datasheet (H200 NVL column); L2 as on the H200 SXM",
         aliases=(("h200", "nvl"),),
     ),
     DeviceSpec(
