@@ -28,6 +28,7 @@ from langgraph.graph import END, START, StateGraph
 from pydantic import BaseModel, Field
 
 from kernelscout.agent.dispatch import InlineExecutor
+from kernelscout.agent.policies.tuner import USER_ORIGIN
 from kernelscout.agent.selection import Node, select
 from kernelscout.tools.archive import ROOT_ID, Archive, CandidateRecord
 from kernelscout.tools.budget import Budget
@@ -135,19 +136,23 @@ class SearchLoop:
         except LLM_CAPS as exc:
             self._emit("llm_cap", reason=str(exc))
             return {"to_measure": [], "stop_reason": f"LLM cost cap reached: {exc}"}
+        # the user's own kernels (--start) are measured whatever the forecast: they asked for them
+        given = [rec.id for rec in recs if rec.origin == USER_ORIGIN]
         for rec, forecast in zip(recs, forecasts):
             judged.append((rec.id, forecast, self.predictor.decide(forecast)))
         # highest priority first; among equals (e.g. cold start) the policy's own order, oldest first
-        wanted = sorted(((self.predictor.priority(f), -cid), cid) for cid, f, d in judged if d.action == "measure")[::-1]
+        wanted = sorted(((self.predictor.priority(f), -cid), cid) for cid, f, d in judged if d.action == "measure" and cid not in given)[::-1]
         room = self.budget.status().remaining
         # batch selection: the rule's best, one per free worker, never more than the budget has room for
         per_iteration = len(wanted) if self.predictor.measure_all else max(self.settings.measure_per_iteration, self.workers)
-        batch = per_iteration if room is None else min(per_iteration, room)
-        chosen = [cid for _, cid in wanted[:batch]]
+        batch = max(per_iteration, len(given)) if room is None else min(max(per_iteration, len(given)), room)
+        chosen = (sorted(given) + [cid for _, cid in wanted])[:batch]
         dropped = {cid for _, cid in wanted[batch + self.settings.pending_limit:]}
         for cid, forecast, decision in judged:
             action, reason = decision.action, decision.reason
-            if cid in dropped:
+            if cid in given:
+                action, reason = ("measure" if cid in chosen else "defer"), f"given with --start, measured whatever the forecast ({reason})"
+            elif cid in dropped:
                 action, reason = "skip", f"worth measuring ({reason}) but ranked below the {self.settings.pending_limit} kept for later"
             elif action == "measure" and cid not in chosen:
                 action, reason = "defer", f"{reason}; kept for a later iteration (batch of {batch})"

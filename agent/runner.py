@@ -95,7 +95,7 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
                  max_wall: Optional[float] = None, warm_start: Optional[list[str]] = None, quiet: bool = False,
                  max_device_s: Optional[float] = None, max_usd: Optional[float] = None, max_llm_tokens: Optional[int] = None,
                  workers: Optional[int] = None, ray: Optional[str] = None, replay_delay_s: float = 0.0,
-                 report: bool = True) -> OptimizeResult:
+                 report: bool = True, start: Optional[list[str]] = None) -> OptimizeResult:
     if (problem is None) == (space is None):
         raise OptimizeError("give either a PROBLEM file or --space FILE.json.gz")
     if budget < 1:
@@ -111,6 +111,8 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
             raise OptimizeError(f"{space}: no such recorded space")
         if policy == "llm":
             raise OptimizeError("a recorded space has no code for an LLM to edit; use --policy tuner")
+        if start:
+            raise OptimizeError("--start gives a kernel file, and a recorded space has no code; leave --start out with --space")
         _check_space(space, warm_start or [], surrogate)
         spec = SearchSpec(kind="space", path=str(Path(space).resolve()), device="replay", policy="tuner", surrogate=surrogate,
                           settings=settings, warm_start=[str(Path(w).resolve()) for w in warm_start or []])
@@ -125,7 +127,8 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
             device = _cluster_device(device, ray) if ray else resolve_device(device)
         except InputFileError as exc:
             raise OptimizeError(str(exc)) from None
-        spec = SearchSpec(kind="problem", path=str(path), device=device, policy=policy, surrogate=surrogate, settings=settings)
+        spec = SearchSpec(kind="problem", path=str(path), device=device, policy=policy, surrogate=surrogate, settings=settings,
+                          start=_check_start(start or [], budget))
         name = path.parent.name if path.name == "problem.py" else path.stem
     run = RunDir(run_dir or Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
@@ -136,11 +139,44 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
     if ledger.cap is None:
         ledger.set_cap(budget)
     run.set_meta(SCALING_KEY, scaling.model_dump_json())
+    _archive_start(run, spec)
     if note and not quiet:
         from rich.console import Console
 
         Console(stderr=True).print(f"[dim]{note}[/dim]")
     return _run(run, spec, resume=False, quiet=quiet, report=report)
+
+
+def _check_start(paths: list[str], budget: int) -> list[str]:
+    """The --start files, resolved, once each is a candidate module (defines ModelNew) and the budget can measure them all."""
+    from kernelscout.sandbox.problem import InputFileError, load_candidate
+
+    resolved: list[str] = []
+    for p in paths:
+        try:
+            load_candidate(p)
+        except InputFileError as exc:
+            raise OptimizeError(f"--start {exc}") from None
+        if str(Path(p).resolve()) not in resolved:
+            resolved.append(str(Path(p).resolve()))
+    if len(resolved) > budget:
+        raise OptimizeError(f"--start gives {len(resolved)} kernels and each is measured, but --budget is {budget}; "
+                            "raise the budget or give fewer")
+    return resolved
+
+
+def _archive_start(run: RunDir, spec: SearchSpec) -> None:
+    """Put the user's kernels in the archive before the loop starts, so a resume finds them there
+    (content-addressed, so adding them twice is a no-op) and the loop measures them first."""
+    if not spec.start:
+        return
+    from kernelscout.agent.policies.tuner import user_proposal
+    from kernelscout.tools.archive import ROOT_ID, Archive
+
+    archive = Archive(run)
+    for path in spec.start:
+        p = user_proposal(path, spec.path, spec.device)
+        archive.add(p.sha, p.source, ROOT_ID, p.origin, p.params, p.hypothesis, p.features, iteration=0)
 
 
 def _load_space(path: str, what: str):

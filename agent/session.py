@@ -23,6 +23,7 @@ class SearchSpec(BaseModel):
     surrogate: str = "learned"
     settings: SearchSettings = Field(default_factory=SearchSettings)
     warm_start: list[str] = Field(default_factory=list, description="recorded spaces of the same kernel on other devices")
+    start: list[str] = Field(default_factory=list, description="the user's own kernels, measured first as children of the reference")
 
 
 class OptimizeResult(BaseModel):

@@ -27,6 +27,7 @@ from kernelscout.agent.policies import tunables
 from kernelscout.agent.policies.rewrites import REWRITES, Rewrite, StaticFeatures, applicable_rewrites, chain_features, rewrite_of
 
 FeatureValue = Union[float, int, str, bool]
+USER_ORIGIN = "user"  # a kernel the user gave with --start
 
 
 class ParentInfo(BaseModel):
@@ -148,22 +149,43 @@ class TunerPolicy:
     # -- features -----------------------------------------------------------------------------
     def _features(self, parent: ParentInfo, static: StaticFeatures, kind: str, variant: str,
                   extra: dict[str, FeatureValue]) -> dict[str, FeatureValue]:
-        out: dict[str, FeatureValue] = {
-            "kind": kind,
-            "variant": variant,
-            "device": "cuda" if parent.device.startswith("cuda") else "cpu",
-            "parent_is_reference": parent.is_reference,
-            "parent_speedup": float(parent.speedup) if parent.speedup else 1.0,
-            "lineage_length": len(static.lineage),
-        }
-        for name in [*REWRITES, "tunable"]:
-            out[f"is.{name}"] = float(kind == name)
-        for name in static.lineage:
-            out[f"after.{name}"] = 1.0
-        for name, value in static.model_dump(exclude={"lineage"}).items():
-            out[f"static.{name}"] = _feature(value)
-        out.update(extra)
-        return out
+        return proposal_features(parent, static, kind, variant, extra)
+
+
+def user_proposal(path: str | Path, problem_path: str | Path, device: str) -> Proposal:
+    """A kernel the user brought (`kscout optimize --start FILE`), as a child of the reference.
+
+    It goes through the loop like any proposal (forecast, then measured and archived), so once
+    measured it can be picked as a parent, and the tuner turns its declared knobs and wraps it in
+    the generic rewrites. The loop measures it whatever the forecast says: the user asked for it.
+    """
+    path = Path(path)
+    source = path.read_text()
+    parent = ParentInfo(id=0, path=str(problem_path), is_reference=True, problem_path=str(problem_path), device=device, speedup=1.0)
+    extra: dict[str, FeatureValue] = {"declares_space": float(tunables.declares_space(source))}
+    return Proposal(source=source, origin=USER_ORIGIN, params={}, parent_id=0,
+                    hypothesis=f"the kernel given with --start ({path.name})",
+                    features=proposal_features(parent, chain_features(path, problem_path), "user", "given", extra))
+
+
+def proposal_features(parent: ParentInfo, static: StaticFeatures, kind: str, variant: str,
+                      extra: dict[str, FeatureValue]) -> dict[str, FeatureValue]:
+    out: dict[str, FeatureValue] = {
+        "kind": kind,
+        "variant": variant,
+        "device": "cuda" if parent.device.startswith("cuda") else "cpu",
+        "parent_is_reference": parent.is_reference,
+        "parent_speedup": float(parent.speedup) if parent.speedup else 1.0,
+        "lineage_length": len(static.lineage),
+    }
+    for name in [*REWRITES, "tunable"]:
+        out[f"is.{name}"] = float(kind == name)
+    for name in static.lineage:
+        out[f"after.{name}"] = 1.0
+    for name, value in static.model_dump(exclude={"lineage"}).items():
+        out[f"static.{name}"] = _feature(value)
+    out.update(extra)
+    return out
 
 
 def _feature(value: Any) -> FeatureValue:

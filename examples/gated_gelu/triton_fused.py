@@ -8,11 +8,19 @@ flattened tensor; the per-channel scale/shift are gathered by column index
 
 On a CPU-only machine this only runs under TRITON_INTERPRET=1, so its CPU timing
 says nothing about GPU speed.
+
+It declares its launch knobs (docs/tuner.md), so `kscout optimize examples/gated_gelu
+--start examples/gated_gelu/triton_fused.py` measures it and then tunes them.
 """
 import torch
 import torch.nn as nn
 import triton
 import triton.language as tl
+
+TUNABLE = {"BLOCK": [1024, 2048, 4096, 8192], "NUM_WARPS": [2, 4, 8, 16]}
+TUNABLE_RESTRICTIONS = ["BLOCK >= 32 * NUM_WARPS"]
+BLOCK = 4096
+NUM_WARPS = 8
 
 
 @triton.jit
@@ -44,8 +52,7 @@ class ModelNew(nn.Module):
         gate = gate.contiguous()
         y = torch.empty_like(x)
         n = x.numel()
-        block = 4096
-        _gated_gelu[(triton.cdiv(n, block),)](
+        _gated_gelu[(triton.cdiv(n, BLOCK),)](
             x, gate, self.scale.detach().contiguous(), self.shift.detach().contiguous(),
-            y, n, x.shape[-1], BLOCK=block, num_warps=8)
+            y, n, x.shape[-1], BLOCK=BLOCK, num_warps=NUM_WARPS)
         return y

@@ -9,11 +9,18 @@ TRITON_INTERPRET=1 it is what keeps the interpreter fast enough to test).
 
 On a CPU-only machine this only runs under the Triton interpreter, so its CPU
 timing says nothing about GPU speed.
+
+It declares its launch knobs (docs/tuner.md), so `kscout optimize examples/softmax
+--start examples/softmax/triton_rows.py` measures it and then tunes them.
 """
 import torch
 import torch.nn as nn
 import triton
 import triton.language as tl
+
+TUNABLE = {"ROWS_PER_PROGRAM": [1, 2, 4, 8, 16], "NUM_WARPS": [2, 4, 8, 16]}
+ROWS_PER_PROGRAM = 16  # at most; a tile holds no more than 16K elements
+NUM_WARPS = 8
 
 
 @triton.jit
@@ -41,9 +48,9 @@ class ModelNew(nn.Module):
         block_n = triton.next_power_of_2(n_cols)
         if block_n > 16384:
             raise ValueError("rows wider than 16384 need a multi-pass kernel")
-        block_m = max(1, min(16, 16384 // block_n))  # at most 16K elements per tile
+        block_m = max(1, min(ROWS_PER_PROGRAM, 16384 // block_n))  # at most 16K elements per tile
         y = torch.empty_like(x)
         grid = (triton.cdiv(n_rows, block_m),)
         _softmax_rows[grid](x, y, n_rows, n_cols,
-                            BLOCK_M=block_m, BLOCK_N=block_n, num_warps=8)
+                            BLOCK_M=block_m, BLOCK_N=block_n, num_warps=NUM_WARPS)
         return y.view(logits.shape)

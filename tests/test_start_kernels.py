@@ -1,0 +1,95 @@
+"""`kscout optimize PROBLEM --start FILE`: the user's own kernel is measured first, then searched from."""
+
+import sqlite3
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kernelscout.agent.policies.tuner import USER_ORIGIN
+from kernelscout.agent.runner import OptimizeError, start_search
+from kernelscout.tools.archive import ROOT_ID, Archive
+from kernelscout.tools.rundir import RunDir
+
+# a reference slow enough (a Python loop over rows) that the user's kernel is clearly the best parent
+PROBLEM = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x, y):
+        return torch.stack([torch.relu(a * self.scale + b) + 0.5 * a for a, b in zip(x, y)])
+
+def get_inputs():
+    return [torch.randn(256, 512), torch.randn(256, 512)]
+
+def get_init_inputs():
+    return [1.5]
+'''
+
+# the user's kernel: correct, and it declares a knob the tuner can turn
+MY_KERNEL = '''
+import torch
+import torch.nn as nn
+
+TUNABLE = {"CHUNKS": [1, 2, 4, 8]}
+CHUNKS = 2
+
+
+class ModelNew(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x, y):
+        parts = [torch.relu(a * self.scale + b) + 0.5 * a for a, b in zip(x.chunk(CHUNKS), y.chunk(CHUNKS))]
+        return torch.cat(parts)
+'''
+
+
+def _files(tmp_path: Path) -> tuple[Path, Path]:
+    problem, mine = tmp_path / "problem.py", tmp_path / "my_kernel.py"
+    problem.write_text(textwrap.dedent(PROBLEM))
+    mine.write_text(textwrap.dedent(MY_KERNEL))
+    return problem, mine
+
+
+@pytest.mark.slow
+def test_the_given_kernel_is_measured_first_and_the_search_tunes_from_it(tmp_path):
+    problem, mine = _files(tmp_path)
+    result = start_search(problem=str(problem), space=None, budget=3, device="cpu", run_dir=str(tmp_path / "run"),
+                          quiet=True, start=[str(mine)])
+    assert result.status == "finished" and result.measurements_used == 3
+
+    records = Archive(RunDir(tmp_path / "run")).all()
+    given = [r for r in records if r.origin == USER_ORIGIN]
+    assert len(given) == 1 and given[0].parent_id == ROOT_ID
+    assert Path(given[0].path).read_text() == mine.read_text()
+    measured = sorted((r.measurement_id, r) for r in records if r.measurement_id is not None)
+    assert measured[0][1].id == given[0].id  # the first measurement was the user's kernel
+    db = sqlite3.connect(tmp_path / "run" / "run.db")
+    decision, reason = db.execute("SELECT decision, reason FROM forecasts WHERE candidate_id = ?", (given[0].id,)).fetchone()
+    assert decision == "measure" and "given with --start" in reason  # forecast stored beside it all the same
+    # it is a parent like any measured kernel: its declared knob gets turned
+    assert any(r.parent_id == given[0].id and r.origin.startswith("tunable:") for r in records)
+
+
+def test_start_files_are_checked_before_anything_is_spent(tmp_path):
+    problem, mine = _files(tmp_path)
+    not_a_kernel = tmp_path / "notes.py"
+    not_a_kernel.write_text("x = 1\n")
+    with pytest.raises(OptimizeError, match="--start .*notes.py.*defines no class ModelNew"):
+        start_search(problem=str(problem), space=None, budget=3, device="cpu", run_dir=str(tmp_path / "a"), start=[str(not_a_kernel)])
+    with pytest.raises(OptimizeError, match="--start .*no_such.py"):
+        start_search(problem=str(problem), space=None, budget=3, device="cpu", run_dir=str(tmp_path / "b"), start=[str(tmp_path / "no_such.py")])
+    with pytest.raises(OptimizeError, match="--budget is 1"):
+        other = tmp_path / "other.py"
+        other.write_text(mine.read_text().replace("CHUNKS = 2", "CHUNKS = 4"))
+        start_search(problem=str(problem), space=None, budget=1, device="cpu", run_dir=str(tmp_path / "c"), start=[str(mine), str(other)])
+    with pytest.raises(OptimizeError, match="recorded space has no code"):
+        start_search(problem=None, space=str(problem), budget=3, start=[str(mine)])
+    assert not any((tmp_path / d).exists() for d in ("a", "b", "c"))
