@@ -1,6 +1,6 @@
 """`kscout optimize` on the examples (CPU, offline), against a plain torch.compile of the reference.
 
-Run: python benchmarks/optimize_examples.py [--budgets 5,10,20] [--problems softmax,layernorm] [--device cpu|cuda] [--out FILE]
+Run: python benchmarks/optimize_examples.py [--budgets 5,10,20] [--problems softmax,layernorm] [--device cpu|cuda] [--start-triton] [--out FILE]
 Each row is one fresh search; the torch.compile baseline is measured by the same harness in the
 same run directory, so its speedup is a same-session ratio like every other number here.
 """
@@ -37,6 +37,7 @@ def main() -> None:
     ap.add_argument("--budgets", default="10")
     ap.add_argument("--problems", default="")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    ap.add_argument("--start-triton", action="store_true", help="give each problem's triton_*.py to the search as --start (a GPU table)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     budgets = [int(b) for b in args.budgets.split(",")]
@@ -51,7 +52,9 @@ def main() -> None:
                 baseline = compile_baseline(problem / "problem.py", f"{tmp}/{problem.name}-baseline", pool, args.device)
             for budget in budgets:
                 t0 = time.monotonic()
-                r = start_search(problem=str(problem), space=None, budget=budget, device=args.device, run_dir=f"{tmp}/{problem.name}-{budget}", quiet=True)
+                start = [str(p) for p in sorted(problem.glob("triton_*.py"))] if args.start_triton else None
+                r = start_search(problem=str(problem), space=None, budget=budget, device=args.device, run_dir=f"{tmp}/{problem.name}-{budget}",
+                                 quiet=True, start=start)
                 wall = time.monotonic() - t0
                 best = f"{r.best_speedup:.2f}x" if r.best_speedup else "none"
                 line = (f"| {problem.name} | {budget} | {best} | {baseline} | {r.measurements_used} | {r.candidates_considered} | "
