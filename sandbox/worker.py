@@ -441,7 +441,7 @@ class Worker:
 
         A thread that used CPU time while the candidate was being timed may be finishing the
         candidate's work after its call returned, so it makes the timing invalid. One that sat idle
-        (torch.compile leaves an idle compile-worker pool thread on any machine with a few cores) did
+        (torch.compile on CUDA leaves one behind, docs/gpu-validation.md) did
         not change the timing and is only reported. The bar is 1 ms, or 5% of the candidate's timed
         total when that is more: doing the work elsewhere costs about the work itself.
         """

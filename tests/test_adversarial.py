@@ -203,8 +203,8 @@ threading.Thread(target=_spin, args=(time.monotonic() + 60.0,), daemon=True).sta
 
 
 def test_an_idle_worker_pool_left_by_the_candidate_does_not_void_the_timing(measure_source):
-    # What torch.compile leaves on a machine with a few cores: a compile-worker pool thread
-    # waiting on its queue. It does no work while the candidate is timed.
+    # The kind of thread torch.compile leaves behind (on CUDA, or on CPU with compile_threads > 1):
+    # a pool worker waiting on its queue. It does no work while the candidate is timed.
     header = """from concurrent.futures import ThreadPoolExecutor
 _POOL = ThreadPoolExecutor(1)
 _POOL.submit(int, 1).result()"""
