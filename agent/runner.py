@@ -165,16 +165,23 @@ def _check_start(paths: list[str], budget: int) -> list[str]:
     return resolved
 
 
-def _archive_start(run: RunDir, spec: SearchSpec) -> None:
-    """Put the user's kernels in the archive before the loop starts, so a resume finds them there
-    (content-addressed, so adding them twice is a no-op) and the loop measures them first."""
+def _archive_start(run: RunDir, spec: SearchSpec, resume: bool = False) -> None:
+    """Put the user's kernels in the archive before the loop starts, so the loop measures them first.
+
+    A resume adds those a kill stopped from being added, reading them from their files again;
+    content addressing makes adding one twice a no-op.
+    """
     if not spec.start:
         return
-    from kernelscout.agent.policies.tuner import user_proposal
+    from kernelscout.agent.policies.tuner import USER_ORIGIN, user_proposal
     from kernelscout.tools.archive import ROOT_ID, Archive
 
     archive = Archive(run)
+    if resume and sum(r.origin == USER_ORIGIN for r in archive.all()) >= len(spec.start):
+        return
     for path in spec.start:
+        if resume and not Path(path).exists():
+            raise OptimizeError(f"{path}: given with --start but gone before it was archived; put it back and resume")
         p = user_proposal(path, spec.path, spec.device)
         archive.add(p.sha, p.source, ROOT_ID, p.origin, p.params, p.hypothesis, p.features, iteration=0)
 
@@ -251,6 +258,7 @@ def resume_search(run_dir: str, quiet: bool = False) -> OptimizeResult:
         raise OptimizeError(str(exc)) from None
     if spec.kind == "space":
         _check_space(spec.path, spec.warm_start, spec.surrogate)
+    _archive_start(run, spec, resume=True)
     return _run(run, spec, resume=True, quiet=quiet)
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from kernelscout.agent.policies.tuner import USER_ORIGIN
-from kernelscout.agent.runner import OptimizeError, start_search
+from kernelscout.agent import runner
+from kernelscout.agent.runner import OptimizeError, resume_search, start_search
 from kernelscout.tools.archive import ROOT_ID, Archive
 from kernelscout.tools.rundir import RunDir
 
@@ -93,3 +94,19 @@ def test_start_files_are_checked_before_anything_is_spent(tmp_path):
     with pytest.raises(OptimizeError, match="recorded space has no code"):
         start_search(problem=None, space=str(problem), budget=3, start=[str(mine)])
     assert not any((tmp_path / d).exists() for d in ("a", "b", "c"))
+
+
+def test_a_kill_before_the_given_kernel_was_archived_is_made_good_by_resume(tmp_path, monkeypatch):
+    problem, mine = _files(tmp_path)
+
+    def killed(run, spec, resume=False):
+        raise KeyboardInterrupt  # the process dies after the run directory and spec were saved
+
+    monkeypatch.setattr(runner, "_archive_start", killed)
+    with pytest.raises(KeyboardInterrupt):
+        start_search(problem=str(problem), space=None, budget=1, device="cpu", run_dir=str(tmp_path / "run"), quiet=True, start=[str(mine)])
+    monkeypatch.undo()
+    result = resume_search(str(tmp_path / "run"), quiet=True)
+    assert result.measurements_used == 1
+    (given,) = [r for r in Archive(RunDir(tmp_path / "run")).all() if r.origin == USER_ORIGIN]
+    assert given.measurement_id is not None
