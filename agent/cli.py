@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from kernelscout import __version__
@@ -81,6 +82,8 @@ def _print_measurement(m) -> None:
     table.add_row("timing valid", "yes" if m.timing_valid else f"[yellow]no[/yellow]: {m.timing_invalid_reason or 'not timed'}")
     table.add_row("charged", str(m.charged))
     table.add_row("device", m.device)
+    for warning in m.warnings:
+        table.add_row("[yellow]warning[/yellow]", escape(warning))
     out.print(table)
     if m.status.value != "ok":
         out.print(m.message, markup=False, highlight=False, soft_wrap=True)

@@ -376,6 +376,8 @@ def _measurement(m: dict) -> Table:
         t.add_row("  speedup", f"[bold]{m['speedup']:.3f}x[/bold] (measured)")
     t.add_row("  timing valid", "yes" if m.get("timing_valid") else f"no: {_escape(m.get('timing_invalid_reason') or 'not timed')}")
     t.add_row("  charged", "yes" if m.get("charged") else "no")
+    for warning in m.get("warnings") or []:
+        t.add_row("  warning", _escape(warning))
     if not ok or not m.get("charged"):
         t.add_row("  note", _escape((m.get("message") or "")[:300]))
     return t

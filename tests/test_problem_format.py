@@ -75,6 +75,19 @@ def test_cli_reports_bad_input_in_one_message_without_a_traceback(write, tmp_pat
     assert str(cand) in proc.stdout
 
 
+def test_cli_shows_the_warnings_of_a_valid_measurement(write, tmp_path):
+    problem = write("problem.py", SMALL_PROBLEM)
+    idle_pool = "from concurrent.futures import ThreadPoolExecutor\n_POOL = ThreadPoolExecutor(1)\n_POOL.submit(int, 1).result()\n"
+    cand = write("cand.py", idle_pool + GOOD_CANDIDATE)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernelscout", "measure", str(problem), str(cand), "--device", "cpu", "--run-dir", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "timing valid  yes" in proc.stdout
+    assert "warning" in proc.stdout and "1 idle thread(s)" in " ".join(proc.stdout.split())
+
+
 def test_cli_missing_file_is_a_clear_error(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "kernelscout", "measure", str(tmp_path / "nope.py"), str(tmp_path / "c.py"), "--json"],
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
