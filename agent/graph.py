@@ -145,7 +145,9 @@ class SearchLoop:
         room = self.budget.status().remaining
         # batch selection: the rule's best, one per free worker, never more than the budget has room for
         per_iteration = len(wanted) if self.predictor.measure_all else max(self.settings.measure_per_iteration, self.workers)
-        batch = max(per_iteration, len(given)) if room is None else min(max(per_iteration, len(given)), room)
+        batch = max(per_iteration, len(given))
+        if room is not None:
+            batch = min(batch, room)
         chosen = (sorted(given) + [cid for _, cid in wanted])[:batch]
         dropped = {cid for _, cid in wanted[batch + self.settings.pending_limit:]}
         for cid, forecast, decision in judged:

@@ -77,7 +77,7 @@ class _NoFlush(CallTimer):
 
     def __init__(self, device: torch.device):
         super().__init__(device)
-        self._fill_cycles = int(self._fill_ms() * 2e6)  # cycles at about 2 GHz, a boost clock of current GPUs
+        self._fill_cycles = int(self.fill_ms * 2e6)  # cycles at about 2 GHz, a boost clock of current GPUs
 
     def flush(self) -> None:
         torch.cuda._sleep(self._fill_cycles)

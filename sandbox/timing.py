@@ -24,13 +24,15 @@ class CallTimer:
         self.cuda = device.type == "cuda"
         self._flush_buffer = None
         self._warm_fills = 0
+        self.fill_ms = 0.0  # GPU time of one fill of the flush buffer
         if self.cuda:
             self._flush_buffer = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=device)
             _reset_persisting_l2()
+            self.fill_ms = self._measure_fill_ms()
             if warm_ms > 0:
-                self._warm_fills = max(1, math.ceil(warm_ms / self._fill_ms()))
+                self._warm_fills = max(1, math.ceil(warm_ms / self.fill_ms))
 
-    def _fill_ms(self) -> float:
+    def _measure_fill_ms(self) -> float:
         """GPU time of one fill of the flush buffer at full clocks (the fastest of a burst)."""
         times = []
         for _ in range(20):

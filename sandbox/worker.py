@@ -447,12 +447,11 @@ class Worker:
         """
         busy = idle = 0
         bar = max(1.0, 0.05 * self.timed_candidate_ms)
+        at_timing = self.thread_cpu_at_timing or {}
         for t in self._candidate_threads():
-            now = integrity.thread_cpu_ms(t.ident)
-            start = (self.thread_cpu_at_timing or {}).get(t.ident)
-            if self.thread_cpu_at_timing is None or t.ident not in self.thread_cpu_at_timing or now is None or start is None:
-                busy += 1  # born after timing began, or no way to tell: assume the worst
-            elif now - start > bar:
+            now, start = integrity.thread_cpu_ms(t.ident), at_timing.get(t.ident)
+            # born after timing began, or no way to tell: assume the worst
+            if now is None or start is None or now - start > bar:
                 busy += 1
             else:
                 idle += 1

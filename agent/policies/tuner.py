@@ -119,7 +119,7 @@ class TunerPolicy:
                 params=config,
                 hypothesis=why,
                 parent_id=parent.id,
-                features=self._features(parent, features, "tunable", kind, extra),
+                features=proposal_features(parent, features, "tunable", kind, extra),
             ))
         return out
 
@@ -142,14 +142,9 @@ class TunerPolicy:
                     params=params,
                     hypothesis=rewrite.hypothesis(rewrite.Params.model_validate(params)),
                     parent_id=parent.id,
-                    features=self._features(parent, features, rewrite.name, f"v{i}", extra),
+                    features=proposal_features(parent, features, rewrite.name, f"v{i}", extra),
                 )))
         return [p for _, _, p in sorted(ranked, key=lambda t: t[:2])]
-
-    # -- features -----------------------------------------------------------------------------
-    def _features(self, parent: ParentInfo, static: StaticFeatures, kind: str, variant: str,
-                  extra: dict[str, FeatureValue]) -> dict[str, FeatureValue]:
-        return proposal_features(parent, static, kind, variant, extra)
 
 
 def user_proposal(path: str | Path, problem_path: str | Path, device: str) -> Proposal:
