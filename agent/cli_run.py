@@ -102,17 +102,19 @@ def register(app: typer.Typer) -> None:
         max_measurements: Optional[int] = typer.Option(None, "--max-measurements", help="global: measurements over all problems"),
         max_usd: Optional[float] = typer.Option(None, "--max-usd", help="global: LLM spend over all problems"),
         max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="global: LLM tokens over all problems"),
+        start: list[str] = typer.Option([], "--start", help="your own kernels, a glob relative to each problem's folder "
+                                        "({name}: the problem's name), measured first and tuned from (repeatable)"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object at the end"),
     ) -> None:
         """Search many problems in one headless run, each with its own budget, all under optional global caps."""
         from pydantic import ValidationError
 
-        from kernelscout.agent.headless import HeadlessError, HeadlessRun, RunCaps, RunManifest, discover
+        from kernelscout.agent.headless import HeadlessError, HeadlessRun, RunCaps, RunManifest, attach_start, discover
 
         if policy not in ("auto", "tuner", "llm") or surrogate not in ("auto", "learned", "llm", "none"):
             fail("--policy takes auto, tuner or llm; --surrogate takes auto, learned, llm or none", as_json)
         try:
-            refs = discover(problems)
+            refs = attach_start(discover(problems), start)
             manifest = RunManifest(problems=refs, budget=budget, policy=policy, surrogate=surrogate, device=device, seed=seed,
                                    proposals=proposals, patience=patience, problem_wall_s=problem_wall,
                                    caps=RunCaps(max_wall_s=max_wall, max_measurements=max_measurements, max_usd=max_usd, max_tokens=max_tokens))

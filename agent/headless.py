@@ -47,6 +47,7 @@ class ProblemRef(BaseModel):
     name: str = Field(description="unique within the run; also the name of its sub run directory")
     kind: Literal["problem", "space"] = Field(description="a KernelBench file, or a recorded space replayed")
     path: str
+    start: list[str] = Field(default_factory=list, description="the user's kernels, measured first and tuned from (--start)")
 
 
 class RunCaps(BaseModel):
@@ -171,6 +172,47 @@ def discover(paths: list[str]) -> list[ProblemRef]:
             names.add(name)
             refs.append(ProblemRef(name=name, kind="space" if _is_space(f) else "problem", path=resolved))
     return refs
+
+
+def attach_start(refs: list[ProblemRef], patterns: list[str]) -> list[ProblemRef]:
+    """Give each problem the kernels that `--start PATTERN` names next to it, resolved now.
+
+    A pattern is a glob relative to the problem's folder (the folder of problem.py, or of a
+    KernelBench file), with `{name}` standing for the problem's file stem (its folder's name for a
+    problem.py): `--start fast.py` over examples/ starts each example from its own fast.py, and
+    `--start 'solutions/{name}.py'` pairs a KernelBench level with a folder of solutions. Resolved when
+    the run is made and kept in its manifest, so a resume tunes from the same files. A problem
+    with no match starts from its reference alone; a pattern that matches nowhere is refused, as it
+    is most likely a typo and the night would otherwise be spent without the user's kernels.
+    """
+    if not patterns:
+        return refs
+    for pattern in patterns:
+        if Path(pattern).is_absolute():
+            raise HeadlessError(f"--start {pattern}: give a glob relative to each problem's folder (such as fast.py or "
+                                "'solutions/{name}.py'); for one problem and one file use kscout optimize PROBLEM --start FILE")
+    if all(r.kind == "space" for r in refs):
+        raise HeadlessError("--start gives kernel files, and a recorded space has no code; leave --start out for spaces")
+    out, matched = [], set()
+    for ref in refs:
+        if ref.kind == "space":
+            out.append(ref)
+            continue
+        problem = Path(ref.path)
+        stem = problem.parent.name if problem.name == "problem.py" else problem.stem
+        files: list[str] = []
+        for pattern in patterns:
+            for f in sorted(problem.parent.glob(pattern.replace("{name}", stem))):
+                resolved = str(f.resolve())
+                if f.is_file() and resolved != ref.path and resolved not in files:
+                    files.append(resolved)
+                    matched.add(pattern)
+        out.append(ref.model_copy(update={"start": files}))
+    unmatched = [p for p in patterns if p not in matched]
+    if unmatched:
+        raise HeadlessError(f"--start {unmatched[0]}: matches no file next to any of the {sum(r.kind == 'problem' for r in refs)} "
+                            "problems (a glob relative to each problem's folder; {name} stands for the problem's name)")
+    return out
 
 
 # -- maths of the summary ------------------------------------------------------------------------
@@ -340,8 +382,9 @@ class RunProgress:
 
     def start(self, index: int, ref: ProblemRef, budget: int, resumed: bool) -> None:
         verb = "resuming" if resumed else "starting"
-        self._say(f"[bold]\\[{index}/{self.total}] {escape(ref.name)}[/bold]: {verb} (budget {budget} measurements)",
-                  f"[{index}/{self.total}] {ref.name}: {verb} (budget {budget} measurements)")
+        given = f", from {', '.join(Path(f).name for f in ref.start)}" if ref.start else ""
+        self._say(f"[bold]\\[{index}/{self.total}] {escape(ref.name)}[/bold]: {verb} (budget {budget} measurements{escape(given)})",
+                  f"[{index}/{self.total}] {ref.name}: {verb} (budget {budget} measurements{given})")
 
     def done(self, index: int, o: ProblemOutcome) -> None:
         sp = f"{o.best_speedup:.3f}x" if o.best_speedup is not None else "no verified kernel"
@@ -491,7 +534,7 @@ class HeadlessRun:
                     problem=ref.path if ref.kind == "problem" else None, space=ref.path if ref.kind == "space" else None,
                     budget=allow["budget"], policy=policy, surrogate=m.surrogate, device=m.device, run_dir=str(sub), seed=m.seed,
                     proposals=m.proposals, patience=m.patience, max_wall=allow["max_wall"], quiet=quiet,
-                    max_usd=allow["max_usd"], max_llm_tokens=allow["max_llm_tokens"],
+                    max_usd=allow["max_usd"], max_llm_tokens=allow["max_llm_tokens"], start=ref.start,
                 )
             failure = _failure_of_measurements(sub)
             update = {"status": "failed" if failure else "finished", "reason": failure, "stop_reason": result.stop_reason,

@@ -348,3 +348,58 @@ def test_kill_nine_at_any_moment_then_resume_loses_nothing_and_never_overspends(
         keys = _charged_keys(sub)
         assert len(keys) == len(set(keys)) == problem["measurements_used"] <= budget  # never charged twice, never over the cap
         assert set(seen.get(problem["name"], [])) <= set(_measurement_ids(sub))
+
+
+# -- the user's own kernels (--start) ------------------------------------------------------------
+
+def _two_problem_folders(tmp_path: Path) -> Path:
+    """examples' softmax twice: one folder with the user's kernel next to it, one without."""
+    suite = tmp_path / "suite"
+    for name, mine in (("with_mine", True), ("without", False)):
+        (suite / name).mkdir(parents=True)
+        shutil.copyfile(EXAMPLES / "softmax" / "problem.py", suite / name / "problem.py")
+        if mine:
+            shutil.copyfile(EXAMPLES / "softmax" / "fast.py", suite / name / "mine.py")
+    return suite
+
+
+def test_start_patterns_pair_each_problem_with_the_kernels_next_to_it(tmp_path):
+    from kernelscout.agent.headless import attach_start
+
+    suite = _two_problem_folders(tmp_path)
+    refs = attach_start(discover([str(suite)]), ["mine.py"])
+    assert {r.name: [Path(f).name for f in r.start] for r in refs} == {"with_mine": ["mine.py"], "without": []}
+    # {name} is the problem's own name; a glob that would also match the problem file never takes it
+    (suite / "kernels").mkdir()
+    (suite / "kernels" / "without.py").write_text("x = 1\n")
+    refs = attach_start(discover([str(suite / "with_mine"), str(suite / "without")]), ["*.py", "../kernels/{name}.py"])
+    assert {r.name: [Path(f).name for f in r.start] for r in refs} == {"with_mine": ["mine.py"], "without": ["without.py"]}
+
+
+def test_a_start_pattern_that_matches_nothing_is_refused_before_anything_runs(tmp_path):
+    suite = _two_problem_folders(tmp_path)
+    result = CliRunner().invoke(app, ["run", str(suite), "--start", "mnie.py", "--run-dir", str(tmp_path / "run"), "--json"])
+    assert result.exit_code == 2 and "--start mnie.py: matches no file next to any of the 2 problems" in result.stdout
+    spaces = _problems_folder(tmp_path, broken=False)
+    result = CliRunner().invoke(app, ["run", str(spaces), "--start", "mine.py", "--json"])
+    assert result.exit_code == 2 and "recorded space has no code" in result.stdout
+    result = CliRunner().invoke(app, ["run", str(suite), "--start", str(suite / "with_mine" / "mine.py"), "--json"])
+    assert result.exit_code == 2 and "relative to each problem's folder" in result.stdout
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_each_problem_measures_its_own_kernel_first_and_the_manifest_keeps_it(tmp_path):
+    suite = _two_problem_folders(tmp_path)
+    result, summary = _run([str(suite), "--start", "mine.py", "--budget", "1", "--policy", "tuner", "--device", "cpu",
+                            "--run-dir", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    assert [p["measurements_used"] for p in summary["problems"]] == [1, 1]
+    with sqlite3.connect(tmp_path / "run" / "problems" / "with_mine" / "run.db") as db:
+        first = db.execute("SELECT c.origin FROM measurements m JOIN candidates c ON c.measurement_id = m.id "
+                           "ORDER BY m.id LIMIT 1").fetchone()[0]
+    assert first == "user"
+    with sqlite3.connect(tmp_path / "run" / "problems" / "without" / "run.db") as db:
+        assert db.execute("SELECT COUNT(*) FROM candidates WHERE origin = 'user'").fetchone()[0] == 0
+    manifest = RunManifest.model_validate_json((tmp_path / "run" / "manifest.json").read_text())
+    assert [Path(f).name for f in manifest.problems[0].start] == ["mine.py"]
