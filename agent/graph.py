@@ -60,6 +60,9 @@ class SearchSettings(BaseModel):
     seed: int = 0
 
 
+BUDGET_SPENT = "measurement budget spent"
+
+
 class LoopState(TypedDict, total=False):
     iteration: int
     parent_id: int
@@ -182,7 +185,7 @@ class SearchLoop:
                     rec, m = running.pop(future), future.result()
                     if m.status == MeasureStatus.budget_exhausted:
                         self._emit("budget_exhausted", candidate=rec.id)
-                        stop, queue = "measurement budget spent", []
+                        stop, queue = BUDGET_SPENT, []
                         continue
                     repaired = self._record(rec, m, progress, state["iteration"])
                     if repaired is not None and stop is None:
@@ -233,7 +236,7 @@ class SearchLoop:
         s = self.settings
         reason = None
         if status.remaining == 0:
-            reason = "measurement budget spent"
+            reason = BUDGET_SPENT
         elif s.max_wall_s and time.time() - state.get("started", time.time()) > s.max_wall_s:
             reason = f"wall-clock limit of {s.max_wall_s:g} s reached"
         elif s.patience and status.used - state.get("last_improvement", 0) >= s.patience:
@@ -252,6 +255,11 @@ class SearchLoop:
         return {"stop_reason": reason, "dry_iterations": dry}
 
     # -- helpers ------------------------------------------------------------------------------
+    def _budget_raised(self, values: dict) -> bool:
+        """A finished search that stopped only for want of budget, whose ledger now has room again."""
+        remaining = self.budget.status().remaining
+        return values.get("stop_reason") == BUDGET_SPENT and (remaining is None or remaining > 0)
+
     def _near_sol(self, factor: float) -> bool:
         if not getattr(self.target, "bound_is_datasheet", False):
             return False
@@ -316,6 +324,11 @@ class SearchLoop:
             unfinished = bool(snapshot.next or snapshot.tasks)
             if resume and unfinished:
                 final = graph.invoke(None, config, durability="sync")
+            elif resume and snapshot.values and self._budget_raised(snapshot.values):
+                # the cap was raised after the budget ran out (`kscout budget DIR --set N`): go on
+                # from where the search stopped, with its archive, iteration count and best
+                self._emit("continue", reason=f"budget raised to {self.budget.status().cap}")
+                final = graph.invoke({"stop_reason": None, "dry_iterations": 0}, config, durability="sync")
             elif snapshot.values and not unfinished:
                 final = snapshot.values  # already finished
             else:

@@ -68,6 +68,8 @@ class SearchProgress:
             sp = f"{d['speedup']:.3f}x" if d.get("speedup") else "-"
             flag = "" if d.get("timing_valid") else " (timing not valid)"
             return f"measured #{d['candidate']}: {d['status']} {sp}{flag}; budget {self.used}/{self.budget}, best {self.best:.3f}x"
+        if kind == "continue":
+            return f"continuing a finished search: {d['reason']}"
         if kind in ("stop", "budget_exhausted"):
             return f"stop: {d.get('reason', 'budget spent')}"
         return None

@@ -286,7 +286,7 @@ def _run(run: RunDir, spec: SearchSpec, resume: bool, quiet: bool, report: bool 
 
     title = Path(spec.path).name
     with WorkerPool() as pool, _open_dispatcher(run, spec, quiet) as dispatcher, \
-            SearchProgress(spec.settings.budget, title, live=False if quiet else None) as progress:
+            SearchProgress(Budget(run).status().cap or spec.settings.budget, title, live=False if quiet else None) as progress:
         loop = build_loop(run, spec, on_event=None if quiet else progress, pool=pool)
         if dispatcher is not None:
             loop.scale_out(dispatcher)

@@ -153,6 +153,21 @@ def test_ctrl_c_says_where_the_run_stands_and_resume_finishes_it(tmp_path):
     assert json.loads(done.stdout.strip().splitlines()[-1])["measurements_used"] == used + 5
 
 
+@needs_hub
+def test_raising_the_cap_of_a_finished_search_and_resuming_goes_on_from_where_it_stopped(tmp_path):
+    run_dir = tmp_path / "run"
+    first = start_search(problem=None, space=str(SPACE), budget=6, run_dir=str(run_dir), quiet=True)
+    assert first.stop_reason == "measurement budget spent" and first.measurements_used == 6
+    assert resume_search(str(run_dir), quiet=True).measurements_used == 6  # nothing to go on with: a no-op
+    Budget(RunDir(run_dir)).set_cap(10)  # as `kscout budget RUN_DIR --set 10` would
+    more = resume_search(str(run_dir), quiet=True)
+    assert more.stop_reason == "measurement budget spent" and more.measurements_used == 10
+    assert len(set(_charged_keys(run_dir))) == 10  # four new configurations, none measured twice
+    assert more.best_runtime_ms <= first.best_runtime_ms
+    events = [json.loads(line)["event"] for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert events.count("continue") == 1
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("problem", sorted(UNSEEN.glob("*.py")), ids=lambda p: p.stem)
 def test_unseen_kernelbench_problems_run_to_completion_and_report_honestly(problem, tmp_path):
