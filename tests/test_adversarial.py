@@ -317,7 +317,9 @@ class ModelNew(nn.Module):
 '''
     m = measure_source(cand, problem=INT_PROBLEM)
     assert m.status == MeasureStatus.ok and m.correct, m
-    assert m.speedup is not None and m.speedup < 2.0, m  # with repeats it was 300x
+    # a hit replays in microseconds (with repeated inputs it read 300x); a bound of 2 failed once in a
+    # fresh clone while another process loaded the 2 cores, where this honest candidate reads 0.74x to 2.09x
+    assert m.speedup is not None and m.speedup < 5.0, m
 
 
 LIST_PROBLEM = '''
