@@ -20,6 +20,7 @@ from rich.markdown import Markdown
 from rich.syntax import Syntax
 from rich.table import Table
 
+from kernelscout.sandbox.problem import problem_name
 from kernelscout.tools.budget import Budget
 from kernelscout.tools.rundir import RunDir
 
@@ -90,7 +91,7 @@ def resolve_problem(problem: Optional[str], run_dir: Optional[str]) -> tuple[Pat
             raise ChatSetupError(f"{problem}: no such problem file (pass a KernelBench .py file or a folder with problem.py)")
     path = path.resolve()
     if run_path is None:
-        name = path.parent.name if path.name == "problem.py" else path.stem
+        name = problem_name(path)
         run_path = Path("runs") / f"chat-{name}"
         remembered = RunDir(run_path).get_meta(PROBLEM_META) if (run_path / "run.db").exists() else None
     if remembered is not None and Path(remembered) != path:

@@ -26,6 +26,7 @@ from typing import Any, Iterator, Literal, Optional
 
 from pydantic import BaseModel, Field
 
+from kernelscout.sandbox.problem import problem_name
 from kernelscout.tools.atomic import write_text_atomic
 
 MANIFEST = "manifest.json"
@@ -118,12 +119,7 @@ def _is_space(path: Path) -> bool:
 
 
 def _name_of(path: Path) -> str:
-    if path.name == "problem.py":
-        base = path.parent.name
-    elif path.name.endswith(".json.gz"):
-        base = path.name[: -len(".json.gz")]
-    else:
-        base = path.stem
+    base = path.name[: -len(".json.gz")] if path.name.endswith(".json.gz") else problem_name(path)
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", base).strip("._") or "problem"
 
 
@@ -199,10 +195,9 @@ def attach_start(refs: list[ProblemRef], patterns: list[str]) -> list[ProblemRef
             out.append(ref)
             continue
         problem = Path(ref.path)
-        stem = problem.parent.name if problem.name == "problem.py" else problem.stem
         files: list[str] = []
         for pattern in patterns:
-            for f in sorted(problem.parent.glob(pattern.replace("{name}", stem))):
+            for f in sorted(problem.parent.glob(pattern.replace("{name}", problem_name(problem)))):
                 resolved = str(f.resolve())
                 if f.is_file() and resolved != ref.path and resolved not in files:
                     files.append(resolved)

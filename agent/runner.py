@@ -119,7 +119,7 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
         name = Path(space).name.split(".json")[0]
     else:
         from kernelscout.tools.measure import resolve_device
-        from kernelscout.sandbox.problem import InputFileError, load_problem
+        from kernelscout.sandbox.problem import InputFileError, load_problem, problem_name
 
         path = _problem_file(problem)
         try:
@@ -129,7 +129,7 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
             raise OptimizeError(str(exc)) from None
         spec = SearchSpec(kind="problem", path=str(path), device=device, policy=policy, surrogate=surrogate, settings=settings,
                           start=_check_start(start or [], budget))
-        name = path.parent.name if path.name == "problem.py" else path.stem
+        name = problem_name(path)
     run = RunDir(run_dir or Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         save_spec(run, spec)

@@ -12,6 +12,7 @@ import random
 from pathlib import Path
 from typing import Any, Optional
 
+from kernelscout.sandbox.problem import problem_name
 from kernelscout.sandbox.replay import ReplaySpace
 from kernelscout.tools.archive import CandidateRecord
 from kernelscout.tools.measure import measure_replay
@@ -97,7 +98,7 @@ class CodeTarget:
         self.problem, self.device, self.run, self.pool = Path(problem), device, run, pool
         self.dispatcher = dispatcher  # agent/dispatch.py: measure on scale-out workers instead of `pool`
         self.harness = harness or HarnessConfig()
-        self.name = self.problem.parent.name if self.problem.name == "problem.py" else self.problem.stem
+        self.name = problem_name(self.problem)
         self.bounds = self._load_bounds()
 
     def _load_bounds(self):

@@ -88,6 +88,12 @@ def _load(path: Path | str, kind: str) -> tuple[SourceFile, set[str]]:
     return SourceFile(path, source, sha, _imported_modules(tree)), _top_level_names(tree)
 
 
+def problem_name(path: Path | str) -> str:
+    """A problem's name: its folder's for a problem.py (examples/softmax), the file's stem for a KernelBench file."""
+    path = Path(path)
+    return path.parent.name if path.name == "problem.py" else path.stem
+
+
 def load_problem(path: Path | str) -> SourceFile:
     """Check that a KernelBench problem file has what the harness needs."""
     problem, names = _load(path, "invalid_problem")
