@@ -7,7 +7,9 @@ hidden dimension is branch-free so GCC vectorises it (AVX2/AVX-512 with
 -march=native). -fno-trapping-math lets GCC turn the clamp in exp_f into vector
 min/max without AVX-512 masks: on an AVX2-only CPU (AMD Zen 3) the loop stayed
 scalar without it and ran 3x slower than the reference. It changes no result:
-it only drops GCC's promise to keep floating-point traps, which nobody enables. exp and erf are inline polynomial approximations: a Cephes-style
+it only drops GCC's promise to keep floating-point traps, which nobody enables.
+
+exp and erf are inline polynomial approximations: a Cephes-style
 expf (about 1 ulp) and the Abramowitz-Stegun erf (|error| < 1.5e-7) that ATen's
 own vectorised GELU uses, so results match the reference within ~1.5e-6.
 
