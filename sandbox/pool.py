@@ -18,17 +18,16 @@ import logging
 import os
 import re
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
 
 from kernelscout.sandbox import protocol
+from kernelscout.sandbox.scratch import ScratchDir
 
 log = logging.getLogger(__name__)
 
@@ -417,7 +416,8 @@ class WorkerProcess:
         self.device = device
         self.threads = threads or default_threads()
         self.memory_bytes = memory_bytes if memory_bytes is not None else default_memory_bytes()
-        self.workdir = Path(tempfile.mkdtemp(prefix="kscout-worker-"))
+        self._scratch = ScratchDir("worker")  # swept by a later worker if this supervisor is killed
+        self.workdir = self._scratch.path
         self.log_path = self.workdir / "worker.log"
         cmd_r, self._cmd_w = os.pipe()
         self._res_r, res_w = os.pipe()
@@ -553,7 +553,7 @@ class WorkerProcess:
                 os.close(fd)
             except OSError:
                 pass
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        self._scratch.remove()
 
 
 def _rss_bytes(pids: list[int]) -> int:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import socket
 import tempfile
 import threading
@@ -28,6 +27,7 @@ from pydantic import BaseModel, Field
 from kernelscout.sandbox.harness import HarnessConfig, run_measurement
 from kernelscout.sandbox.pool import WorkerPool, WorkerProcess, kill_tree
 from kernelscout.sandbox.problem import InputFileError, SourceFile, load_candidate, load_problem
+from kernelscout.sandbox.scratch import ScratchDir
 from kernelscout.tools.schema import Measurement, MeasureStatus
 
 LOG_LIMIT = 64 * 1024  # bytes of sandbox output kept per measurement (head and tail)
@@ -132,7 +132,8 @@ class MeasureSlot:
         self.name, self.device = name, device
         self.host, self.pid = socket.gethostname(), os.getpid()
         self._lock = threading.Lock()
-        self._scratch = Path(tempfile.mkdtemp(prefix=f"kscout-slot-{_safe(name)}-"))
+        self._scratch_dir = ScratchDir("slot", _safe(name))  # swept by a later slot if this one is killed
+        self._scratch = self._scratch_dir.path
         # `instance` is unique per dispatcher, so a restarted Ray actor finds its predecessor's file
         # and two runs on one machine never touch each other's workers
         self._pidfile = Path(tempfile.gettempdir()) / f"kscout-slot-{_safe(instance)}-{_safe(name)}.pgid"
@@ -206,7 +207,7 @@ class MeasureSlot:
         with self._lock:
             self._pool.close()
             self._pidfile.unlink(missing_ok=True)
-            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch_dir.remove()
 
 
 def _safe(name: str, suffix: str = "") -> str:

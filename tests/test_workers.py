@@ -131,10 +131,9 @@ def test_a_lost_worker_means_the_same_reservation_is_measured_elsewhere(tmp_path
     run = RunDir(tmp_path / "run")
     Budget(run).set_cap(3)
     backend = FlakyBackend(lose=[0])
-    target = ReplayTarget(ReplaySpace.load(SPACE), run, dispatcher=Dispatcher(backend, run))
-    rec = type("Rec", (), {"params": target.space.config(5)})()
-
-    m = target.measure(rec)
+    with Dispatcher(backend, run) as dispatcher:
+        target = ReplayTarget(ReplaySpace.load(SPACE), run, dispatcher=dispatcher)
+        m = target.measure(type("Rec", (), {"params": target.space.config(5)})())
 
     assert m.status == MeasureStatus.ok and m.charged
     assert backend.calls == [0, 1], "the retry went to the other worker"
@@ -149,9 +148,9 @@ def test_a_lost_worker_means_the_same_reservation_is_measured_elsewhere(tmp_path
 def test_a_candidate_that_loses_every_worker_is_charged_once_as_crashed(tmp_path):
     run = RunDir(tmp_path / "run")
     Budget(run).set_cap(3)
-    target = ReplayTarget(ReplaySpace.load(SPACE), run, dispatcher=Dispatcher(FlakyBackend(lose=[0, 1]), run, max_attempts=2))
-
-    m = target.measure(type("Rec", (), {"params": target.space.config(5)})())
+    with Dispatcher(FlakyBackend(lose=[0, 1]), run, max_attempts=2) as dispatcher:
+        target = ReplayTarget(ReplaySpace.load(SPACE), run, dispatcher=dispatcher)
+        m = target.measure(type("Rec", (), {"params": target.space.config(5)})())
 
     assert m.status == MeasureStatus.crashed and m.charged and "lost 2 workers" in m.message
     assert Budget(run).status().used == 1
@@ -163,17 +162,18 @@ def test_the_cap_holds_when_many_measurements_race_on_the_workers(tmp_path):
     run = RunDir(tmp_path / "run")
     Budget(run).set_cap(5)
     space = ReplaySpace.load(SPACE)
-    target = ReplayTarget(space, run, dispatcher=Dispatcher(LocalSlots(3, "cpu"), run, replay_delay_s=0.05))
     results = []
+    with Dispatcher(LocalSlots(3, "cpu"), run, replay_delay_s=0.05) as dispatcher:
+        target = ReplayTarget(space, run, dispatcher=dispatcher)
 
-    def one(i: int) -> None:
-        results.append(target.measure(type("Rec", (), {"params": space.config(10 + i)})()))
+        def one(i: int) -> None:
+            results.append(target.measure(type("Rec", (), {"params": space.config(10 + i)})()))
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(12)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(12)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
 
     spent = [m for m in results if m.status != MeasureStatus.budget_exhausted]
     assert len(spent) == 5 and len(results) == 12
