@@ -9,7 +9,9 @@ What is compared, and how, so that the numbers mean what they say:
 * **Kernel Tuner** (optional extra `bench`) runs its own strategies in simulation mode on the same
   cache file, with the space's restrictions as strings (a membership test makes its model-based
   strategies much worse, which would not be a fair comparison). Each strategy is seeded through the
-  global `random` and `numpy.random` state it draws from.
+  global `random` and `numpy.random` state it draws from (its module imported first, so that an import
+  cannot shift the draws). bayes_opt decides when to refit its model by the wall clock; in simulation
+  it reads a clock on which an evaluation takes longer than a prediction, as on a GPU (`_device_clock`).
 * **Budget** = unique configurations measured (failed ones included: they cost a compile and a run on
   the hardware too). Kernel Tuner's simulation runner counts exactly that for `max_fevals`, except
   that dual_annealing also hands `max_fevals` to scipy as its call limit, which counts repeats and
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import importlib
 import json
 import math
 import os
@@ -292,10 +295,12 @@ def kernel_tuner_trace(space_path: str, strategy: str, seed: int, budget: int, w
     options: dict[str, Any] = {"max_fevals": budget * (_DA_CALLS_PER_UNIQUE if strategy == "dual_annealing" else 1)}
     if strategy == "bayes_opt" and len(space) < 20:
         options["popsize"] = min(len(space), max(2, len(space) // 2))  # its initial sample (20) cannot exceed a tiny space
+    with contextlib.suppress(ImportError):  # imported before seeding: an import that draws from the global
+        importlib.import_module(f"kernel_tuner.strategies.{strategy}")  # generators must not shift the run's draws
     random.seed(seed)
     np.random.seed(seed)
     t0 = time.perf_counter()
-    with warnings.catch_warnings(), open(os.devnull, "w") as devnull, _seeded_latin_hypercube(seed):
+    with warnings.catch_warnings(), open(os.devnull, "w") as devnull, _seeded_latin_hypercube(seed), _device_clock():
         warnings.simplefilter("ignore")
         try:
             with contextlib.redirect_stdout(devnull):
@@ -314,6 +319,58 @@ def kernel_tuner_trace(space_path: str, strategy: str, seed: int, budget: int, w
         note = note or f"{strategy} stopped after {len(order)} unique configurations on {space.name} (budget {budget})"
     return Trace(space=space.name, method=f"kernel_tuner {strategy}", seed=seed, times=[float(space.times[i]) for i in order],
                  wall_s=wall, note=note)
+
+
+SIMULATED_EVAL_S = 1.0  # what bayes_opt's clock shows for one evaluation; only "more than its model takes" matters
+
+
+@contextlib.contextmanager
+def _device_clock() -> Iterator[None]:
+    """Kernel Tuner's default bayes_opt (method "multi-ultrafast") refits its Gaussian process only when
+    the last evaluations took at least 5 times as long as the last prediction, by the wall clock. On a GPU
+    an evaluation (compile and benchmark) takes far longer than a prediction, so it refits every round; in
+    simulation mode an evaluation is a cache lookup, so it refitted every sixth round or so, depending on
+    the machine's load: the same seed gave different runs, and the baseline ran a weaker search than it
+    would on hardware. While a baseline runs, that module's clock stands still except for
+    `SIMULATED_EVAL_S` per evaluation, as a device's would for a model that predicts in no time."""
+    try:
+        from kernel_tuner.strategies import bayes_opt as module
+    except ImportError:
+        yield
+        return
+    optimizer = getattr(module, "BayesianOptimization", None)
+    evaluate = getattr(optimizer, "evaluate_objective_function", None)
+    real_time = getattr(module, "time", None)
+    if evaluate is None or real_time is None:  # another Kernel Tuner layout: leave it as it is
+        yield
+        return
+    clock = _SimulatedClock(real_time)
+
+    def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
+        clock.now += SIMULATED_EVAL_S
+        return evaluate(self, *args, **kwargs)
+
+    module.time, optimizer.evaluate_objective_function = clock, timed
+    try:
+        yield
+    finally:
+        module.time, optimizer.evaluate_objective_function = real_time, evaluate
+
+
+class _SimulatedClock:
+    """Stands in for the `time` module inside one Kernel Tuner strategy module: perf counters read `now`."""
+
+    def __init__(self, real: Any) -> None:
+        self._real, self.now = real, 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def perf_counter_ns(self) -> int:
+        return int(self.now * 1e9)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
 
 
 @contextlib.contextmanager

@@ -13,14 +13,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-HUB = Path("/work/shared/data/benchmark_hub")
+HUB = Path(os.environ.get("KSCOUT_BENCHMARK_HUB") or next(
+    (p for p in (REPO.parent / "shared" / "data" / "benchmark_hub", Path("/work/shared/data/benchmark_hub")) if p.is_dir()),
+    REPO.parent / "shared" / "data" / "benchmark_hub"))
 SECTION = "## Search against Kernel Tuner"
+GOALS = {20: 0.85, 50: 0.95, 100: 0.99}  # issue 6: mean fraction of the optimum over the spaces, per budget
+MIN_CONSIDERED = 4.0  # issue 6: candidates considered per measurement
+HISTORY = "docs/search_experiments.md"
 
 
 def plot(result, path: Path) -> None:
@@ -66,6 +72,24 @@ def _gap(ours, theirs) -> str:
     return f"by {theirs.frac_of_opt - ours.frac_of_opt:.3f}{verdict}"
 
 
+def goals_line(result) -> str:
+    """The issue's goals against this run, written from the numbers so that a rerun cannot leave a stale verdict."""
+    ks = result.mean.get("kernelscout")
+    if not ks:
+        return ""
+    parts = []
+    for b, goal in GOALS.items():
+        if str(b) in ks:
+            got = ks[str(b)].frac_of_opt
+            parts.append(f"{goal:.2f} at {b}: {'met' if got >= goal else 'NOT met'} ({got:.3f})")
+    considered = [c.considered_per_measurement for c in ks.values() if c.considered_per_measurement is not None]
+    if considered:
+        least = min(considered)
+        parts.append(f"at least {MIN_CONSIDERED:.0f} candidates considered per measurement: "
+                     f"{'met' if least >= MIN_CONSIDERED else 'NOT met'} (least {least:.1f})")
+    return "Goals for kernelscout, mean over spaces: " + "; ".join(parts) + ".\n\n" if parts else ""
+
+
 def markdown(result, command: str, wall_s: float, jobs: int, note: str = "") -> str:
     budgets = [str(b) for b in result.budgets]
     head = "| method | " + " | ".join(f"@{b}" for b in budgets) + " |\n|---|" + "---:|" * len(budgets) + "\n"
@@ -103,7 +127,9 @@ def markdown(result, command: str, wall_s: float, jobs: int, note: str = "") -> 
                  "budgets 20, 50, 100. With one seed a single lucky or unlucky run decides a cell.\n\n")
     return f"""{SECTION}
 
-{quick}{note + chr(10) + chr(10) if note else ''}Command (one command reruns all of it, {jobs} worker processes):
+{quick}{goals_line(result)}{note + chr(10) + chr(10) if note else ''}Earlier tables, and every change to the search tried against these goals with what it gave: {HISTORY}.
+
+Command (one command reruns all of it, {jobs} worker processes):
 
 ```bash
 {command}
