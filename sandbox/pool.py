@@ -48,6 +48,33 @@ _SECRET = re.compile(
 CACHE_DIR = Path(os.environ.get("KSCOUT_CACHE_DIR", Path.home() / ".cache" / "kernelscout"))
 
 
+def share_precompiled_headers(workdir: Path, env: dict[str, str]) -> None:
+    """Point Inductor's precompiled C++ headers at the shared cache instead of the worker's own TMPDIR.
+
+    Inductor keeps them in ``$TMPDIR/torchinductor_<user>/precompiled_headers`` whatever
+    TORCHINDUCTOR_CACHE_DIR says (torch 2.13, codecache.py: they are meant to be global). A worker's
+    TMPDIR is its own fresh folder, so every worker rebuilt them: about 147 MB and 10 s before its first
+    compiled CPU candidate on the development VM (22.8 s against 12.4 s for a first torch.compile). The
+    headers are named by a hash of the preprocessed header, the flags and the compiler version, so
+    workers that share them cannot pick up a wrong one; sharing is what torch does outside a sandbox."""
+    user = env.get("LOGNAME") or env.get("USER") or env.get("LNAME") or env.get("USERNAME")
+    if not user:
+        try:
+            import getpass
+
+            user = getpass.getuser()
+        except Exception:  # no name to guess: the worker builds its own headers, as before
+            return
+    shared = CACHE_DIR / "inductor_precompiled_headers"
+    try:
+        shared.mkdir(parents=True, exist_ok=True)
+        own = workdir / ("torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+        own.mkdir(exist_ok=True)
+        (own / "precompiled_headers").symlink_to(shared, target_is_directory=True)
+    except OSError:  # a read-only cache or no symlinks: the worker builds its own, as before
+        return
+
+
 def clean_env(device: str, threads: int, memory_bytes: int, workdir: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if _ALLOWED.match(k) and not _SECRET.search(k)}
     env.update(
@@ -422,6 +449,7 @@ class WorkerProcess:
         cmd_r, self._cmd_w = os.pipe()
         self._res_r, res_w = os.pipe()
         env = clean_env(device, self.threads, self.memory_bytes if device.startswith("cpu") else 0, self.workdir)
+        share_precompiled_headers(self.workdir, env)
         protect_supervisor()
         launch = ["-c", _LAUNCHER] if _LINUX else ["-m", "kernelscout.sandbox.worker"]
         with open(self.log_path, "wb") as log:

@@ -416,3 +416,23 @@ def test_a_system_that_refuses_the_namespaces_is_warned_about_once(monkeypatch, 
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1
     assert "reach the network and the user's other processes" in warnings[0] and "Operation not permitted" in warnings[0]
+
+
+def test_workers_share_inductors_precompiled_headers_through_the_cache(tmp_path, monkeypatch):
+    # Inductor keeps them under $TMPDIR whatever TORCHINDUCTOR_CACHE_DIR says, and each worker has a TMPDIR of
+    # its own: without the link every worker rebuilt 147 MB of headers before its first compiled CPU candidate.
+    import kernelscout.sandbox.pool as pool
+
+    monkeypatch.setattr(pool, "CACHE_DIR", tmp_path / "cache")
+    homes = [tmp_path / "worker-a", tmp_path / "worker-b"]
+    seen = []
+    for home in homes:
+        home.mkdir()
+        env = clean_env("cpu", 1, 0, home)
+        pool.share_precompiled_headers(home, env)
+        probe = "import os, torch._inductor.codecache as c; print(os.path.realpath(c._HEADER_DIR))"
+        out = subprocess.run([sys.executable, "-c", probe], env=env, cwd=home, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        seen.append(out.stdout.strip())
+
+    assert seen == [str((tmp_path / "cache" / "inductor_precompiled_headers").resolve())] * 2
