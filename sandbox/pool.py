@@ -46,6 +46,7 @@ _SECRET = re.compile(
 )
 
 CACHE_DIR = Path(os.environ.get("KSCOUT_CACHE_DIR", Path.home() / ".cache" / "kernelscout"))
+ALLOCATOR_KEEP_BYTES = 1 << 30  # blocks below this come from (and go back to) the heap, not fresh mmap pages
 
 
 def share_precompiled_headers(workdir: Path, env: dict[str, str]) -> None:
@@ -83,6 +84,13 @@ def clean_env(device: str, threads: int, memory_bytes: int, workdir: Path) -> di
         PYTHONUNBUFFERED="1",
         PYTHONDONTWRITEBYTECODE="1",
         MALLOC_ARENA_MAX="4",
+        # glibc hands large blocks back to the OS on free and page-faults them in again on the next call,
+        # until its adaptive thresholds settle, and then trims again now and then: an eager reference with
+        # 16 MB temporaries took 20 ms in a fresh worker and 12-13 ms later, so a speedup depended on what
+        # the worker had run before (1.98x, 1.37x, 0.95x for one pair, three times in a row). Fixed
+        # thresholds keep freed blocks for reuse from the first call, as a warm process does: 12 ms throughout.
+        MALLOC_MMAP_THRESHOLD_=str(ALLOCATOR_KEEP_BYTES),
+        MALLOC_TRIM_THRESHOLD_=str(ALLOCATOR_KEEP_BYTES),
         OMP_NUM_THREADS=str(threads),
         MKL_NUM_THREADS=str(threads),
         KSCOUT_DEVICE=device,

@@ -44,8 +44,8 @@ def test_example_candidate_is_correct(problem: Path, candidate: Path, pool, tmp_
     else:
         assert m.timing_valid, m.timing_invalid_reason
         if candidate.name == "fast.py":
-            # Not "> 1.0": an eager reference runs faster in a warm worker, once glibc stops handing its
-            # 16 MB temporaries back to the OS between calls (gated_gelu's reference: 20 ms in a fresh
-            # process, 12-13 ms later; its fast.py 13.5 ms throughout on the AMD EPYC dev VM, so 0.9x to 2.3x
-            # by the worker's history). 0.8 still catches a kernel that lost its vectorisation (31.9 ms there).
-            assert m.speedup > 0.8, f"{candidate}: {m.message}"
+            # Not "> 1.0": with the worker's allocator pinned (sandbox/pool.py) the eager references are
+            # measured warm, and on the AMD EPYC dev VM gated_gelu's fused fast.py (13.5 ms) is then slower
+            # than its reference (11.5-12.6 ms): 0.86x-0.91x in three runs. Unpinned, it read 0.9x to 2.3x by
+            # the worker's history. 0.6 still catches a kernel that lost its vectorisation (31.9 ms there).
+            assert m.speedup > 0.6, f"{candidate}: {m.message}"
