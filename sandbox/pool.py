@@ -447,12 +447,16 @@ def _describe_exit(code: Optional[int]) -> str:
 class WorkerProcess:
     """One sandbox worker. Not thread-safe: one measurement at a time."""
 
+    @property
+    def workdir(self) -> Path:
+        """The worker's cwd, HOME and TMPDIR."""
+        return self._scratch.path
+
     def __init__(self, device: str = "cpu", threads: Optional[int] = None, memory_bytes: Optional[int] = None):
         self.device = device
         self.threads = threads or default_threads()
         self.memory_bytes = memory_bytes if memory_bytes is not None else default_memory_bytes()
         self._scratch = ScratchDir("worker")  # swept by a later worker if this supervisor is killed
-        self.workdir = self._scratch.path
         self.log_path = self.workdir / "worker.log"
         cmd_r, self._cmd_w = os.pipe()
         self._res_r, res_w = os.pipe()

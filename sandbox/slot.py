@@ -132,8 +132,7 @@ class MeasureSlot:
         self.name, self.device = name, device
         self.host, self.pid = socket.gethostname(), os.getpid()
         self._lock = threading.Lock()
-        self._scratch_dir = ScratchDir("slot", _safe(name))  # swept by a later slot if this one is killed
-        self._scratch = self._scratch_dir.path
+        self._scratch = ScratchDir("slot", _safe(name))  # swept by a later slot if this one is killed
         # `instance` is unique per dispatcher, so a restarted Ray actor finds its predecessor's file
         # and two runs on one machine never touch each other's workers
         self._pidfile = Path(tempfile.gettempdir()) / f"kscout-slot-{_safe(instance)}-{_safe(name)}.pgid"
@@ -165,7 +164,7 @@ class MeasureSlot:
 
     def _sources(self, job: CodeJob) -> tuple[SourceFile, SourceFile]:
         """Write the shipped sources into this slot's scratch folder, named by content."""
-        folder = self._scratch / hashlib.sha256((job.problem_source + "\0" + job.candidate_source).encode()).hexdigest()[:16]
+        folder = self._scratch.path / hashlib.sha256((job.problem_source + "\0" + job.candidate_source).encode()).hexdigest()[:16]
         folder.mkdir(exist_ok=True)
         p, c = folder / _safe(job.problem_name, ".py"), folder / ("candidate_" + _safe(job.candidate_name, ".py"))
         for path, text in ((p, job.problem_source), (c, job.candidate_source)):
@@ -192,7 +191,7 @@ class MeasureSlot:
         if job.space_sha not in self._spaces:
             path = Path(job.space_path)
             if space_bytes is not None:  # shipped by the dispatcher: this node may not have the file
-                path = self._scratch / f"{job.space_sha[:16]}-{Path(job.space_path).name}"
+                path = self._scratch.path / f"{job.space_sha[:16]}-{Path(job.space_path).name}"
                 path.write_bytes(space_bytes)
             self._spaces[job.space_sha] = ReplaySpace.load(path)
         return self._spaces[job.space_sha]
@@ -207,7 +206,7 @@ class MeasureSlot:
         with self._lock:
             self._pool.close()
             self._pidfile.unlink(missing_ok=True)
-            self._scratch_dir.remove()
+            self._scratch.remove()
 
 
 def _safe(name: str, suffix: str = "") -> str:

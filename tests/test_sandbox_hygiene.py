@@ -436,4 +436,3 @@ def test_workers_share_inductors_precompiled_headers_through_the_cache(tmp_path,
         seen.append(out.stdout.strip())
 
     assert seen == [str((tmp_path / "cache" / "inductor_precompiled_headers").resolve())] * 2
-
