@@ -31,7 +31,6 @@ What is compared, and how, so that the numbers mean what they say:
 from __future__ import annotations
 
 import contextlib
-import gzip
 import importlib
 import json
 import math
@@ -324,6 +323,31 @@ def kernel_tuner_trace(space_path: str, strategy: str, seed: int, budget: int, w
 SIMULATED_EVAL_S = 1.0  # what bayes_opt's clock shows for one evaluation; only "more than its model takes" matters
 
 
+def _bayes_opt_module() -> Any:
+    try:
+        from kernel_tuner.strategies import bayes_opt as module
+    except ImportError:
+        return None
+    return module
+
+
+@contextlib.contextmanager
+def _swapped(*changes: tuple[Any, str, Callable[[Any], Any]]) -> Iterator[None]:
+    """Sets each `owner.name` to `make(original)` while the block runs, and restores it. If any is missing
+    (another Kernel Tuner layout), nothing is changed: the baseline then runs as Kernel Tuner ships it."""
+    originals = [getattr(owner, name, None) for owner, name, _ in changes]
+    if any(o is None for o in originals):
+        yield
+        return
+    for (owner, name, make), original in zip(changes, originals):
+        setattr(owner, name, make(original))
+    try:
+        yield
+    finally:
+        for (owner, name, _), original in zip(changes, originals):
+            setattr(owner, name, original)
+
+
 @contextlib.contextmanager
 def _device_clock() -> Iterator[None]:
     """Kernel Tuner's default bayes_opt (method "multi-ultrafast") refits its Gaussian process only when
@@ -333,35 +357,30 @@ def _device_clock() -> Iterator[None]:
     the machine's load: the same seed gave different runs, and the baseline ran a weaker search than it
     would on hardware. While a baseline runs, that module's clock stands still except for
     `SIMULATED_EVAL_S` per evaluation, as a device's would for a model that predicts in no time."""
-    try:
-        from kernel_tuner.strategies import bayes_opt as module
-    except ImportError:
-        yield
-        return
+    module = _bayes_opt_module()
+    clock = _SimulatedClock()
+
+    def with_clock(real_time: Any) -> Any:
+        clock.real = real_time
+        return clock
+
+    def timed(evaluate: Callable[..., Any]) -> Callable[..., Any]:
+        def evaluate_on_the_clock(self: Any, *args: Any, **kwargs: Any) -> Any:
+            clock.now += SIMULATED_EVAL_S
+            return evaluate(self, *args, **kwargs)
+        return evaluate_on_the_clock
+
     optimizer = getattr(module, "BayesianOptimization", None)
-    evaluate = getattr(optimizer, "evaluate_objective_function", None)
-    real_time = getattr(module, "time", None)
-    if evaluate is None or real_time is None:  # another Kernel Tuner layout: leave it as it is
+    with _swapped((module, "time", with_clock), (optimizer, "evaluate_objective_function", timed)):
         yield
-        return
-    clock = _SimulatedClock(real_time)
-
-    def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
-        clock.now += SIMULATED_EVAL_S
-        return evaluate(self, *args, **kwargs)
-
-    module.time, optimizer.evaluate_objective_function = clock, timed
-    try:
-        yield
-    finally:
-        module.time, optimizer.evaluate_objective_function = real_time, evaluate
 
 
 class _SimulatedClock:
     """Stands in for the `time` module inside one Kernel Tuner strategy module: perf counters read `now`."""
 
-    def __init__(self, real: Any) -> None:
-        self._real, self.now = real, 0.0
+    def __init__(self) -> None:
+        self.real: Any = time
+        self.now = 0.0
 
     def perf_counter(self) -> float:
         return self.now
@@ -370,7 +389,7 @@ class _SimulatedClock:
         return int(self.now * 1e9)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._real, name)
+        return getattr(self.real, name)
 
 
 @contextlib.contextmanager
@@ -378,26 +397,16 @@ def _seeded_latin_hypercube(seed: int) -> Iterator[None]:
     """Kernel Tuner's bayes_opt draws its initial Latin hypercube from scipy with no seed, i.e. from fresh
     OS entropy, so the same seed gave different runs (pnpoly_RTX_3090, budget 10: 0.748 and 0.888).
     While a baseline runs, its module's `LatinHypercube` draws from a generator seeded by the run's seed."""
-    try:
-        from kernel_tuner.strategies import bayes_opt as module
-    except ImportError:  # another Kernel Tuner layout: nothing to seed
-        yield
-        return
-    original = getattr(module, "LatinHypercube", None)
-    if original is None:
-        yield
-        return
     rng = np.random.default_rng(seed)
 
-    def seeded(*args: Any, **kwargs: Any) -> Any:
-        kwargs.setdefault("rng", rng)
-        return original(*args, **kwargs)
+    def seeded(original: Callable[..., Any]) -> Callable[..., Any]:
+        def latin_hypercube(*args: Any, **kwargs: Any) -> Any:
+            kwargs.setdefault("rng", rng)
+            return original(*args, **kwargs)
+        return latin_hypercube
 
-    module.LatinHypercube = seeded
-    try:
+    with _swapped((_bayes_opt_module(), "LatinHypercube", seeded)):
         yield
-    finally:
-        module.LatinHypercube = original
 
 
 MEMBERSHIP_TEST_LIMIT = 2_000_000  # parameter combinations Kernel Tuner may test one by one in reasonable time

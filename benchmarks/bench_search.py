@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import sys
 import time
 from pathlib import Path
 
+from kernelscout.sandbox.replay import recorded_spaces_dir
+
 REPO = Path(__file__).resolve().parents[1]
-HUB = Path(os.environ.get("KSCOUT_BENCHMARK_HUB") or next(
-    (p for p in (REPO.parent / "shared" / "data" / "benchmark_hub", Path("/work/shared/data/benchmark_hub")) if p.is_dir()),
-    REPO.parent / "shared" / "data" / "benchmark_hub"))
+HUB = recorded_spaces_dir()
 SECTION = "## Search against Kernel Tuner"
 GOALS = {20: 0.85, 50: 0.95, 100: 0.99}  # issue 6: mean fraction of the optimum over the spaces, per budget
 MIN_CONSIDERED = 4.0  # issue 6: candidates considered per measurement

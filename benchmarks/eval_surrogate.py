@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kernelscout.sandbox.replay import ReplaySpace, load_spaces
+from kernelscout.sandbox.replay import ReplaySpace, load_spaces, recorded_spaces_dir
 from kernelscout.tools.predict import Forecast, SurrogateCost
 from kernelscout.tools.surrogates.decision import RiskControlledGate
 from kernelscout.tools.surrogates.distribution import LogTimeDistribution
@@ -36,7 +36,7 @@ from kernelscout.tools.surrogates.plots import write_plots
 from kernelscout.tools.surrogates.registry import make_surrogate
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_DATA = Path("/work/shared/data/benchmark_hub")
+DEFAULT_DATA = recorded_spaces_dir()
 TARGETS = {"pairwise_accuracy": (">=", 0.85), "ece_p_faster": ("<=", 0.05), "top10_recovery": (">=", 0.95)}
 COLUMNS = (
     ("pairwise_accuracy", "pair acc"),

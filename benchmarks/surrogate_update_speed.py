@@ -21,12 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
-from kernelscout.sandbox.replay import ReplayDevice, ReplaySpace
+from kernelscout.sandbox.replay import ReplayDevice, ReplaySpace, recorded_spaces_dir
 from kernelscout.tools.schema import MeasureStatus
 from kernelscout.tools.surrogates import metrics as M
 from kernelscout.tools.surrogates.learned import LearnedSurrogate
 
-DEFAULT_DATA = Path("/work/shared/data/benchmark_hub")
+DEFAULT_DATA = recorded_spaces_dir()
 
 
 def stream(space: ReplaySpace, points: int, growth: float, candidates: int, seed: int) -> dict[str, np.ndarray]:

@@ -20,8 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from kernelscout.agent.bench import _space, best_after, frac_of_opt, kernelscout_trace, read_run
+from kernelscout.sandbox.replay import recorded_spaces_dir
 
-HUB = Path("/work/shared/data/benchmark_hub")
+HUB = recorded_spaces_dir()
 BUDGETS = (20, 50, 100)
 
 

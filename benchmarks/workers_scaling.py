@@ -19,8 +19,9 @@ import time
 from pathlib import Path
 
 from kernelscout.agent.runner import start_search
+from kernelscout.sandbox.replay import recorded_spaces_dir
 
-HUB = Path("/work/shared/data/benchmark_hub")
+HUB = recorded_spaces_dir()
 
 
 def one(space: str, budget: int, delay: float, workers: int, run_dir: str, ray: bool) -> dict:

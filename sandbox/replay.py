@@ -23,6 +23,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -328,6 +329,25 @@ class ReplayDevice:
             min_ms=float(sample.min()),
             repeats=int(sample.size),
         )
+
+
+def recorded_spaces_dir() -> Path:
+    """The folder of recorded tuning spaces that the tests and benchmarks run on.
+
+    The data are not shipped in the package (they are the benchmark hub's, under their own licence), so
+    they are looked for where a checkout usually has them: `KSCOUT_BENCHMARK_HUB` if set (used as given,
+    so a wrong path shows up as missing data rather than silently falling back), else
+    `shared/data/benchmark_hub` next to the checkout or inside it, else `/work/shared/data/benchmark_hub`.
+    The first of those that exists is returned, or the first candidate when none does, so a caller's
+    "not found" message can name a real place.
+    """
+    env = os.environ.get("KSCOUT_BENCHMARK_HUB")
+    if env:
+        return Path(env)
+    repo = Path(__file__).resolve().parents[1]
+    candidates = [repo.parent / "shared" / "data" / "benchmark_hub", repo / "shared" / "data" / "benchmark_hub",
+                  Path("/work/shared/data/benchmark_hub")]
+    return next((c for c in candidates if c.is_dir()), candidates[0])
 
 
 def load_spaces(paths: Sequence[str | Path]) -> list[ReplaySpace]:

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from kernelscout.tools.schema import MeasureStatus
-from conftest import SMALL_PROBLEM
 
 
 def _caught(m) -> bool:

@@ -1,10 +1,8 @@
 """The budget cannot be exceeded: not by repeats, not by crashes, not by racing processes."""
 
 import json
-import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 

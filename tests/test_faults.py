@@ -4,9 +4,6 @@ import time
 from pathlib import Path
 from typing import Optional
 
-import pytest
-
-from kernelscout.sandbox.harness import HarnessConfig
 from kernelscout.tools.schema import MeasureStatus
 from conftest import GOOD_CANDIDATE, QUICK, SMALL_PROBLEM
 

@@ -19,10 +19,9 @@ from kernelscout.agent.headless import (
     fast_p,
     geomean_speedup,
 )
+from kernelscout.sandbox.replay import recorded_spaces_dir
 
-HUB = Path(__file__).resolve().parents[2] / "shared" / "data" / "benchmark_hub"
-if not HUB.exists():
-    HUB = Path(os.environ.get("KSCOUT_BENCHMARK_HUB", "/work/shared/data/benchmark_hub"))
+HUB = recorded_spaces_dir()
 SPACES = [HUB / "convolution_A100.json.gz", HUB / "pnpoly_RTX_3090.json.gz"]
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernelscout.sandbox.replay import ReplayDevice, ReplaySpace, load_spaces
+from kernelscout.sandbox.replay import ReplayDevice, ReplaySpace, load_spaces, recorded_spaces_dir
 from kernelscout.tools.schema import MeasureStatus
 from kernelscout.tools.surrogates.synthetic import write_synthetic_cache
 
-HUB = Path("/work/shared/data/benchmark_hub")
+HUB = recorded_spaces_dir()
 
 
 @pytest.fixture(scope="module")

@@ -13,12 +13,11 @@ from pathlib import Path
 import pytest
 
 from kernelscout.agent.runner import OptimizeError, resume_search, start_search
+from kernelscout.sandbox.replay import recorded_spaces_dir
 from kernelscout.tools.budget import Budget
 from kernelscout.tools.rundir import RunDir
 
-HUB = Path(__file__).resolve().parents[2] / "shared" / "data" / "benchmark_hub"
-if not HUB.exists():
-    HUB = Path(os.environ.get("KSCOUT_BENCHMARK_HUB", "/work/shared/data/benchmark_hub"))
+HUB = recorded_spaces_dir()
 SPACE = HUB / "convolution_A100.json.gz"
 UNSEEN = Path(__file__).parent / "data" / "unseen"
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import os
 import json
 import re
 import time
@@ -15,6 +14,7 @@ from typer.testing import CliRunner
 
 from kernelscout.agent.cli_sol import register, render_bounds
 from kernelscout.sandbox.problem import InputFileError
+from kernelscout.sandbox.replay import recorded_spaces_dir
 from kernelscout.tools import sol
 from kernelscout.tools.device_specs import UnknownDeviceError, find_device, lookup_device
 from kernelscout.tools.sol import (
@@ -224,12 +224,8 @@ def test_the_mi250x_of_the_recorded_spaces_is_one_gcd_of_the_package():
 
 
 def test_every_recorded_space_is_in_the_table():
-    env = os.environ.get("KSCOUT_BENCHMARK_HUB")
-    candidates = [Path(env)] if env else []
-    candidates += [REPO / "shared" / "data" / "benchmark_hub", REPO.parent / "shared" / "data" / "benchmark_hub",
-                   Path("/work/shared/data/benchmark_hub")]
-    hub = next((p for p in candidates if p.is_dir()), None)
-    if hub is None:
+    hub = recorded_spaces_dir()
+    if not hub.is_dir():
         pytest.skip("no recorded spaces found (set KSCOUT_BENCHMARK_HUB)")
     for path in sorted(hub.glob("*.json.gz")):
         short = path.name.removesuffix(".json.gz").split("_", 1)[1]

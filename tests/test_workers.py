@@ -21,7 +21,7 @@ from kernelscout.agent.graph import SearchLoop, SearchSettings
 from kernelscout.agent.policies.tuner import Proposal
 from kernelscout.agent.runner import OptimizeError, start_search
 from kernelscout.agent.targets import CodeTarget, ReplayTarget, reference_ms
-from kernelscout.sandbox.replay import ReplaySpace
+from kernelscout.sandbox.replay import ReplaySpace, recorded_spaces_dir
 from kernelscout.sandbox.slot import SlotResult, WorkerLost
 from kernelscout.tools.budget import Budget
 from kernelscout.tools.rundir import RunDir
@@ -29,7 +29,7 @@ from kernelscout.tools.schema import MeasureStatus
 
 from conftest import QUICK, SMALL_PROBLEM
 
-HUB = Path(os.environ.get("KSCOUT_BENCHMARK_HUB", "/work/shared/data/benchmark_hub"))
+HUB = recorded_spaces_dir()
 SPACE = HUB / "convolution_A100.json.gz"
 needs_hub = pytest.mark.skipif(not SPACE.exists(), reason="recorded spaces (shared/data/benchmark_hub) not found")
 
