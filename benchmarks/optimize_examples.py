@@ -21,6 +21,7 @@ from pathlib import Path
 from kernelscout.agent.policies.rewrites import render
 from kernelscout.agent.runner import resume_search, start_search
 from kernelscout.sandbox.pool import WorkerPool
+from kernelscout.tools.archive import ROOT_ID, Archive
 from kernelscout.tools.budget import Budget
 from kernelscout.tools.measure import MeasureRequest, measure
 from kernelscout.tools.rundir import RunDir
@@ -40,6 +41,18 @@ def compile_baseline(problem: Path, run_dir: str, pool: WorkerPool, device: str)
     return f"{m.speedup:.2f}x"
 
 
+def describe_best(run_dir: str) -> str:
+    """Where the best kernel came from, newest step first (`rewrite:torch_compile (MODE=max-autotune) <- user`), so a
+    reader can tell a tuned start kernel from a compiler rewrite without the run directory, which is temporary here."""
+    archive = Archive(RunDir(run_dir))
+    rec, steps = archive.best(), []
+    while rec is not None and len(steps) < 4:
+        params = ", ".join(f"{k}={v}" for k, v in sorted(rec.params.items()))
+        steps.append(f"{rec.origin or '?'}" + (f" ({params})" if params else ""))
+        rec = archive.get(rec.parent_id) if rec.parent_id not in (None, ROOT_ID) else None
+    return " <- ".join(steps) or "-"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--budgets", default="10")
@@ -53,8 +66,8 @@ def main() -> None:
     problems = sorted(p.parent for p in (REPO / "examples").glob("*/problem.py"))
     if args.problems:
         problems = [p for p in problems if p.name in args.problems.split(",")]
-    lines = ["| problem | budget | best speedup | torch.compile of the reference | measurements | considered | per measurement | wall |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| problem | budget | best speedup | torch.compile of the reference | measurements | considered | per measurement | wall | best kernel |",
+             "|---|---|---|---|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as tmp:
         for problem in problems:
             with WorkerPool() as pool:
@@ -75,7 +88,7 @@ def main() -> None:
                 best = f"{r.best_speedup:.2f}x" if r.best_speedup else "none"
                 stopped = f" (stopped early: {r.stop_reason})" if r.stop_reason and r.measurements_used < budget else ""
                 line = (f"| {problem.name} | {budget} | {best} | {baseline} | {r.measurements_used} | {r.candidates_considered} | "
-                        f"{r.considered_per_measurement:.1f} | {wall / 60:.1f} min{stopped} |")
+                        f"{r.considered_per_measurement:.1f} | {wall / 60:.1f} min{stopped} | {describe_best(run_dir)} |")
                 lines.append(line)
                 print(line, flush=True)
                 if args.out:
