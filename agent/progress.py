@@ -67,7 +67,9 @@ class SearchProgress:
             self.best = max(self.best, d.get("best") or self.best)
             sp = f"{d['speedup']:.3f}x" if d.get("speedup") else "-"
             flag = "" if d.get("timing_valid") else " (timing not valid)"
-            return f"measured #{d['candidate']}: {d['status']} {sp}{flag}; budget {self.used}/{self.budget}, best {self.best:.3f}x"
+            # until something beats it, the best kernel is the reference itself: say so rather than print a bare 1.000x
+            best = f"{self.best:.3f}x" if self.best > 1.0 else "still the reference"
+            return f"measured #{d['candidate']}: {d['status']} {sp}{flag}; budget {self.used}/{self.budget}, best {best}"
         if kind == "continue":
             return f"continuing a finished search: {d['reason']}"
         if kind in ("stop", "budget_exhausted"):

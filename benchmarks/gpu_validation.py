@@ -64,7 +64,6 @@ def ceilings(timer: CallTimer) -> dict:
         b = torch.randn(n, n, device="cuda", dtype=dtype)
         ms = _median_ms(lambda: a @ b, timer, 10)
         out[f"{name}_matmul_tflop_s"] = 2 * n**3 / ms / 1e9
-    del src, dst
     return out
 
 
