@@ -7,7 +7,8 @@ same run directory, so its speedup is a same-session ratio like every other numb
 With --one-search, each problem gets one search whose cap is raised through the budgets
 (`kscout budget DIR --set N`, then resume), read after each: the rows cost the largest budget
 instead of the sum, which is what fits a short GPU lease. The search reads its cap only in the
-near-speed-of-light rule (stop at half the cap), so the rows equal separate runs unless that rule fires.
+near-speed-of-light rule (stop at half the cap) and, with several workers, to size the last batch before
+the cap; so with one worker the rows equal separate runs unless that rule fires.
 The table is rewritten to --out after every row, so a run cut short keeps what it finished.
 """
 
@@ -73,15 +74,13 @@ def main() -> None:
             with WorkerPool() as pool:
                 baseline = compile_baseline(problem / "problem.py", f"{tmp}/{problem.name}-baseline", pool, args.device)
             start = [str(p) for p in sorted(problem.glob("triton_*.py"))] if args.start_triton else None
-            t0 = time.monotonic()
             for i, budget in enumerate(budgets):
                 run_dir = f"{tmp}/{problem.name}" if args.one_search else f"{tmp}/{problem.name}-{budget}"
-                if not args.one_search:
-                    t0 = time.monotonic()
-                if args.one_search and i > 0:
+                if args.one_search and i > 0:  # the same search goes on; its wall time keeps counting
                     Budget(RunDir(run_dir)).set_cap(budget)
                     r = resume_search(run_dir, quiet=True)
                 else:
+                    t0 = time.monotonic()
                     r = start_search(problem=str(problem), space=None, budget=budget, device=args.device, run_dir=run_dir,
                                      quiet=True, start=start)
                 wall = time.monotonic() - t0
