@@ -1,13 +1,15 @@
 """The search loop, as a LangGraph StateGraph. Read this file first.
 
     select_parent -> propose -> predict -> measure -> check --(continue)--> select_parent
-                                   |                      \\--(stop)--> END
+                                   |                      \\--(stop)--> confirm -> END
                                    \\-- skip (recorded with its forecast, never measured)
 
 Each iteration proposes several candidates, forecasts every one, and measures only the few the
 decision rule of `predict` selects (promising or unsure), so far more candidates are considered
 than measured. With several measurement workers (`--workers N`, `--ray`; agent/dispatch.py) the
-rule's top N go out together and are recorded as each returns. Everything durable lives in the
+rule's top N go out together and are recorded as each returns. The best of many noisy
+measurements reads high (the winner's curse), so with `confirm` set the last measurements of the
+budget re-measure the best once the search stops, and that re-measurement is what is reported. Everything durable lives in the
 run directory: the archive and the ledger in run.db, LangGraph's checkpoints in checkpoints.db.
 Each node is idempotent (content-addressed candidates, forecasts keyed by candidate and iteration,
 measurements keyed by content and device), so replaying the node that a kill -9 interrupted
@@ -57,6 +59,7 @@ class SearchSettings(BaseModel):
     max_device_s: Optional[float] = Field(None, description="stop after this many seconds of measurement time on the device")
     max_usd: Optional[float] = Field(None, description="stop when LLM calls have cost this much")
     max_llm_tokens: Optional[int] = Field(None, description="stop when LLM calls have used this many tokens")
+    confirm: int = Field(0, ge=0, description="measurements kept back to re-measure the best candidate once the search stops")
     seed: int = 0
 
 
@@ -145,7 +148,7 @@ class SearchLoop:
             judged.append((rec.id, forecast, self.predictor.decide(forecast)))
         # highest priority first; among equals (e.g. cold start) the policy's own order, oldest first
         wanted = sorted(((self.predictor.priority(f), -cid), cid) for cid, f, d in judged if d.action == "measure" and cid not in given)[::-1]
-        room = self.budget.status().remaining
+        room = self._room()
         # batch selection: the rule's best, one per free worker, never more than the budget has room for
         per_iteration = len(wanted) if self.predictor.measure_all else max(self.settings.measure_per_iteration, self.workers)
         batch = max(per_iteration, len(given))
@@ -177,6 +180,9 @@ class SearchLoop:
             running: dict[Future, CandidateRecord] = {}
             while queue or running:
                 while queue and len(running) < self.workers:
+                    if (room := self._room(in_flight=len(running))) is not None and room <= 0:
+                        queue = []  # the rest is kept for re-measuring the best (or the cap is reached)
+                        break
                     rec = self.archive.get(queue.pop(0))
                     if rec.state == "proposed":  # otherwise measured before a crash: its result is already recorded
                         running[pool.submit(self.target.measure, rec)] = rec
@@ -235,7 +241,7 @@ class SearchLoop:
         status = self.budget.status()
         s = self.settings
         reason = None
-        if status.remaining == 0:
+        if status.remaining is not None and status.remaining <= self._reserve():
             reason = BUDGET_SPENT
         elif s.max_wall_s and time.time() - state.get("started", time.time()) > s.max_wall_s:
             reason = f"wall-clock limit of {s.max_wall_s:g} s reached"
@@ -254,7 +260,45 @@ class SearchLoop:
             self._emit("stop", reason=reason)
         return {"stop_reason": reason, "dry_iterations": dry}
 
+    def confirm(self, state: LoopState) -> LoopState:
+        """Re-measure the best with the measurements kept back for it: the number reported is then not the
+        lucky draw that made it the best. A re-measurement that is wrong, has an invalid timing or falls below
+        speed-of-light takes the candidate out of "best", and the next slot goes to the new best.
+
+        Each slot's label names the cap it belongs to, so raising the cap and resuming confirms again,
+        and replaying this node after a kill finds the slots already spent instead of spending them twice.
+        """
+        cap = self.budget.status().cap
+        for slot in range(self.settings.confirm):
+            label = f"confirm:{cap}:{slot}"
+            if self.archive.confirmation(label) is not None:
+                continue
+            best = self.archive.best()
+            if best is None or self._best_speedup() <= 1.0:
+                break  # nothing beat the reference: there is no claim to check
+            m = self.target.confirm(best, label)
+            if m.status == MeasureStatus.budget_exhausted:
+                self._emit("confirm_skipped", candidate=best.id, reason="no budget left to re-measure the best")
+                break
+            suspect = self.target.below_speed_of_light(m)
+            ok = bool(m.status == MeasureStatus.ok and m.correct and m.timing_valid and m.speedup and not suspect)
+            self.archive.record_confirmation(label, best.id, m, ok)
+            self._emit("confirm", candidate=best.id, status=m.status.value, speedup=m.speedup, search_speedup=best.speedup,
+                       ok=ok, suspect=suspect or None, used=self.budget.status().used)
+        return {}
+
     # -- helpers ------------------------------------------------------------------------------
+    def _room(self, in_flight: int = 0) -> Optional[int]:
+        """Measurements the search may still start: the cap, less those spent or in flight, less the reserve."""
+        remaining = self.budget.status().remaining
+        return None if remaining is None else max(remaining - in_flight - self._reserve(), 0)
+
+    def _reserve(self) -> int:
+        """Measurements the search leaves for `confirm`: none until some candidate beats the reference."""
+        if not self.settings.confirm:
+            return 0
+        return self.settings.confirm if self._best_speedup() > 1.0 else 0
+
     def _budget_raised(self, values: dict) -> bool:
         """A finished search that stopped only for want of budget, whose ledger now has room again."""
         remaining = self.budget.status().remaining
@@ -277,7 +321,7 @@ class SearchLoop:
 
     def _best_speedup(self) -> float:
         best = self.archive.best()
-        return best.speedup if best and best.speedup else 1.0
+        return (self.archive.reported_speedup(best) or 1.0) if best else 1.0
 
     def _speedup_of(self, candidate_id: Optional[int]) -> float:
         if candidate_id in (None, ROOT_ID):
@@ -305,12 +349,14 @@ class SearchLoop:
         g.add_node("predict", self.predict)
         g.add_node("measure", self.measure)
         g.add_node("check", self.check)
+        g.add_node("confirm", self.confirm)
         g.add_edge(START, "select_parent")
         g.add_edge("select_parent", "propose")
         g.add_edge("propose", "predict")
         g.add_edge("predict", "measure")
         g.add_edge("measure", "check")
-        g.add_conditional_edges("check", lambda s: END if s.get("stop_reason") else "select_parent")
+        g.add_conditional_edges("check", lambda s: "confirm" if s.get("stop_reason") else "select_parent")
+        g.add_edge("confirm", END)
         return g.compile(checkpointer=checkpointer)
 
     def run_to_end(self, resume: bool = False) -> LoopState:

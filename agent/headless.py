@@ -318,8 +318,8 @@ def _sub_numbers(sub: Path) -> dict[str, Any]:
     try:
         archive = Archive(run)
         numbers["candidates_considered"] = considered_count(archive)
-        best = archive.best()
-        numbers["best_speedup"] = best.speedup if best else None
+        best = archive.reported_best()
+        numbers["best_speedup"] = archive.reported_speedup(best) if best else None
     except sqlite3.OperationalError:
         pass  # the search never got as far as creating its archive
     usage = run.get_meta("llm_usage")

@@ -70,6 +70,13 @@ class SearchProgress:
             # until something beats it, the best kernel is the reference itself: say so rather than print a bare 1.000x
             best = f"{self.best:.3f}x" if self.best > 1.0 else "still the reference"
             return f"measured #{d['candidate']}: {d['status']} {sp}{flag}; budget {self.used}/{self.budget}, best {best}"
+        if kind == "confirm":
+            self.used = d.get("used", self.used)
+            sp = f"{d['speedup']:.3f}x" if d.get("speedup") else d["status"]
+            verdict = "" if d.get("ok") else ": it no longer counts as the best"
+            return f"re-measured the best, #{d['candidate']}: {sp} (the search measured {d['search_speedup']:.3f}x){verdict}; budget {self.used}/{self.budget}"
+        if kind == "confirm_skipped":
+            return f"best #{d['candidate']} not re-measured: {d['reason']}"
         if kind == "continue":
             return f"continuing a finished search: {d['reason']}"
         if kind in ("stop", "budget_exhausted"):

@@ -110,7 +110,7 @@ def write_report(run_dir: Path | str, title: str = "kernelscout run") -> Path:
         if fc.get("p_faster") is not None:
             calib.append((fc["p_faster"], ratio > 1.0))
     status = Budget(run).status()
-    best = archive.best()
+    best = archive.reported_best()
     rows = []
     for c in candidates:
         decision = last_forecast.get(c.id)
@@ -121,6 +121,10 @@ def write_report(run_dir: Path | str, title: str = "kernelscout run") -> Path:
             f"<td>{html.escape(decision['reason']) if decision else ''}</td></tr>"
         )
     best_line = f"best verified: #{best.id} at {best.speedup:.3f}x" if best else "no verified candidate beat the reference"
+    confirmed = [sp for _, sp in archive.confirmations(best.id)] if best else []
+    if confirmed:
+        best_line = (f"best verified: #{best.id} at {archive.reported_speedup(best):.3f}x, re-measured after the search "
+                     f"({', '.join(f'{x:.3f}x' for x in confirmed)}; {best.speedup:.3f}x when it was chosen)")
     body = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}} img{{margin:0.5em}} table{{border-collapse:collapse;font-size:13px}}
 td,th{{border-bottom:1px solid #ddd;padding:3px 8px;text-align:left}}</style></head><body>

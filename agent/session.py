@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from statistics import median
 from pathlib import Path
 from typing import Any, Callable, Literal, Optional
 
@@ -29,7 +30,10 @@ class SearchSpec(BaseModel):
 class OptimizeResult(BaseModel):
     status: Literal["finished", "failed"]
     stop_reason: Optional[str] = None
-    best_speedup: Optional[float] = Field(None, description="measured speedup of the best verified kernel over the reference")
+    best_speedup: Optional[float] = Field(None, description="measured speedup of the best verified kernel over the reference: "
+                                          "the median of its re-measurements where it was confirmed, else the measurement that chose it")
+    search_speedup: Optional[float] = Field(None, description="the measurement that made it the best, as the search saw it")
+    confirmed_speedups: list[float] = Field(default_factory=list, description="its re-measurements after the search stopped (--confirm)")
     best_runtime_ms: Optional[float] = None
     best_path: Optional[str] = None
     measurements_used: int = 0
@@ -74,27 +78,56 @@ def summarise(run: RunDir, spec: SearchSpec, loop: SearchLoop, state: dict) -> O
     archive = Archive(run)
     used = Budget(run).status().used
     considered = considered_count(archive)
-    best = archive.best()
+    best = archive.reported_best()
     best_path, best_ms = None, None
+    confirmations = archive.confirmations(best.id) if best else []
+    confirmed = [sp for _, sp in confirmations]
+    speedup = archive.reported_speedup(best) if best else None
     if best is not None:
         m = loop.target.recorded_measurement(best)
         best_ms = m.runtime_ms if m else None
+        if confirmations:  # the runtime to go with the reported speedup: the re-measurements' median
+            times = [t for mid, _ in confirmations if (t := _runtime(run, mid)) is not None]
+            best_ms = median(times) if times else best_ms
         if best.path:
             best_path = str(run.path / "best.py")
             shutil.copyfile(best.path, best_path)
         else:
             best_path = str(run.path / "best.json")
-            Path(best_path).write_text(json.dumps({"config": best.params, "runtime_ms": best_ms, "speedup": best.speedup}, indent=2, default=str))
-    speedup = best.speedup if best else None
+            Path(best_path).write_text(json.dumps({"config": best.params, "runtime_ms": best_ms, "speedup": speedup,
+                                               "search_speedup": best.speedup}, indent=2, default=str))
     if best is None:
         message = "no candidate beat or matched the reference with a verified, valid timing; the reference stands"
     elif speedup <= 1.0:
         message = f"nothing beat the reference: the best verified candidate ran at {speedup:.3f}x"
     else:
         message = f"best verified kernel: {speedup:.3f}x over the reference"
+    if best is not None:
+        message += confirmation_note(best.speedup, confirmed, spec.settings.confirm)
+        challenger = archive.best()
+        if challenger is not None and challenger.id != best.id:
+            message += (f"; #{challenger.id} measured {challenger.speedup:.3f}x once and was not re-measured, "
+                        "so it is not reported (raise the budget and resume to re-measure it)")
     return OptimizeResult(
-        status="finished", stop_reason=state.get("stop_reason"), best_speedup=speedup, best_runtime_ms=best_ms, best_path=best_path,
+        status="finished", stop_reason=state.get("stop_reason"), best_speedup=speedup, search_speedup=best.speedup if best else None,
+        confirmed_speedups=confirmed, best_runtime_ms=best_ms, best_path=best_path,
         measurements_used=used, candidates_considered=considered,
         considered_per_measurement=round(considered_per_measurement(archive, used), 3), run_dir=str(run.path),
         policy=spec.policy, surrogate=spec.surrogate, device=spec.device, message=message,
     )
+
+
+def _runtime(run: RunDir, measurement_id: Optional[int]) -> Optional[float]:
+    from kernelscout.agent.targets import recorded_measurement
+
+    m = recorded_measurement(run, measurement_id)
+    return m.runtime_ms if m else None
+
+
+def confirmation_note(search_speedup: float, confirmed: list[float], wanted: int) -> str:
+    if confirmed:
+        again = "re-measured" if len(confirmed) == 1 else f"median of {len(confirmed)} re-measurements"
+        return f" ({again}; {search_speedup:.3f}x when the search chose it)"
+    if wanted and search_speedup > 1.0:
+        return " (not re-measured: no budget was left to confirm it)"
+    return ""

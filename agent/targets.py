@@ -64,6 +64,11 @@ class ReplayTarget:
         execute = self.dispatcher.replay(self.space, rec.params, self.reference) if self.dispatcher else None
         return measure_replay(self.space, rec.params, self.run, reference=self.reference, execute=execute)
 
+    def confirm(self, rec: CandidateRecord, label: str) -> Measurement:
+        """A fresh replay of a chosen configuration (its own noise draw), under its own key."""
+        execute = self.dispatcher.replay(self.space, rec.params, self.reference) if self.dispatcher else None
+        return measure_replay(self.space, rec.params, self.run, reference=self.reference, execute=execute, repeat=label)
+
     def recorded_measurement(self, rec: CandidateRecord) -> Optional[Measurement]:
         return recorded_measurement(self.run, rec.measurement_id)
 
@@ -132,12 +137,12 @@ class CodeTarget:
     def proposal_sha(self, proposal) -> str:
         return hashlib.sha256(proposal.source.encode()).hexdigest()
 
-    def _measure_path(self, path: str, again: bool = False, trials: Optional[int] = None) -> Measurement:
+    def _measure_path(self, path: str, again: bool = False, trials: Optional[int] = None, repeat: str = "") -> Measurement:
         from kernelscout.tools.measure import MeasureRequest, measure
 
         harness = self.harness if trials is None else self.harness.model_copy(update={"correctness_trials": trials})
         return measure(MeasureRequest(problem=str(self.problem), candidate=path, device=self.device, run_dir=str(self.run.path),
-                                      harness=harness, again=again), pool=self.pool,
+                                      harness=harness, again=again, repeat=repeat), pool=self.pool,
                        execute=self.dispatcher.code if self.dispatcher else None)
 
     def measure(self, rec: CandidateRecord) -> Measurement:
@@ -149,6 +154,10 @@ class CodeTarget:
                 return m
             return second
         return m
+
+    def confirm(self, rec: CandidateRecord, label: str) -> Measurement:
+        """A fresh measurement of a chosen candidate, correctness included, under its own key."""
+        return self._measure_path(rec.path, repeat=label)
 
     def recorded_measurement(self, rec: CandidateRecord) -> Optional[Measurement]:
         return recorded_measurement(self.run, rec.measurement_id)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from statistics import median
 from typing import Any, Optional
 
 from pydantic import BaseModel, Field
@@ -45,6 +46,14 @@ CREATE TABLE IF NOT EXISTS forecasts (
     created REAL NOT NULL,
     UNIQUE (candidate_id, iteration)
 );
+CREATE TABLE IF NOT EXISTS confirmations (
+    label TEXT PRIMARY KEY,
+    candidate_id INTEGER NOT NULL,
+    measurement_id INTEGER,
+    speedup REAL,
+    ok INTEGER NOT NULL,
+    created REAL NOT NULL
+);
 """
 
 ROOT_ID = 0  # the problem's own Model: speedup 1.0 by definition
@@ -60,7 +69,7 @@ class CandidateRecord(BaseModel):
     hypothesis: str = ""
     features: dict[str, Any] = Field(default_factory=dict)
     iteration: int = 0
-    state: str = "proposed"  # proposed | skipped | measured | failed | suspect
+    state: str = "proposed"  # proposed | skipped | measured | failed | suspect | unconfirmed
     measurement_id: Optional[int] = None
     speedup: Optional[float] = Field(None, description="measured speedup over the reference (never a forecast)")
 
@@ -160,13 +169,68 @@ class Archive:
             for r in rows
         ]
 
+    def record_confirmation(self, label: str, candidate_id: int, m: Measurement, ok: bool) -> None:
+        """A re-measurement of a chosen candidate; one that fails (wrong, invalid timing, below speed-of-light)
+        takes the candidate out of "best", since its first measurement can no longer be trusted."""
+        with self.run.transaction(durable=False) as db:
+            db.execute("INSERT OR IGNORE INTO confirmations (label, candidate_id, measurement_id, speedup, ok, created) VALUES (?, ?, ?, ?, ?, ?)",
+                       (label, candidate_id, m.measurement_id, m.speedup if ok else None, int(ok), time.time()))
+            if not ok:
+                db.execute("UPDATE candidates SET state = 'unconfirmed' WHERE id = ? AND state = 'measured'", (candidate_id,))
+
+    def confirmation(self, label: str) -> Optional[int]:
+        """The candidate a confirmation label was spent on, if it was."""
+        with self.run.connect() as db:
+            row = db.execute("SELECT candidate_id FROM confirmations WHERE label = ?", (label,)).fetchone()
+        return row[0] if row else None
+
+    def confirmations(self, candidate_id: int) -> list[tuple[int, float]]:
+        """(measurement id, speedup) of a candidate's successful re-measurements, oldest first; the
+        measurement that chose it is not among them."""
+        with self.run.connect() as db:
+            rows = db.execute("SELECT measurement_id, speedup FROM confirmations WHERE candidate_id = ? AND ok = 1 ORDER BY created, label",
+                              (candidate_id,)).fetchall()
+        return [(r[0], r[1]) for r in rows]
+
+    def reported_speedup(self, rec: CandidateRecord) -> Optional[float]:
+        """The speedup to show for a candidate: the median of its re-measurements where it has any, since the
+        measurement that made it the best was the largest of many noisy draws; else that measurement."""
+        confirmed = [sp for _, sp in self.confirmations(rec.id)]
+        return median(confirmed) if confirmed else rec.speedup
+
     def best(self) -> Optional[CandidateRecord]:
-        """The fastest candidate that was measured, verified and not suspect."""
+        """The fastest candidate that was measured, verified and not suspect, by its reported speedup: a
+        re-measured candidate competes with its re-measurements, not with the draw that first chose it."""
+        confirmed = self._confirmed_medians()
         with self.run.connect() as db:
             row = db.execute(
-                f"SELECT {_COLUMNS} FROM candidates WHERE state = 'measured' AND speedup IS NOT NULL ORDER BY speedup DESC, id LIMIT 1"
+                f"SELECT {_COLUMNS} FROM candidates WHERE state = 'measured' AND speedup IS NOT NULL"
+                " AND id NOT IN (SELECT candidate_id FROM confirmations WHERE ok = 1) ORDER BY speedup DESC, id LIMIT 1"
             ).fetchone()
-        return self._record(row) if row else None
+        best = self._record(row) if row else None
+        top = max(sorted(confirmed), key=confirmed.__getitem__, default=None)
+        if top is not None and (best is None or confirmed[top] > (best.speedup or 0.0)):
+            return self.get(top)
+        return best
+
+    def reported_best(self) -> Optional[CandidateRecord]:
+        """The candidate a finished search reports: once any candidate was re-measured, the best re-measured
+        one, since a candidate measured once may only look faster by luck; else the best."""
+        confirmed = self._confirmed_medians()
+        if not confirmed:
+            return self.best()
+        return self.get(max(sorted(confirmed), key=confirmed.__getitem__))
+
+    def _confirmed_medians(self) -> dict[int, float]:
+        """Median re-measured speedup of each verified candidate that has one."""
+        with self.run.connect() as db:
+            rows = db.execute(
+                "SELECT f.candidate_id, f.speedup FROM confirmations f JOIN candidates c ON c.id = f.candidate_id"
+                " WHERE f.ok = 1 AND c.state = 'measured'").fetchall()
+        by_id: dict[int, list[float]] = {}
+        for cid, sp in rows:
+            by_id.setdefault(cid, []).append(sp)
+        return {cid: median(v) for cid, v in by_id.items()}
 
     def counts(self) -> dict[str, int]:
         with self.run.connect() as db:

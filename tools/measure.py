@@ -37,6 +37,8 @@ class MeasureRequest(BaseModel):
     run_dir: Optional[str] = Field(None, description=f"run directory holding the ledger (default {DEFAULT_RUN_DIR})")
     budget: Optional[int] = Field(None, ge=0, description="measurement cap to set on the run directory")
     again: bool = Field(False, description="spend a new measurement even if this exact candidate was measured here")
+    repeat: str = Field("", description="label of a deliberate re-measurement (such as the search's confirmation of its best): "
+                        "a new measurement under its own key, so a resumed run never spends the same label twice")
     harness: HarnessConfig = Field(default_factory=HarnessConfig)
 
 
@@ -86,7 +88,7 @@ def measure(request: MeasureRequest, pool: Optional[WorkerPool] = None,
     except InputFileError as exc:
         return Measurement(status=MeasureStatus(exc.kind), message=str(exc), device=request.device)
     run = open_run(request.run_dir, request.budget)
-    key = measurement_key(problem.sha, candidate.sha, device)
+    key = measurement_key(problem.sha, candidate.sha + (f"|{request.repeat}" if request.repeat else ""), device)
     run.save_kernel(candidate.sha, candidate.source)
     config = request.harness.model_copy(update={"device": device})
 
@@ -154,7 +156,7 @@ def ledgered(run: RunDir, record: MeasurementRecord, do_measure: Callable[[], Me
 
 def measure_replay(space: "ReplaySpace", config: dict, run: RunDir, reference: Optional[dict] = None,
                    rng: Optional["np.random.Generator"] = None, again: bool = False,
-                   execute: Optional[Callable[[int], Measurement]] = None) -> Measurement:
+                   execute: Optional[Callable[[int], Measurement]] = None, repeat: str = "") -> Measurement:
     """Measure a configuration of a recorded space under the same ledger as a real device.
 
     `execute(seed)` replays it on a scale-out worker instead (agent/dispatch.py); the ledger stays here.
@@ -170,7 +172,7 @@ def measure_replay(space: "ReplaySpace", config: dict, run: RunDir, reference: O
     sha = hashlib.sha256(config_text.encode()).hexdigest()
     space_sha = hashlib.sha256(str(space.path.resolve()).encode()).hexdigest()
     ref_text = json.dumps(reference, sort_keys=True, default=str) if reference else ""
-    key = measurement_key(space_sha, sha + ref_text, device.device)
+    key = measurement_key(space_sha, sha + ref_text + (f"|{repeat}" if repeat else ""), device.device)
     seed = int(key[:8], 16)  # replaying the same key after a crash draws the same repeats
     record = MeasurementRecord(key=key, problem_sha=space_sha, candidate_sha=sha, problem_path=str(space.path),
                                candidate_path=config_text, device=device.device)
