@@ -43,7 +43,7 @@ def measure(
     problem: str = typer.Argument(..., help="KernelBench problem file (class Model, get_inputs, get_init_inputs)"),
     candidate: str = typer.Argument(..., help="candidate module defining class ModelNew"),
     device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N"),
-    run_dir: Optional[str] = typer.Option(None, "--run-dir", help="run directory holding the budget ledger [default: runs/scratch]"),
+    run_dir: Optional[str] = typer.Option(None, "--run-dir", help="run directory holding the budget ledger \\[default: runs/scratch]"),
     budget: Optional[int] = typer.Option(None, help="measurement cap for the run directory"),
     again: bool = typer.Option(False, "--again", help="measure even if this exact candidate was already measured in the run"),
     timeout: float = typer.Option(120.0, help="seconds allowed for running the candidate (checks and timing)"),
@@ -119,7 +119,7 @@ def optimize(
     policy: str = typer.Option("auto", help="auto, tuner or llm"),
     surrogate: str = typer.Option("auto", help="auto, learned, llm or none"),
     device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N"),
-    run_dir: Optional[str] = typer.Option(None, "--run-dir", help="run directory [default: runs/<name>-<time>]"),
+    run_dir: Optional[str] = typer.Option(None, "--run-dir", help="run directory \\[default: runs/<name>-<time>]"),
     seed: int = typer.Option(0, help="seed of the search policy"),
     proposals: int = typer.Option(6, help="candidates proposed per iteration"),
     patience: int = typer.Option(0, help="stop after this many measurements without a new best (0: never)"),
@@ -130,9 +130,9 @@ def optimize(
     warm_start: list[str] = typer.Option([], "--warm-start", help="recorded space of the same kernel on another device (repeatable)"),
     start: list[str] = typer.Option([], "--start", help="your own kernel (a ModelNew file) to measure first and tune from (repeatable)"),
     confirm: Optional[int] = typer.Option(None, "--confirm", help="measurements kept to re-measure the best once the search stops; "
-                                          "the re-measurement is what is reported [default: 1 for a problem with --budget 5 or more, else 0]"),
+                                          "the re-measurement is what is reported (default: 1 for a problem with --budget 5 or more, else 0)"),
     workers: Optional[int] = typer.Option(None, "--workers", help="measure on N workers at once (local processes; with --ray, N actors)"),
-    ray: Optional[str] = typer.Option(None, "--ray", help="measure on a Ray cluster: auto, local, or its address (needs kernelscout[ray])"),
+    ray: Optional[str] = typer.Option(None, "--ray", help="measure on a Ray cluster: auto, local, or its address (needs kernelscout\\[ray])"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object at the end"),
 ) -> None:
     """Search for a faster verified kernel within a hard measurement budget."""

@@ -90,7 +90,7 @@ def register(app: typer.Typer) -> None:
         problems: list[str] = typer.Argument(..., help="problem files or folders: a folder with problem.py is one problem, "
                                                       "a folder of such folders (or of KernelBench .py files, or of recorded spaces .json.gz) is many"),
         budget: int = typer.Option(10, help="measurement budget of each problem"),
-        run_dir: Optional[str] = typer.Option(None, "--run-dir", help="top run directory [default: runs/run-<time>]"),
+        run_dir: Optional[str] = typer.Option(None, "--run-dir", help="top run directory \\[default: runs/run-<time>]"),
         policy: str = typer.Option("auto", help="auto, tuner or llm (auto uses the tuner for recorded spaces)"),
         surrogate: str = typer.Option("auto", help="auto, learned, llm or none"),
         device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N"),
