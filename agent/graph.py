@@ -9,8 +9,9 @@ decision rule of `predict` selects (promising or unsure), so far more candidates
 than measured. With several measurement workers (`--workers N`, `--ray`; agent/dispatch.py) the
 rule's top N go out together and are recorded as each returns. The best of many noisy
 measurements reads high (the winner's curse), so with `confirm` set the last measurements of the
-budget re-measure the best once the search stops, and that re-measurement is what is reported. Everything durable lives in the
-run directory: the archive and the ledger in run.db, LangGraph's checkpoints in checkpoints.db.
+budget re-measure the best once the search stops, and that re-measurement is what is reported.
+Everything durable lives in the run directory: the archive and the ledger in run.db, LangGraph's
+checkpoints in checkpoints.db.
 Each node is idempotent (content-addressed candidates, forecasts keyed by candidate and iteration,
 measurements keyed by content and device), so replaying the node that a kill -9 interrupted
 neither loses nor repeats a measurement.
@@ -332,7 +333,7 @@ class SearchLoop:
     def _rebuild_predictor(self) -> None:
         """The predictor learns online; after a resume, replay what the archive measured so it knows the same."""
         for rec in self.archive.all():
-            if rec.state in ("measured", "failed", "suspect") and rec.measurement_id is not None:
+            if rec.state in ("measured", "failed", "suspect", "unconfirmed") and rec.measurement_id is not None:
                 m = self.target.recorded_measurement(rec)
                 if m is not None:
                     self.predictor.observe(rec, m, parent_speedup=self._speedup_of(rec.parent_id))
