@@ -89,7 +89,7 @@ class CandidateEntry(BaseModel):
     problem_sha: Optional[str] = None
     device: Optional[str] = None
     state: str = Field(description="search: proposed, skipped, measured, failed or suspect; measure: measured or failed")
-    speedup: Optional[float] = Field(None, description="measured speedup over the reference; only for a usable measurement, never a forecast")
+    speedup: Optional[float] = Field(None, description="measured speedup over the reference (for a search candidate the search re-measured, the median of its re-measurements); only for a usable measurement, never a forecast")
     record: Optional[CandidateRecord] = Field(None, description="the archive record (search candidates only)")
     measurement: Optional[Measurement] = Field(None, description="its latest measurement, if any")
 
@@ -271,7 +271,8 @@ class KernelScoutMCP(MCPServer):
             m = Measurement.model_validate(json.loads(row[7])) if row else None
             entries.append(CandidateEntry(
                 origin="search", path=rec.path, problem=row[4] if row else spec_path, problem_sha=row[2] if row else spec_sha,
-                device=row[6] if row else None, state=rec.state, speedup=rec.speedup if rec.state == "measured" else None,
+                device=row[6] if row else None, state=rec.state,
+                speedup=archive.reported_speedup(rec) if rec.state == "measured" else None,  # its re-measurement where it has one
                 record=rec, measurement=m,
             ))
         latest: dict[str, tuple] = {}
