@@ -21,7 +21,8 @@ out = Console()
 
 
 FLAGS = {"budget": "--budget", "max_wall_s": "--max-wall", "max_measurements": "--max-measurements", "max_usd": "--max-usd",
-         "max_tokens": "--max-tokens", "problem_wall_s": "--problem-wall", "proposals": "--proposals", "patience": "--patience"}
+         "max_tokens": "--max-tokens", "problem_wall_s": "--problem-wall", "proposals": "--proposals", "patience": "--patience",
+         "confirm": "--confirm"}
 
 
 def _exit_code(summary) -> int:
@@ -97,6 +98,8 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, help="seed of the search policy"),
         proposals: int = typer.Option(6, help="candidates proposed per iteration"),
         patience: int = typer.Option(0, help="stop a problem after this many measurements without a new best (0: never)"),
+        confirm: Optional[int] = typer.Option(None, "--confirm", help="measurements kept to re-measure each problem's best "
+                                              "(default: 1 for a problem with a budget of 5 or more, else 0)"),
         problem_wall: Optional[float] = typer.Option(None, "--problem-wall", help="stop each problem's search after this many seconds"),
         max_wall: Optional[float] = typer.Option(None, "--max-wall", help="global: stop starting or continuing problems after this many seconds"),
         max_measurements: Optional[int] = typer.Option(None, "--max-measurements", help="global: measurements over all problems"),
@@ -116,7 +119,7 @@ def register(app: typer.Typer) -> None:
         try:
             refs = attach_start(discover(problems), start)
             manifest = RunManifest(problems=refs, budget=budget, policy=policy, surrogate=surrogate, device=device, seed=seed,
-                                   proposals=proposals, patience=patience, problem_wall_s=problem_wall,
+                                   proposals=proposals, patience=patience, confirm=confirm, problem_wall_s=problem_wall,
                                    caps=RunCaps(max_wall_s=max_wall, max_measurements=max_measurements, max_usd=max_usd, max_tokens=max_tokens))
             path = run_dir or str(Path("runs") / f"run-{time.strftime('%Y%m%d-%H%M%S')}")
             headless = HeadlessRun.create(path, manifest)

@@ -70,6 +70,8 @@ class RunManifest(BaseModel):
     seed: int = 0
     proposals: int = Field(6, ge=1)
     patience: int = Field(0, ge=0)
+    confirm: Optional[int] = Field(None, ge=0, description="measurements kept to re-measure each problem's best (None: "
+                                   "kscout optimize's default; at most the problem's budget less one)")
     problem_wall_s: Optional[float] = Field(None, gt=0, description="wall-clock limit of one problem's search")
     caps: RunCaps = Field(default_factory=RunCaps)
 
@@ -530,6 +532,7 @@ class HeadlessRun:
                     budget=allow["budget"], policy=policy, surrogate=m.surrogate, device=m.device, run_dir=str(sub), seed=m.seed,
                     proposals=m.proposals, patience=m.patience, max_wall=allow["max_wall"], quiet=quiet,
                     max_usd=allow["max_usd"], max_llm_tokens=allow["max_llm_tokens"], start=ref.start,
+                    confirm=None if m.confirm is None else min(m.confirm, allow["budget"] - 1),
                 )
             failure = _failure_of_measurements(sub)
             update = {"status": "failed" if failure else "finished", "reason": failure, "stop_reason": result.stop_reason,

@@ -402,3 +402,19 @@ def test_each_problem_measures_its_own_kernel_first_and_the_manifest_keeps_it(tm
         assert db.execute("SELECT COUNT(*) FROM candidates WHERE origin = 'user'").fetchone()[0] == 0
     manifest = RunManifest.model_validate_json((tmp_path / "run" / "manifest.json").read_text())
     assert [Path(f).name for f in manifest.problems[0].start] == ["mine.py"]
+
+
+@needs_hub
+def test_confirm_reaches_each_problem_and_its_figure_is_the_re_measurement(tmp_path):
+    folder = _problems_folder(tmp_path, broken=False)
+    result, summary = _run([str(folder), "--budget", "6", "--confirm", "1", "--run-dir", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    confirmed = 0
+    for problem in summary["problems"]:
+        with sqlite3.connect(tmp_path / "run" / "problems" / problem["name"] / "run.db") as db:
+            rows = db.execute("SELECT label, speedup FROM confirmations WHERE ok = 1").fetchall()
+        assert problem["measurements_used"] == 6
+        if rows:  # something beat the reference (a random configuration), so its figure is the re-measurement
+            assert [label for label, _ in rows] == ["confirm:6:0"] and problem["best_speedup"] == pytest.approx(rows[0][1])
+            confirmed += 1
+    assert confirmed >= 1
