@@ -51,7 +51,10 @@ def test_the_last_measurement_re_measures_the_best_and_that_is_what_is_reported(
     assert result.confirmed_speedups == [pytest.approx(speedup)]
     assert result.best_speedup == pytest.approx(speedup)
     chosen = Archive(RunDir(run_dir)).get(candidate)
-    assert result.search_speedup == pytest.approx(chosen.speedup) and result.search_speedup != pytest.approx(speedup)
+    assert result.search_speedup == pytest.approx(chosen.speedup)
+    with sqlite3.connect(run_dir / "run.db") as db:  # a fresh, charged measurement, not the one that chose it
+        fresh = db.execute("SELECT m.id, m.charged FROM confirmations f JOIN measurements m ON m.id = f.measurement_id").fetchone()
+    assert fresh[0] != chosen.measurement_id and fresh[1] == 1
     assert "re-measured" in result.message and f"{chosen.speedup:.3f}x when the search chose it" in result.message
     assert json.loads(Path(result.best_path).read_text())["speedup"] == pytest.approx(speedup)
 
