@@ -106,8 +106,8 @@ def summarise(run: RunDir, spec: SearchSpec, loop: SearchLoop, state: dict) -> O
         message += confirmation_note(best.speedup, confirmed, spec.settings.confirm)
         challenger = archive.best()
         if challenger is not None and challenger.id != best.id:
-            message += (f"; #{challenger.id} measured {challenger.speedup:.3f}x once and was not re-measured, "
-                        "so it is not reported (raise the budget and resume to re-measure it)")
+            message += (f"; #{challenger.id} measured {challenger.speedup:.3f}x once, not re-measured "
+                        "(raise the budget and resume to check it)")
     return OptimizeResult(
         status="finished", stop_reason=state.get("stop_reason"), best_speedup=speedup, search_speedup=best.speedup if best else None,
         confirmed_speedups=confirmed, best_runtime_ms=best_ms, best_path=best_path,
