@@ -148,3 +148,21 @@ def test_progress_says_what_the_re_measurement_found():
     assert line == "re-measured the best, #7: 1.620x (the search measured 1.940x); budget 10/10"
     failed = progress._describe("confirm", {"candidate": 7, "status": "incorrect", "speedup": None, "search_speedup": 1.94, "ok": False})
     assert failed.endswith("it no longer counts as the best; budget 10/10")
+
+
+def test_a_labelled_re_measurement_of_a_kernel_is_spent_once_per_label(tmp_path, write, pool):
+    """What the search's confirmation of a real kernel relies on: `measure` with a `repeat` label."""
+    from conftest import GOOD_CANDIDATE, QUICK, SMALL_PROBLEM
+    from kernelscout.tools.measure import MeasureRequest, measure
+
+    problem, candidate = write("problem.py", SMALL_PROBLEM), write("candidate.py", GOOD_CANDIDATE)
+
+    def request(repeat: str = "") -> Measurement:
+        return measure(MeasureRequest(problem=str(problem), candidate=str(candidate), device="cpu", run_dir=str(tmp_path / "run"),
+                                      harness=QUICK, repeat=repeat), pool=pool)
+
+    first, again, label, label_twice = request(), request(), request("confirm:5:0"), request("confirm:5:0")
+    assert first.charged and not again.charged  # the same kernel twice: the second is the stored measurement
+    assert label.charged and label.measurement_id != first.measurement_id  # a label is a fresh measurement
+    assert not label_twice.charged and label_twice.measurement_id == label.measurement_id  # and only once
+    assert Budget(RunDir(tmp_path / "run")).status().used == 2
