@@ -87,7 +87,7 @@ def test_kill_nine_then_resume_loses_nothing_and_never_overspends(tmp_path):
     rng = random.Random(7)
     # --surrogate none measures whole batches, so kills land between and inside multi-measurement steps
     cmd = [sys.executable, "-m", "kernelscout", "optimize", "--space", str(SPACE), "--budget", str(budget), "--run-dir", str(run_dir),
-           "--surrogate", "none", "--json"]
+           "--surrogate", "none", "--confirm", "3", "--json"]
     kills = 0
     seen: set[int] = set()
     for attempt in range(6):
@@ -118,6 +118,8 @@ def test_kill_nine_then_resume_loses_nothing_and_never_overspends(tmp_path):
     assert len(keys) == len(set(keys)), "a measurement was paid for twice"
     status = Budget(RunDir(run_dir)).status()
     assert status.used <= budget and status.reserved == 0
+    with sqlite3.connect(run_dir / "run.db") as db:  # the re-measurements at the end, each spent once
+        assert db.execute("SELECT COUNT(*) FROM confirmations").fetchone()[0] == 3
 
 
 def _sigint_as_from_a_terminal() -> None:
