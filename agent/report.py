@@ -36,16 +36,28 @@ def _measurements(run: RunDir) -> list[dict]:
     return [{"id": r[0], "sha": r[1], "status": r[2], "charged": bool(r[3]), **json.loads(r[4])} for r in rows]
 
 
-def best_so_far_plot(speedups: list[Optional[float]]) -> str:
-    best, xs, ys = 1.0, [], []
-    for i, s in enumerate(speedups, 1):
-        if s:
+def best_so_far(speedups: list[Optional[float]], remeasured: list[bool]) -> list[float]:
+    """The search's best after each measurement, the reference (1.0) until something beats it."""
+    best, out = 1.0, []
+    for s, again in zip(speedups, remeasured):
+        if s and not again:
             best = max(best, s)
-        xs.append(i)
-        ys.append(best)
+        out.append(best)
+    return out
+
+
+def best_so_far_plot(speedups: list[Optional[float]], remeasured: Optional[list[bool]] = None) -> str:
+    """The search's best-so-far as a step; re-measurements of the best are drawn apart and left out of the step,
+    since they check a figure rather than find a new one."""
+    remeasured = remeasured or [False] * len(speedups)
+    xs, ys = list(range(1, len(speedups) + 1)), best_so_far(speedups, remeasured)
     fig, ax = plt.subplots(figsize=(5.5, 3.2))
     ax.step([0] + xs, [1.0] + ys, where="post", color="tab:blue")
-    ax.scatter(xs, [s if s else float("nan") for s in speedups], s=12, color="tab:gray", label="each measurement")
+    ax.scatter(xs, [s if s and not again else float("nan") for s, again in zip(speedups, remeasured)], s=12, color="tab:gray",
+               label="each measurement")
+    if any(remeasured):
+        ax.scatter(xs, [s if s and again else float("nan") for s, again in zip(speedups, remeasured)], s=30, marker="D",
+                   color="tab:orange", label="re-measured best")
     ax.set_xlabel("measurements spent")
     ax.set_ylabel("speedup over reference")
     ax.set_title("best verified so far")
@@ -95,6 +107,9 @@ def write_report(run_dir: Path | str, title: str = "kernelscout run") -> Path:
     measurements = _measurements(run)
     charged = [m for m in measurements if m["charged"]]
     speedups = [m.get("speedup") if m.get("correct") and m.get("timing_valid") else None for m in charged]
+    with run.connect() as db:
+        confirmation_ids = {r[0] for r in db.execute("SELECT measurement_id FROM confirmations")}
+    remeasured = [m["id"] in confirmation_ids for m in charged]
     forecast_pairs, calib = [], []
     forecasts = archive.forecasts()
     last_forecast = {f["candidate_id"]: f for f in forecasts}  # in id order, so the last one wins
@@ -131,7 +146,7 @@ td,th{{border-bottom:1px solid #ddd;padding:3px 8px;text-align:left}}</style></h
 <h1>{html.escape(title)}</h1>
 <p>{best_line}. Measurements used: {status.used} of {status.cap if status.cap is not None else 'uncapped'};
 candidates considered: {len([c for c in candidates])}. Every speedup below was measured; forecasts only chose what to measure.</p>
-<img src="data:image/png;base64,{best_so_far_plot(speedups)}">
+<img src="data:image/png;base64,{best_so_far_plot(speedups, remeasured)}">
 <img src="data:image/png;base64,{forecast_plot(forecast_pairs)}">
 <img src="data:image/png;base64,{calibration_plot(calib)}">
 <h2>Lineage</h2><table><tr><th>id</th><th>parent</th><th>origin</th><th>params</th><th>state</th><th>measured</th><th>last decision</th></tr>

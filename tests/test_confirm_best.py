@@ -166,3 +166,10 @@ def test_a_labelled_re_measurement_of_a_kernel_is_spent_once_per_label(tmp_path,
     assert label.charged and label.measurement_id != first.measurement_id  # a label is a fresh measurement
     assert not label_twice.charged and label_twice.measurement_id == label.measurement_id  # and only once
     assert Budget(RunDir(tmp_path / "run")).status().used == 2
+
+
+def test_the_report_keeps_re_measurements_out_of_the_best_so_far_curve():
+    from kernelscout.agent.report import best_so_far
+
+    speedups = [0.9, 1.7, None, 1.8, 1.6]  # the last is the re-measurement of the 1.8x kernel
+    assert best_so_far(speedups, [False, False, False, False, True]) == [1.0, 1.7, 1.7, 1.8, 1.8]
