@@ -1,7 +1,7 @@
 """`kscout optimize` on the examples (CPU, offline), against a plain torch.compile of the reference.
 
 Run: python benchmarks/optimize_examples.py [--budgets 5,10,20] [--problems softmax,layernorm] [--device cpu|cuda] [--start-triton]
-     [--one-search] [--out FILE]
+     [--one-search] [--confirm N] [--out FILE]
 Each row is one fresh search; the torch.compile baseline is measured by the same harness, three
 times, and its median is shown, so its speedup is a same-session ratio like every other number here.
 With --one-search, each problem gets one search whose cap is raised through the budgets
@@ -72,6 +72,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     ap.add_argument("--start-triton", action="store_true", help="give each problem's triton_*.py to the search as --start (a GPU table)")
     ap.add_argument("--one-search", action="store_true", help="one search per problem, its cap raised through the budgets")
+    ap.add_argument("--confirm", type=int, default=None, help="re-measurements of the best (default: kscout optimize's)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     budgets = [int(b) for b in args.budgets.split(",")]
@@ -93,7 +94,7 @@ def main() -> None:
                 else:
                     t0 = time.monotonic()
                     r = start_search(problem=str(problem), space=None, budget=budget, device=args.device, run_dir=run_dir,
-                                     quiet=True, start=start)
+                                     quiet=True, start=start, confirm=args.confirm)
                 wall = time.monotonic() - t0
                 best = f"{r.best_speedup:.2f}x" if r.best_speedup else "none"
                 if r.confirmed_speedups:  # the reported figure is the re-measurement; the search chose it at this
