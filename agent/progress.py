@@ -74,7 +74,8 @@ class SearchProgress:
             self.used = d.get("used", self.used)
             sp = f"{d['speedup']:.3f}x" if d.get("speedup") else d["status"]
             verdict = "" if d.get("ok") else ": it no longer counts as the best"
-            return f"re-measured the best, #{d['candidate']}: {sp} (the search measured {d['search_speedup']:.3f}x){verdict}; budget {self.used}/{self.budget}"
+            return (f"re-measured the best, #{d['candidate']}: {sp} (the search measured {d['search_speedup']:.3f}x){verdict}; "
+                    f"budget {self.used}/{self.budget}")
         if kind == "confirm_skipped":
             return f"best #{d['candidate']} not re-measured: {d['reason']}"
         if kind == "continue":

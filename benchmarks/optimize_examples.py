@@ -79,7 +79,8 @@ def main() -> None:
     problems = sorted(p.parent for p in (REPO / "examples").glob("*/problem.py"))
     if args.problems:
         problems = [p for p in problems if p.name in args.problems.split(",")]
-    lines = ["| problem | budget | best speedup | torch.compile of the reference (median of 3) | measurements | considered | per measurement | wall | best kernel |",
+    lines = ["| problem | budget | best speedup | torch.compile of the reference (median of 3) | measurements | considered "
+             "| per measurement | wall | best kernel |",
              "|---|---|---|---|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as tmp:
         for problem in problems:

@@ -89,7 +89,8 @@ class CandidateEntry(BaseModel):
     problem_sha: Optional[str] = None
     device: Optional[str] = None
     state: str = Field(description="search: proposed, skipped, measured, failed or suspect; measure: measured or failed")
-    speedup: Optional[float] = Field(None, description="measured speedup over the reference (for a search candidate the search re-measured, the median of its re-measurements); only for a usable measurement, never a forecast")
+    speedup: Optional[float] = Field(None, description="measured speedup over the reference (for a search candidate the search "
+                                     "re-measured, the median of its re-measurements); only for a usable measurement, never a forecast")
     record: Optional[CandidateRecord] = Field(None, description="the archive record (search candidates only)")
     measurement: Optional[Measurement] = Field(None, description="its latest measurement, if any")
 
