@@ -275,7 +275,7 @@ class SearchLoop:
             if self.archive.confirmation(label) is not None:
                 continue
             best = self.archive.best()
-            if best is None or self._best_speedup() <= 1.0:
+            if best is None or (self.archive.reported_speedup(best) or 0.0) <= 1.0:
                 break  # nothing beat the reference: there is no claim to check
             m = self.target.confirm(best, label)
             if m.status == MeasureStatus.budget_exhausted:

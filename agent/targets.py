@@ -60,14 +60,13 @@ class ReplayTarget:
     def proposal_sha(self, proposal) -> str:
         return config_sha(self.space, proposal.params)
 
-    def measure(self, rec: CandidateRecord) -> Measurement:
+    def measure(self, rec: CandidateRecord, repeat: str = "") -> Measurement:
         execute = self.dispatcher.replay(self.space, rec.params, self.reference) if self.dispatcher else None
-        return measure_replay(self.space, rec.params, self.run, reference=self.reference, execute=execute)
+        return measure_replay(self.space, rec.params, self.run, reference=self.reference, execute=execute, repeat=repeat)
 
     def confirm(self, rec: CandidateRecord, label: str) -> Measurement:
         """A fresh replay of a chosen configuration (its own noise draw), under its own key."""
-        execute = self.dispatcher.replay(self.space, rec.params, self.reference) if self.dispatcher else None
-        return measure_replay(self.space, rec.params, self.run, reference=self.reference, execute=execute, repeat=label)
+        return self.measure(rec, repeat=label)
 
     def recorded_measurement(self, rec: CandidateRecord) -> Optional[Measurement]:
         return recorded_measurement(self.run, rec.measurement_id)

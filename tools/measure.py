@@ -60,8 +60,10 @@ def resolve_device(device: str) -> str:
         return "cpu"
 
 
-def measurement_key(problem_sha: str, candidate_sha: str, device: str) -> str:
-    return hashlib.sha256(f"{HARNESS_VERSION}|{problem_sha}|{candidate_sha}|{device}".encode()).hexdigest()
+def measurement_key(problem_sha: str, candidate_sha: str, device: str, repeat: str = "") -> str:
+    """Same content on the same device, same key; a `repeat` label makes a deliberate re-measurement its own key."""
+    candidate = f"{candidate_sha}|{repeat}" if repeat else candidate_sha
+    return hashlib.sha256(f"{HARNESS_VERSION}|{problem_sha}|{candidate}|{device}".encode()).hexdigest()
 
 
 def open_run(run_dir: Optional[str], budget: Optional[int]) -> RunDir:
@@ -88,7 +90,7 @@ def measure(request: MeasureRequest, pool: Optional[WorkerPool] = None,
     except InputFileError as exc:
         return Measurement(status=MeasureStatus(exc.kind), message=str(exc), device=request.device)
     run = open_run(request.run_dir, request.budget)
-    key = measurement_key(problem.sha, candidate.sha + (f"|{request.repeat}" if request.repeat else ""), device)
+    key = measurement_key(problem.sha, candidate.sha, device, request.repeat)
     run.save_kernel(candidate.sha, candidate.source)
     config = request.harness.model_copy(update={"device": device})
 
@@ -172,7 +174,7 @@ def measure_replay(space: "ReplaySpace", config: dict, run: RunDir, reference: O
     sha = hashlib.sha256(config_text.encode()).hexdigest()
     space_sha = hashlib.sha256(str(space.path.resolve()).encode()).hexdigest()
     ref_text = json.dumps(reference, sort_keys=True, default=str) if reference else ""
-    key = measurement_key(space_sha, sha + ref_text + (f"|{repeat}" if repeat else ""), device.device)
+    key = measurement_key(space_sha, sha + ref_text, device.device, repeat)
     seed = int(key[:8], 16)  # replaying the same key after a crash draws the same repeats
     record = MeasurementRecord(key=key, problem_sha=space_sha, candidate_sha=sha, problem_path=str(space.path),
                                candidate_path=config_text, device=device.device)
