@@ -206,6 +206,7 @@ def _register_tool_commands() -> None:
     from kernelscout.agent import cli_chat; cli_chat.register(app)  # noqa: E702
     from kernelscout.agent import cli_run; cli_run.register(app)  # noqa: E702
     from kernelscout.agent import cli_bench; cli_bench.register(app)  # noqa: E702
+    from kernelscout.agent import cli_show; cli_show.register(app)  # noqa: E702
 
 
 _register_tool_commands()

@@ -20,6 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from kernelscout.tools.archive import ROOT_ID, Archive  # noqa: E402
 from kernelscout.tools.budget import Budget  # noqa: E402
+from kernelscout.tools.forecast_check import ForecastCheck, check_forecasts  # noqa: E402
 from kernelscout.tools.rundir import RunDir  # noqa: E402
 
 
@@ -99,6 +100,19 @@ def calibration_plot(pairs: list[tuple[float, bool]], bins: int = 5) -> str:
     return _png(fig)
 
 
+def forecast_line(check: ForecastCheck) -> str:
+    """The forecast scores in one sentence, the same figures `kscout show` prints."""
+    if check.scored == 0:
+        return "Forecasts against measurements: none scored yet (no informative forecast was followed by a measurement)."
+
+    def num(x, fmt="{:.3f}"):
+        return "-" if x is None else fmt.format(x)
+
+    return (f"Forecasts against measurements ({check.scored} measured candidates): Brier of P(faster) {num(check.brier_p_faster)} "
+            f"(0.25 is a coin flip), ranked probability score {num(check.ranked_probability_score)}, rank correlation "
+            f"{num(check.spearman)}, 80 % interval held {num(check.interval_80_coverage, '{:.0%}')}; {check.note}.")
+
+
 def write_report(run_dir: Path | str, title: str = "kernelscout run") -> Path:
     run = RunDir(run_dir)
     archive = Archive(run)
@@ -149,6 +163,7 @@ candidates considered: {len([c for c in candidates])}. Every speedup below was m
 <img src="data:image/png;base64,{best_so_far_plot(speedups, remeasured)}">
 <img src="data:image/png;base64,{forecast_plot(forecast_pairs)}">
 <img src="data:image/png;base64,{calibration_plot(calib)}">
+<p>{html.escape(forecast_line(check_forecasts(archive)))}</p>
 <h2>Lineage</h2><table><tr><th>id</th><th>parent</th><th>origin</th><th>params</th><th>state</th><th>measured</th><th>last decision</th></tr>
 {''.join(rows)}</table></body></html>"""
     path = run.path / "report.html"

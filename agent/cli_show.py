@@ -1,0 +1,130 @@
+"""`kscout show RUN_DIR`: a finished or interrupted run at a glance, in the terminal.
+
+The morning-after view of an overnight search: the best kernel with its re-measurements, what the
+budget bought, the fastest candidates with the forecasts they were measured on, and how well those
+forecasts held up. cli.py calls `register(app)`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+
+from kernelscout.agent.run_view import CandidateRow, RunView
+
+
+def _x(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.3f}x"
+
+
+def _num(value: Optional[float], fmt: str = "{:.3f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _params(row: CandidateRow, width: int = 60) -> str:
+    text = ", ".join(f"{k}={v}" for k, v in row.params.items())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _best_line(best: CandidateRow) -> str:
+    if best.remeasured:
+        again = ", ".join(f"{x:.3f}x" for x in best.remeasured)
+        return f"#{best.id} {best.origin}: {_x(best.speedup)} (re-measured {again}; {_x(best.search_speedup)} when chosen)"
+    return f"#{best.id} {best.origin}: {_x(best.speedup)} (measured once)"
+
+
+def render(view: RunView) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    out = Console()
+    head = Table(show_header=False, box=None, pad_edge=False)
+    head.add_row("run directory", escape(view.run_dir))
+    cap = view.budget.cap if view.budget.cap is not None else "uncapped"
+    if view.kind is None:
+        head.add_row("search", "none: measurements made with `kscout measure` or the MCP server")
+        head.add_row("measurements", f"{view.budget.used} of {cap}")
+        out.print(head)
+        return
+    head.add_row(view.kind, escape(view.target or ""))
+    head.add_row("device / policy", f"{view.device} / {view.policy}, surrogate {view.surrogate}")
+    head.add_row("status", view.status + (f" ({escape(view.stop_reason)})" if view.stop_reason else "")
+                 + ("" if view.status == "finished" else f"; `kscout resume {escape(view.run_dir)}` goes on"))
+    flight = f" ({view.budget.reserved} in flight)" if view.budget.reserved else ""
+    head.add_row("measurements", f"{view.budget.used} of {cap}{flight}, {view.considered} candidates considered "
+                                 f"({view.considered_per_measurement:.1f} per measurement)")
+    head.add_row("candidates", ", ".join(f"{n} {s}" for s, n in sorted(view.states.items())))
+    head.add_row("best", escape(_best_line(view.best)) if view.best else "no verified candidate yet")
+    if view.best_file:
+        head.add_row("best kernel", escape(view.best_file))
+    if view.report:
+        head.add_row("report", escape(view.report))
+    out.print(head)
+
+    if view.top:
+        table = Table(title="fastest measured candidates (speedup over the reference; forecast over the parent)", title_justify="left")
+        for name, justify in (("id", "right"), ("parent", "right"), ("origin", "left"), ("params", "left"), ("speedup", "right"),
+                              ("forecast", "right"), ("P(faster)", "right"), ("state", "left")):
+            table.add_column(name, justify=justify)  # type: ignore[arg-type]
+        for r in view.top:
+            shown = _x(r.speedup) + (" (re-measured)" if r.remeasured else "")
+            table.add_row(f"#{r.id}", r.parent, escape(r.origin), escape(_params(r)), shown, _x(r.expected_speedup),
+                          _num(r.p_faster, "{:.2f}"), r.state)
+        out.print(table)
+
+    fc = view.forecast_check
+    if fc is None:
+        return
+    if fc.scored == 0:
+        out.print(f"forecasts: {fc.forecasts} for {fc.candidates_forecast} candidates; none informative and then measured, "
+                  "so nothing to score yet")
+        return
+    score = Table(title=f"forecasts against measurements ({fc.scored} measured candidates scored"
+                        + (f", {fc.audits} of them audits" if fc.audits else "") + ")", title_justify="left", show_header=False)
+    score.add_row("Brier of P(faster)", _num(fc.brier_p_faster), "0.25 is a coin flip; lower is better")
+    score.add_row("direction right", _num(fc.direction_accuracy, "{:.0%}"), "P(faster) on the right side of 1/2")
+    score.add_row("ranked probability score", _num(fc.ranked_probability_score), "over the speedup bins (discrete CRPS); lower is better")
+    score.add_row("rank correlation", _num(fc.spearman), "Spearman, expected against measured speedup")
+    score.add_row("80 % interval held", _num(fc.interval_80_coverage, "{:.0%}"), "should be near 80 %")
+    out.print(score)
+    if fc.reliability:
+        rel = Table(title="reliability of P(faster)", title_justify="left")
+        for name in ("forecast", "measured faster", "count"):
+            rel.add_column(name, justify="right")
+        for b in fc.reliability:
+            rel.add_row(f"{b.forecast:.2f}", f"{b.observed:.2f}", str(b.count))
+        out.print(rel)
+    out.print(f"[dim]{escape(fc.note)}[/dim]")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `show` command to a typer app."""
+
+    @app.command("show")
+    def show(
+        run_dir: str = typer.Argument(..., help="run directory of a search (kscout optimize or resume)"),
+        top: int = typer.Option(10, "--top", min=0, help="how many of the fastest measured candidates to list"),
+        report: bool = typer.Option(False, "--report", help="rewrite the run's report.html from what is recorded now"),
+        as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    ) -> None:
+        """What a run found and what it cost, with its forecasts scored against its measurements. Reads only."""
+        from kernelscout.agent.cli_errors import fail
+        from kernelscout.agent.run_view import RunViewError, view_run
+
+        try:
+            view = view_run(run_dir, top=top)
+            if report and view.kind is not None:
+                from pathlib import Path
+
+                from kernelscout.agent.report import write_report
+
+                view.report = str(write_report(run_dir, title=f"kernelscout: {Path(view.target or run_dir).name}"))
+        except RunViewError as exc:
+            fail(str(exc), as_json)
+        if as_json:
+            print(json.dumps(view.model_dump(mode="json")))
+            return
+        render(view)

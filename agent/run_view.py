@@ -1,0 +1,135 @@
+"""A look at a run directory after the fact, read only: what was searched, what it found, what it cost,
+and how the forecasts that chose the measurements compare with those measurements.
+
+`kscout show` renders it; `--json` prints it. Nothing here starts a worker, spends budget or writes
+to the run directory (the report is rewritten only when asked), so it is safe on a run that another
+process is still searching.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+from pydantic import BaseModel, Field
+
+from kernelscout.tools.archive import ROOT_ID, Archive, CandidateRecord
+from kernelscout.tools.budget import Budget
+from kernelscout.tools.forecast_check import ForecastCheck, check_forecasts
+from kernelscout.tools.rundir import RunDir
+from kernelscout.tools.schema import BudgetStatus
+
+
+class RunViewError(ValueError):
+    """The path is not something `kscout show` can read; the message says what to give instead."""
+
+
+class CandidateRow(BaseModel):
+    id: int
+    parent: str = Field(description="'ref' for the problem's reference, else #id")
+    origin: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    state: str
+    speedup: Optional[float] = Field(None, description="reported speedup over the reference: the median of its "
+                                     "re-measurements where it has any, else its one measurement")
+    search_speedup: Optional[float] = Field(None, description="the measurement the search saw")
+    remeasured: list[float] = Field(default_factory=list)
+    expected_speedup: Optional[float] = Field(None, description="the forecast it was measured on: expected speedup over its parent")
+    p_faster: Optional[float] = None
+    decision: str = ""
+
+
+class RunView(BaseModel):
+    run_dir: str
+    kind: Optional[str] = Field(None, description="problem or space; None when the directory holds no search")
+    target: Optional[str] = None
+    device: Optional[str] = None
+    policy: Optional[str] = None
+    surrogate: Optional[str] = None
+    status: str = Field(description="finished, unfinished (interrupted, or still running), or no search")
+    stop_reason: Optional[str] = None
+    budget: BudgetStatus
+    states: dict[str, int] = Field(default_factory=dict, description="candidates by state")
+    considered: int = 0
+    considered_per_measurement: float = 0.0
+    best: Optional[CandidateRow] = None
+    best_file: Optional[str] = None
+    top: list[CandidateRow] = Field(default_factory=list, description="measured candidates, fastest first")
+    forecast_check: Optional[ForecastCheck] = None
+    report: Optional[str] = None
+
+
+def open_run(path: str | Path) -> RunDir:
+    """A run directory that exists; never creates one (RunDir would, for a mistyped path)."""
+    from kernelscout.agent.headless import is_headless_run
+
+    p = Path(path)
+    if is_headless_run(p):
+        raise RunViewError(f"{p} is a multi-problem run (kscout run): read {p / 'summary.md'}, or show one problem "
+                           f"with `kscout show {p / 'problems' / 'NAME'}`")
+    if not (p / "run.db").is_file():
+        where = "does not exist" if not p.exists() else "holds no run.db"
+        raise RunViewError(f"{p} {where}: give the run directory that `kscout optimize` printed (default runs/<problem>-<time>)")
+    return RunDir(p)
+
+
+def _finished_event(run: RunDir) -> Optional[dict]:
+    """The last `finished` event, unless a measurement was logged after it (a resume still running or killed)."""
+    log = run.path / "events.jsonl"
+    if not log.is_file():
+        return None
+    last = None
+    for line in log.read_text().splitlines():
+        try:
+            e = json.loads(line)
+        except json.JSONDecodeError:  # a line cut short by a kill
+            continue
+        if e.get("event") == "finished":
+            last = e
+        elif e.get("event") in ("measure", "confirm") and last is not None:
+            last = None
+    return last
+
+
+def _row(archive: Archive, rec: CandidateRecord, deciding: dict[int, dict]) -> CandidateRow:
+    f = deciding.get(rec.id)
+    fc = f["forecast"] if f and f["forecast"].get("informative") else {}
+    return CandidateRow(
+        id=rec.id, parent="ref" if rec.parent_id in (None, ROOT_ID) else f"#{rec.parent_id}", origin=rec.origin,
+        params=rec.params, state=rec.state, speedup=archive.reported_speedup(rec), search_speedup=rec.speedup,
+        remeasured=[sp for _, sp in archive.confirmations(rec.id)], expected_speedup=fc.get("expected_speedup"),
+        p_faster=fc.get("p_faster"), decision=(f or {}).get("reason") or "",
+    )
+
+
+def view_run(path: str | Path, top: int = 10) -> RunView:
+    run = open_run(path)
+    from kernelscout.agent.session import SPEC_KEY, SearchSpec
+
+    status = Budget(run).status()
+    spec_text = run.get_meta(SPEC_KEY)
+    if not spec_text:
+        return RunView(run_dir=str(run.path), status="no search", budget=status)
+    spec = SearchSpec.model_validate_json(spec_text)
+    archive = Archive(run)
+    deciding: dict[int, dict] = {}
+    for f in archive.forecasts():  # in order: a measured candidate keeps the forecast it was measured on
+        if f["decision"] == "measure" or f["candidate_id"] not in deciding or deciding[f["candidate_id"]]["decision"] != "measure":
+            deciding[f["candidate_id"]] = f
+    candidates = archive.all()
+    measured = [c for c in candidates if c.speedup is not None]
+    rows = sorted((_row(archive, c, deciding) for c in measured), key=lambda r: (-(r.speedup or 0.0), r.id))
+    best = archive.reported_best()
+    finished = _finished_event(run)
+    best_file = next((str(run.path / n) for n in ("best.py", "best.json") if (run.path / n).is_file()), None)
+    used = status.used
+    considered = len({f["candidate_id"] for f in archive.forecasts()})
+    return RunView(
+        run_dir=str(run.path), kind=spec.kind, target=spec.path, device=spec.device, policy=spec.policy, surrogate=spec.surrogate,
+        status="finished" if finished else "unfinished", stop_reason=(finished or {}).get("stop_reason"), budget=status,
+        states=archive.counts(), considered=considered, considered_per_measurement=round(considered / used, 2) if used else 0.0,
+        best=_row(archive, best, deciding) if best else None, best_file=best_file if best else None, top=rows[:top],
+        forecast_check=check_forecasts(archive),
+        report=str(run.path / "report.html") if (run.path / "report.html").is_file() else None,
+    )

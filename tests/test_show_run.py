@@ -1,0 +1,106 @@
+"""`kscout show`: a run read after the fact, its forecasts scored against its measurements."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from kernelscout.agent.cli import app
+from kernelscout.agent.runner import start_search
+from kernelscout.sandbox.replay import recorded_spaces_dir
+from kernelscout.tools.archive import Archive
+from kernelscout.tools.forecast_check import check_forecasts
+from kernelscout.tools.rundir import RunDir
+from kernelscout.tools.schema import Measurement, MeasureStatus
+
+SPACE = recorded_spaces_dir() / "pnpoly_RTX_3090.json.gz"
+needs_hub = pytest.mark.skipif(not SPACE.exists(), reason="recorded spaces (shared/data/benchmark_hub) not found")
+EDGES = [0.8, 1.25]  # three bins: slower, about the same, faster
+
+
+def _forecast(p_faster, expected, interval, bins, informative=True):
+    return {"informative": informative, "p_faster": p_faster, "expected_speedup": expected, "speedup_interval_80": interval,
+            "bin_edges": EDGES, "bin_probs": bins}
+
+
+def _candidate(archive, n, parent, forecast, speedup, decision="measure", reason="promising"):
+    rec = archive.add(f"sha{n}", None, parent, "test", {"n": n}, "", {}, 1)
+    archive.record_forecast(rec.id, 1, "learned", forecast, decision, reason)
+    if speedup is not None:
+        archive.record_measurement(rec.id, Measurement(status=MeasureStatus.ok, correct=True, timing_valid=True, speedup=speedup))
+    return rec.id
+
+
+def test_scores_are_those_of_the_forecasts_the_candidates_were_measured_on(tmp_path):
+    archive = Archive(RunDir(tmp_path / "run"))
+    a = _candidate(archive, 1, None, _forecast(0.8, 1.5, (1.1, 2.5), [0.1, 0.2, 0.7]), 2.0)  # right, inside, top bin
+    # measured 1.0x over a parent at 2.0x: a child twice as slow as its parent, where 0.3 said "probably not faster"
+    _candidate(archive, 2, a, _forecast(0.3, 0.9, (0.7, 1.2), [0.5, 0.4, 0.1]), 1.0)
+    _candidate(archive, 3, None, _forecast(0.9, 3.0, (2.0, 4.0), [0.0, 0.1, 0.9]), None, decision="skip")  # never measured
+    _candidate(archive, 4, None, _forecast(0.5, 1.0, None, [0.3, 0.4, 0.3], informative=False), 1.2)  # cold start
+
+    check = check_forecasts(archive)
+
+    assert (check.candidates_forecast, check.scored, check.uninformative) == (4, 2, 1)
+    assert check.brier_p_faster == pytest.approx(((0.8 - 1) ** 2 + (0.3 - 0) ** 2) / 2)
+    assert check.direction_accuracy == 1.0
+    assert check.interval_80_coverage == 0.5  # 0.5x over the parent falls below (0.7, 1.2)
+    # ranked probability score over 3 ordinal bins, normalised by 2: outcome bins 2 (faster) and 0 (slower)
+    rps_a = ((0.1 - 0) ** 2 + (0.3 - 0) ** 2) / 2
+    rps_b = ((0.5 - 1) ** 2 + (0.9 - 1) ** 2) / 2
+    assert check.ranked_probability_score == pytest.approx((rps_a + rps_b) / 2)
+    assert check.spearman is None  # fewer than 3 pairs: no rank correlation claimed
+    assert "measured candidates only" in check.note
+
+
+def test_a_pending_candidate_is_scored_on_the_forecast_that_got_it_measured(tmp_path):
+    archive = Archive(RunDir(tmp_path / "run"))
+    rec = archive.add("sha", None, None, "test", {}, "", {}, 1)
+    archive.record_forecast(rec.id, 1, "learned", _forecast(0.6, 1.1, (0.9, 1.3), [0.2, 0.4, 0.4]), "measure", "promising")
+    archive.record_forecast(rec.id, 2, "learned", _forecast(0.1, 0.7, (0.5, 0.9), [0.8, 0.1, 0.1]), "defer", "later")
+    archive.record_measurement(rec.id, Measurement(status=MeasureStatus.ok, correct=True, timing_valid=True, speedup=1.2))
+    check = check_forecasts(archive)
+    assert check.forecasts == 2 and check.scored == 1
+    assert check.brier_p_faster == pytest.approx(0.16)  # (0.6 - 1)^2, not (0.1 - 1)^2
+
+
+def test_an_empty_archive_scores_nothing(tmp_path):
+    check = check_forecasts(Archive(RunDir(tmp_path / "run")))
+    assert check.scored == 0 and check.brier_p_faster is None and check.reliability == []
+
+
+@needs_hub
+def test_show_reports_what_the_search_found_and_its_forecast_scores(tmp_path):
+    result = start_search(problem=None, space=str(SPACE), budget=20, run_dir=str(tmp_path / "run"), quiet=True, seed=3)
+    shown = CliRunner().invoke(app, ["show", str(tmp_path / "run"), "--json", "--top", "3"])
+    assert shown.exit_code == 0, shown.output
+    view = json.loads(shown.output)
+    assert view["status"] == "finished" and view["stop_reason"] == result.stop_reason
+    assert view["budget"]["used"] == 20 and view["kind"] == "space"
+    assert view["best"]["speedup"] == pytest.approx(result.best_speedup)
+    assert len(view["top"]) == 3 and view["top"][0]["speedup"] >= view["top"][-1]["speedup"]
+    check = view["forecast_check"]
+    assert 0 < check["scored"] <= 20 and 0.0 <= check["brier_p_faster"] <= 1.0
+
+    text = CliRunner().invoke(app, ["show", str(tmp_path / "run")], env={"COLUMNS": "160"})
+    assert text.exit_code == 0
+    assert "finished" in text.output and "Brier of P(faster)" in text.output and f"{result.best_speedup:.3f}x" in text.output
+
+
+@needs_hub
+def test_show_marks_an_interrupted_run_and_says_how_to_go_on(tmp_path):
+    run = tmp_path / "run"
+    start_search(problem=None, space=str(SPACE), budget=8, run_dir=str(run), quiet=True)
+    with open(run / "events.jsonl", "a") as f:  # a resume that measured once more and was then killed
+        f.write(json.dumps({"ts": 0, "event": "measure", "candidate": 99}) + "\n")
+    shown = CliRunner().invoke(app, ["show", str(run)], env={"COLUMNS": "160"})
+    assert shown.exit_code == 0
+    assert "unfinished" in shown.output and f"kscout resume {run}" in shown.output
+
+
+def test_show_refuses_a_path_that_is_not_a_run_and_creates_nothing(tmp_path):
+    missing = tmp_path / "runs" / "typo"
+    shown = CliRunner().invoke(app, ["show", str(missing), "--json"])
+    assert shown.exit_code == 2
+    assert json.loads(shown.output)["status"] == "failed" and "does not exist" in shown.output
+    assert not missing.exists()

@@ -1,0 +1,108 @@
+"""How well a run's forecasts matched what was then measured: the calibration check the archive keeps possible.
+
+Every forecast is stored next to the candidate it was made for, and a measured candidate's speedup
+is stored too, so a finished (or interrupted) run can be scored after the fact, on the GPU it ran on,
+with the surrogate it used. The scores are those of GPU Forecasters and `kscout eval-surrogate`:
+the Brier score of P(faster than the parent), the ranked probability score over the ordinal speedup
+bins (the discrete CRPS), the rank correlation between expected and measured speedup, and how often
+the 80 % interval held the measured one.
+
+One caveat is stated in every result rather than hidden: only measured candidates can be scored, and
+the decision rule chose them by their forecasts. Skipped candidates never reveal their speed, so these
+scores describe the forecasts the run acted on. The rule's audits (skips measured anyway) are the
+unbiased sample; they are counted separately.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from kernelscout.tools.archive import ROOT_ID, Archive
+from kernelscout.tools.surrogates import metrics
+
+SELECTION_NOTE = ("scored on measured candidates only, which the decision rule chose by their forecasts; "
+                  "skipped candidates never reveal their speed")
+
+
+class ReliabilityBin(BaseModel):
+    forecast: float = Field(description="mean P(faster) of the forecasts in this bin")
+    observed: float = Field(description="share of them that measured faster than their parent")
+    count: int
+
+
+class ForecastCheck(BaseModel):
+    """This run's forecasts against its measurements. Scores are None when nothing could be scored."""
+
+    forecasts: int = Field(description="forecasts recorded (a candidate left pending is forecast again each iteration)")
+    candidates_forecast: int
+    uninformative: int = Field(description="candidates whose only forecasts were uninformative (cold start, --surrogate none)")
+    scored: int = Field(description="candidates with an informative forecast and then a verified measurement")
+    audits: int = Field(0, description="of those, measured only to audit the skip rule (an unbiased sample)")
+    brier_p_faster: Optional[float] = Field(None, description="mean (P(faster) - outcome)^2; 0.25 for a coin flip, lower is better")
+    direction_accuracy: Optional[float] = Field(None, description="share where P(faster) > 0.5 called the direction right")
+    ranked_probability_score: Optional[float] = Field(None, description="over the ordinal speedup bins, in [0, 1]; lower is better")
+    spearman: Optional[float] = Field(None, description="rank correlation of expected and measured speedup over the parent")
+    interval_80_coverage: Optional[float] = Field(None, description="share of measured speedups inside the forecast's 80 % interval")
+    mean_abs_log_error: Optional[float] = Field(None, description="mean |ln(expected / measured speedup)|")
+    reliability: list[ReliabilityBin] = Field(default_factory=list)
+    note: str = SELECTION_NOTE
+
+
+def check_forecasts(archive: Archive, bins: int = 5) -> ForecastCheck:
+    """Score each measured candidate's deciding forecast (the one it was measured on, else its last)
+    against its measured speedup over the parent it was forecast against."""
+    forecasts = archive.forecasts()
+    by_candidate: dict[int, list[dict]] = {}
+    for f in forecasts:
+        by_candidate.setdefault(f["candidate_id"], []).append(f)
+    speedups = {c.id: c.speedup for c in archive.all()}
+
+    p, faster, probs, outcome, expected, measured, inside, audits = [], [], [], [], [], [], [], 0
+    uninformative = 0
+    for cid, rows in by_candidate.items():
+        informative = [r for r in rows if r["forecast"].get("informative")]
+        if not informative:
+            uninformative += 1
+            continue
+        row = next((r for r in reversed(informative) if r["decision"] == "measure"), informative[-1])
+        child = row["measured_speedup"]
+        parent = 1.0 if row["parent_id"] in (None, ROOT_ID) else speedups.get(row["parent_id"])
+        if child is None or not parent or row["state"] not in ("measured", "suspect", "unconfirmed"):
+            continue
+        ratio = child / parent
+        fc = row["forecast"]
+        audits += (row.get("reason") or "").startswith("audit")
+        p.append(fc["p_faster"])
+        faster.append(ratio > 1.0)
+        edges = fc.get("bin_edges") or []
+        if fc.get("bin_probs") and len(fc["bin_probs"]) == len(edges) + 1:
+            probs.append(fc["bin_probs"])
+            outcome.append(int(np.searchsorted(np.asarray(edges), ratio, side="right")))
+        if fc.get("expected_speedup"):
+            expected.append(fc["expected_speedup"])
+            measured.append(ratio)
+        if fc.get("speedup_interval_80"):
+            lo, hi = fc["speedup_interval_80"]
+            inside.append(lo <= ratio <= hi)
+
+    n = len(p)
+    check = ForecastCheck(forecasts=len(forecasts), candidates_forecast=len(by_candidate), uninformative=uninformative,
+                          scored=n, audits=audits)
+    if n == 0:
+        return check
+    pa, fa = np.asarray(p, dtype=float), np.asarray(faster, dtype=float)
+    check.brier_p_faster = float(np.mean((pa - fa) ** 2))
+    check.direction_accuracy = metrics.direction_accuracy(pa, fa.astype(bool))
+    check.reliability = [ReliabilityBin(forecast=m, observed=o, count=c) for m, o, c in metrics.reliability_bins(pa, fa, bins)]
+    if probs and len({len(x) for x in probs}) == 1:
+        check.ranked_probability_score = metrics.ranked_probability_score(np.asarray(probs), np.asarray(outcome))
+    if len(expected) >= 3:
+        e, m = np.asarray(expected), np.asarray(measured)
+        check.spearman = metrics.spearman(e, m)
+        check.mean_abs_log_error = float(np.mean(np.abs(np.log(e / m))))
+    if inside:
+        check.interval_80_coverage = float(np.mean(inside))
+    return check
