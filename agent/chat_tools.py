@@ -156,6 +156,9 @@ class ChatToolbox:
             "list_candidates": (NoArgs, "list_candidates", (
                 "Every candidate measured (or searched) in this run directory with its status and measured speedup.")),
             "best_candidate": (NoArgs, "best", "The fastest candidate measured correct with valid timing in this run."),
+            "forecast_check": (NoArgs, "forecast_check", (
+                "How well the forecasts so far (predict calls, a search's forecasts) matched the measurements that "
+                "followed them: Brier score, directions right, rank correlation. Use it to judge how far to trust predict.")),
             "diff": (DiffArgs, "diff", "Unified diff of two files (candidates or 'reference')."),
             "read_file": (ReadArgs, "read_file", "The source of a .py file (a candidate, an example, or 'reference')."),
             "write_candidate": (WriteArgs, "write_candidate", (
@@ -219,6 +222,9 @@ class ChatToolbox:
 
     def best(self):
         return self._server.tool_best_candidate(str(self.problem))
+
+    def forecast_check(self):
+        return self._server.tool_forecast_check()
 
     def read_file(self, path: str) -> FileText:
         file = self._readable(path)

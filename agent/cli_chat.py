@@ -42,6 +42,7 @@ Slash commands (no model needed):
   /history                  every candidate measured in this run, oldest first
   /diff A B                 unified diff of two files ('reference' is the problem)
   /sol                      speed-of-light bound of the problem on this device
+  /forecasts                how well the forecasts so far matched the measurements after them
   /help                     this list
   /quit                     leave (the session is saved in the run directory)
 Anything else is a message to the agent."""
@@ -251,6 +252,7 @@ class ChatREPL:
             "/history": (0, 0, lambda a: tb.call("list_candidates", {})),
             "/diff": (2, 2, lambda a: tb.call("diff", {"a": a[0], "b": a[1]})),
             "/sol": (0, 0, lambda a: tb.call("sol_bounds", {})),
+            "/forecasts": (0, 0, lambda a: tb.call("forecast_check", {})),
         }
         if name not in calls:
             self.console.print(f"[red]unknown command {name}[/red]; type /help for the list", highlight=False)
@@ -294,7 +296,7 @@ class ChatREPL:
             return
         v = r.result or {}
         render = {"Measurement": _measurement, "Forecast": _forecast, "BudgetStatus": _budget, "SolBounds": _sol,
-                  "CandidateList": _candidates, "BestCandidate": _best, "DiffResult": _diff,
+                  "CandidateList": _candidates, "BestCandidate": _best, "DiffResult": _diff, "ForecastCheck": _forecast_check,
                   "FileText": lambda v: f"  read {v['path']} ({v['lines']} lines)",
                   "WrittenCandidate": lambda v: f"  wrote {v['path']} ({v['lines']} lines)"}.get(r.kind)
         shown = render(v) if render else json.dumps(v)[:500]
@@ -423,6 +425,19 @@ def _candidates(v: dict) -> Any:
         t.add_row(_escape(str(e.get("path"))), e.get("origin", ""), e.get("state", ""),
                   f"{e['speedup']:.3f}x" if e.get("speedup") is not None else "-", "yes" if m.get("charged") else "no")
     return t
+
+
+def _forecast_check(v: dict) -> str:
+    if not v.get("scored"):
+        return f"  {v.get('forecasts', 0)} forecast(s) so far, none followed by a usable measurement: nothing to score yet"
+    parts = [f"{v['scored']} forecast(s) scored against the measurements after them"]
+    if v.get("brier_p_faster") is not None:
+        parts.append(f"Brier {v['brier_p_faster']:.3f} (coin flip 0.25)")
+    if v.get("direction_accuracy") is not None:
+        parts.append(f"direction right {v['direction_accuracy']:.0%}")
+    if v.get("spearman") is not None:
+        parts.append(f"rank correlation {v['spearman']:.2f}")
+    return "  " + "; ".join(parts)
 
 
 def _best(v: dict) -> str:

@@ -39,7 +39,7 @@ def register(app: typer.Typer) -> None:
         timing_budget: float = typer.Option(2.0, "--timing-budget", help="timed seconds per side to aim for"),
         log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING or ERROR (logs go to stderr)"),
     ) -> None:
-        """Serve measure, predict, budget_status, sol_bounds, list_candidates and best_candidate over MCP (stdio by default)."""
+        """Serve measure, predict, budget_status, sol_bounds, list_candidates, best_candidate and forecast_check over MCP (stdio by default)."""
         run(run_dir=run_dir, budget=budget, device=device, http=http, host=host, port=port, path=path, allow_remote=allow_remote,
             token=token, timeout=timeout, timing_budget=timing_budget, log_level=log_level)
 

@@ -48,6 +48,8 @@ def render(view: RunView) -> None:
         head.add_row("search", "none: measurements made with `kscout measure` or the MCP server")
         head.add_row("measurements", f"{view.budget.used} of {cap}")
         out.print(head)
+        if view.forecast_check and view.forecast_check.forecasts:
+            _render_check(out, view.forecast_check)
         return
     head.add_row(view.kind, escape(view.target or ""))
     head.add_row("device / policy", f"{view.device} / {view.policy}, surrogate {view.surrogate}")
@@ -75,15 +77,21 @@ def render(view: RunView) -> None:
                           _num(r.p_faster, "{:.2f}"), r.state)
         out.print(table)
 
-    fc = view.forecast_check
-    if fc is None:
-        return
+    if view.forecast_check is not None:
+        _render_check(out, view.forecast_check)
+
+
+def _render_check(out, fc) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
     if fc.scored == 0:
         out.print(f"forecasts: {fc.forecasts} for {fc.candidates_forecast} candidates; none informative and then measured, "
                   "so nothing to score yet")
         return
     score = Table(title=f"forecasts against measurements ({fc.scored} measured candidates scored"
-                        + (f", {fc.audits} of them audits" if fc.audits else "") + ")", title_justify="left", show_header=False)
+                        + (f", {fc.audits} of them audits" if fc.audits else "")
+                        + (f", {fc.from_tools} from predict tool calls" if fc.from_tools else "") + ")", title_justify="left", show_header=False)
     score.add_row("Brier of P(faster)", _num(fc.brier_p_faster), "0.25 is a coin flip; lower is better")
     score.add_row("direction right", _num(fc.direction_accuracy, "{:.0%}"), "P(faster) on the right side of 1/2")
     score.add_row("ranked probability score", _num(fc.ranked_probability_score), "over the speedup bins (discrete CRPS); lower is better")

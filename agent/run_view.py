@@ -109,8 +109,8 @@ def view_run(path: str | Path, top: int = 10) -> RunView:
 
     status = Budget(run).status()
     spec_text = run.get_meta(SPEC_KEY)
-    if not spec_text:
-        return RunView(run_dir=str(run.path), status="no search", budget=status)
+    if not spec_text:  # measurements made directly; predict tool forecasts may sit beside them
+        return RunView(run_dir=str(run.path), status="no search", budget=status, forecast_check=check_forecasts(Archive(run)))
     spec = SearchSpec.model_validate_json(spec_text)
     archive = Archive(run)
     deciding: dict[int, dict] = {}

@@ -227,6 +227,19 @@ def compare(cand: list[torch.Tensor], ref: list[torch.Tensor]) -> Comparison:
     return result
 
 
+def check_inputs_kept(cand_inputs: list[torch.Tensor], ref_inputs: list[torch.Tensor]) -> None:
+    """After both calls, the candidate's inputs must be as the reference leaves its own (both started
+    equal). A kernel that writes into its arguments destroys its caller's data, so it is no drop-in
+    replacement, whatever its output; one whose reference updates an input in place must do the same."""
+    for i, (c, r) in enumerate(zip(cand_inputs, ref_inputs)):
+        if c.shape != r.shape or c.dtype != r.dtype:
+            raise CheckFailed(f"the candidate changed input tensor {i} in place (now shape {tuple(c.shape)}, {c.dtype})")
+        if torch.equal(c, r) or _passes([c], [r]):
+            continue
+        raise CheckFailed(f"the candidate wrote into input tensor {i} (shape {tuple(c.shape)}): after the call it differs "
+                          "from the reference's copy. A kernel must leave its caller's tensors as the reference does")
+
+
 def _passes(cand: list[torch.Tensor], ref: list[torch.Tensor]) -> bool:
     try:
         compare(cand, ref)

@@ -411,6 +411,7 @@ class Worker:
             _sync(self.device)
             try:
                 cmp = correctness.compare(cand_out, ref_out)
+                correctness.check_inputs_kept(tensors_in(cand_inputs), tensors_in(ref_inputs))
             except CheckFailed as exc:
                 raise Failure("incorrect", f"trial with seed {seed}: {exc}")
             worst.max_abs_diff = max(worst.max_abs_diff, cmp.max_abs_diff)

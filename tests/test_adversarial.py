@@ -348,6 +348,44 @@ def test_a_list_of_tensors_argument_is_measured_and_its_tensors_are_not_shared(m
     assert m.status == MeasureStatus.incorrect, m
 
 
+def test_writing_into_an_input_is_incorrect_even_with_the_right_output(measure_source):
+    """Scratch space taken from the caller's tensor: the output is right, the caller's x is gone."""
+    body = """        out = torch.relu(x * self.scale + y) + 0.5 * x
+        x.mul_(0.0)
+        return out"""
+    m = measure_source(_model(body))
+    assert m.status == MeasureStatus.incorrect, m
+    assert "wrote into input tensor 0" in m.message
+
+
+IN_PLACE_PROBLEM = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        x.clamp_(min=0.0)  # an update the caller relies on
+        return x.sum(dim=1)
+
+def get_inputs():
+    return [torch.randn(128, 256)]
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_an_in_place_update_the_reference_makes_must_be_made_too(measure_source):
+    same = ("import torch\nimport torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, x):\n"
+            "        torch.relu_(x)\n        return x.sum(dim=1)\n")
+    m = measure_source(same, problem=IN_PLACE_PROBLEM)
+    assert m.status == MeasureStatus.ok and m.correct, m
+    skips = ("import torch\nimport torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, x):\n"
+             "        return x.clamp(min=0.0).sum(dim=1)\n")
+    m = measure_source(skips, problem=IN_PLACE_PROBLEM, name="skips.py")
+    assert m.status == MeasureStatus.incorrect and "input tensor 0" in m.message, m
+
+
 # -- second round: cheats written against the first round's defenses ----------------------------
 
 def test_loosening_the_tolerance_table_is_refused(measure_source):

@@ -215,10 +215,12 @@ def test_slash_commands_work_without_a_model(tmp_path, problem, pool, monkeypatc
     try:
         assert session.model is None
         term = run_repl(session, "/budget", "/predict good.py", "/measure good.py", "/measure good.py", "/history", "/best",
-                        "/diff reference good.py", "/diff good.py", "/frobnicate", "make it faster", "/quit", "/budget")
+                        "/diff reference good.py", "/diff good.py", "/frobnicate", "/forecasts", "make it faster", "/quit", "/budget")
     finally:
         session.close()
     out = term.text
+    # the uninformative forecast was kept beside the measurement, and there is nothing in it to score
+    assert "1 forecast(s) so far, none followed by a usable measurement" in out
     assert "Slash-command mode" in out and "KSCOUT_PROVIDER" in out  # says how to enable the model
     assert "budget: 0 of 2 used, 2 left" in out
     assert "no forecast (none)" in out and "no LLM provider" in out  # honest: no number made up
@@ -229,7 +231,7 @@ def test_slash_commands_work_without_a_model(tmp_path, problem, pool, monkeypatc
     assert "-class Model(nn.Module):" in out and "+class ModelNew(nn.Module):" in out  # /diff
     assert "usage: /diff A B" in out and "unknown command /frobnicate" in out
     assert "only slash commands work" in out
-    assert term.prompts.count("you> ") == 11  # /quit ended the session before the last line
+    assert term.prompts.count("you> ") == 12  # /quit ended the session before the last line
 
 
 def test_tool_errors_and_provider_failures_are_shown_and_the_session_goes_on(tmp_path, problem):

@@ -34,7 +34,7 @@ from kernelscout.tools.schema import BudgetStatus, Measurement  # noqa: E402
 
 from conftest import GOOD_CANDIDATE, QUICK, SMALL_PROBLEM  # noqa: E402
 
-TOOLS = {"predict", "measure", "budget_status", "sol_bounds", "list_candidates", "best_candidate"}
+TOOLS = {"predict", "measure", "budget_status", "sol_bounds", "list_candidates", "best_candidate", "forecast_check"}
 
 # Distinct files (distinct sha, so each costs a measurement), all correct.
 OTHER_CANDIDATE = GOOD_CANDIDATE.replace("return torch.relu(x * self.scale + y) + 0.5 * x",
@@ -108,11 +108,13 @@ def test_predict_uses_the_llm_surrogate_when_one_is_configured(tmp_path, files):
     reply = json.dumps({"probs": probs, "rationale": "fuses the two elementwise passes"})
     model = ScriptedChatModel([reply, reply])
     server = build_server(str(tmp_path / "run"), device="cpu", chat_model=model)
+    forecasts = []
 
     async def session():
         async with Client(server) as client:
             result = await client.call_tool("predict", {"problem": files["problem"], "candidate": files["a"]})
             f = Forecast.model_validate(result.structured_content)
+            forecasts.append(f)
             assert f.informative and f.surrogate == "llm" and len(f.bin_probs) == k and f.p_faster > 0.5
             unmeasured = await client.call_tool("predict", {"problem": files["problem"], "candidate": files["b"], "parent": files["a"]})
             assert unmeasured.is_error and "measure it first" in unmeasured.content[0].text
@@ -130,6 +132,11 @@ def test_predict_uses_the_llm_surrogate_when_one_is_configured(tmp_path, files):
                                                       runtime_ms=1 / 1.4, ref_runtime_ms=1.0))
     server._observe(m)
     assert len(server._surrogate._measured) == 1 and "1.400x" in server._surrogate._measured[0]
+
+    # every predict call is kept beside the measurements: the measured one is now scored, the refused one never was
+    check = server.tool_forecast_check()
+    assert (check.forecasts, check.scored, check.from_tools) == (1, 1, 1)
+    assert check.brier_p_faster == pytest.approx((forecasts[0].p_faster - 1.0) ** 2)  # 1.4x: it was faster
 
 
 def _serve_command() -> list[str]:

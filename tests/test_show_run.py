@@ -104,3 +104,29 @@ def test_show_refuses_a_path_that_is_not_a_run_and_creates_nothing(tmp_path):
     assert shown.exit_code == 2
     assert json.loads(shown.output)["status"] == "failed" and "does not exist" in shown.output
     assert not missing.exists()
+
+
+def test_a_predict_tool_forecast_is_scored_only_by_a_measurement_taken_after_it(tmp_path):
+    """Forecasts asked of the MCP server or chat about a file: hindsight (a forecast made after the file
+    was measured) is not scored, a forecast followed by a measurement is, and `kscout show` prints it."""
+    from kernelscout.tools.measure import MeasurementRecord, ledgered
+
+    run = RunDir(tmp_path / "run")
+    archive = Archive(run)
+
+    def measure(sha, speedup):
+        rec = MeasurementRecord(key=sha, problem_sha="p", candidate_sha=sha, problem_path="p.py", candidate_path=f"{sha}.py", device="cpu")
+        ledgered(run, rec, lambda: Measurement(status="ok", correct=True, timing_valid=True, charged=True, speedup=speedup,
+                                               runtime_ms=1 / speedup, ref_runtime_ms=1.0))
+
+    measure("early", 2.0)
+    archive.record_tool_forecast("p", "early", None, "cpu", 1.0, _forecast(0.99, 2.0, (1.9, 2.1), [0.0, 0.0, 1.0]), "early.py")
+    archive.record_tool_forecast("p", "late", None, "cpu", 1.0, _forecast(0.7, 1.3, (1.0, 1.6), [0.1, 0.3, 0.6]), "late.py")
+    assert check_forecasts(archive).scored == 0
+    measure("late", 0.9)
+
+    check = check_forecasts(archive)
+    assert (check.forecasts, check.scored, check.from_tools) == (2, 1, 1)
+    assert check.brier_p_faster == pytest.approx(0.49)  # 0.7 said faster; it measured 0.9x
+    shown = CliRunner().invoke(app, ["show", str(tmp_path / "run")], env={"COLUMNS": "160"})
+    assert shown.exit_code == 0 and "1 from predict tool calls" in shown.output and "0.490" in shown.output

@@ -46,6 +46,17 @@ CREATE TABLE IF NOT EXISTS forecasts (
     created REAL NOT NULL,
     UNIQUE (candidate_id, iteration)
 );
+CREATE TABLE IF NOT EXISTS tool_forecasts (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    problem_sha TEXT NOT NULL,
+    candidate_sha TEXT NOT NULL,
+    parent_sha TEXT,
+    device TEXT,
+    parent_speedup REAL NOT NULL,
+    label TEXT,
+    forecast_json TEXT NOT NULL,
+    created REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS confirmations (
     label TEXT PRIMARY KEY,
     candidate_id INTEGER NOT NULL,
@@ -168,6 +179,31 @@ class Archive:
              "reason": r[5], "state": r[6], "measured_speedup": r[7], "parent_id": r[8]}
             for r in rows
         ]
+
+    def record_tool_forecast(self, problem_sha: str, candidate_sha: str, parent_sha: Optional[str], device: str,
+                             parent_speedup: float, forecast: dict, label: str = "") -> None:
+        """A forecast asked of the `predict` tool (MCP server, chat) about a file, kept so that a later
+        measurement of that file can score it, as the search's forecasts are scored."""
+        with self.run.transaction(durable=False) as db:
+            db.execute("INSERT INTO tool_forecasts (problem_sha, candidate_sha, parent_sha, device, parent_speedup, label,"
+                       " forecast_json, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                       (problem_sha, candidate_sha, parent_sha, device, parent_speedup, label, json.dumps(forecast, default=str),
+                        time.time()))
+
+    def tool_forecasts(self) -> list[dict]:
+        """Every `predict` tool forecast, with the speedup of the first verified measurement of the same file
+        (same problem and device) taken after it; None where there is none yet."""
+        with self.run.connect() as db:
+            rows = db.execute("SELECT problem_sha, candidate_sha, device, parent_speedup, label, forecast_json, created"
+                              " FROM tool_forecasts ORDER BY id").fetchall()
+            out = []
+            for psha, csha, device, parent_speedup, label, fc, created in rows:
+                later = db.execute("SELECT result_json FROM measurements WHERE problem_sha = ? AND candidate_sha = ? AND device = ?"
+                                   " AND status = 'ok' AND created >= ? ORDER BY id", (psha, csha, device, created)).fetchall()
+                usable = [m for m in (Measurement.model_validate_json(r[0]) for r in later) if m.correct and m.timing_valid and m.speedup]
+                out.append({"label": label, "forecast": json.loads(fc), "parent_speedup": parent_speedup,
+                            "measured_speedup": usable[0].speedup if usable else None})
+        return out
 
     def record_confirmation(self, label: str, candidate_id: int, m: Measurement, ok: bool) -> None:
         """A re-measurement of a chosen candidate; one that fails (wrong, invalid timing, below speed-of-light)

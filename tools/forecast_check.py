@@ -37,10 +37,11 @@ class ForecastCheck(BaseModel):
     """This run's forecasts against its measurements. Scores are None when nothing could be scored."""
 
     forecasts: int = Field(description="forecasts recorded (a candidate left pending is forecast again each iteration)")
-    candidates_forecast: int
+    candidates_forecast: int = Field(description="distinct search candidates forecast, plus each predict tool call")
     uninformative: int = Field(description="candidates whose only forecasts were uninformative (cold start, --surrogate none)")
     scored: int = Field(description="candidates with an informative forecast and then a verified measurement")
     audits: int = Field(0, description="of those, measured only to audit the skip rule (an unbiased sample)")
+    from_tools: int = Field(0, description="of those, forecasts asked of the predict tool (MCP server, chat) about a file measured after")
     brier_p_faster: Optional[float] = Field(None, description="mean (P(faster) - outcome)^2; 0.25 for a coin flip, lower is better")
     direction_accuracy: Optional[float] = Field(None, description="share where P(faster) > 0.5 called the direction right")
     ranked_probability_score: Optional[float] = Field(None, description="over the ordinal speedup bins, in [0, 1]; lower is better")
@@ -51,17 +52,44 @@ class ForecastCheck(BaseModel):
     note: str = SELECTION_NOTE
 
 
+class _Scores:
+    """The (forecast, measured ratio) pairs of one check, gathered from either source."""
+
+    def __init__(self) -> None:
+        self.p: list[float] = []
+        self.faster: list[bool] = []
+        self.probs: list[list[float]] = []
+        self.outcome: list[int] = []
+        self.expected: list[float] = []
+        self.measured: list[float] = []
+        self.inside: list[bool] = []
+
+    def add(self, fc: dict, ratio: float) -> None:
+        self.p.append(fc["p_faster"])
+        self.faster.append(ratio > 1.0)
+        edges = fc.get("bin_edges") or []
+        if fc.get("bin_probs") and len(fc["bin_probs"]) == len(edges) + 1:
+            self.probs.append(fc["bin_probs"])
+            self.outcome.append(int(np.searchsorted(np.asarray(edges), ratio, side="right")))
+        if fc.get("expected_speedup"):
+            self.expected.append(fc["expected_speedup"])
+            self.measured.append(ratio)
+        if fc.get("speedup_interval_80"):
+            lo, hi = fc["speedup_interval_80"]
+            self.inside.append(lo <= ratio <= hi)
+
+
 def check_forecasts(archive: Archive, bins: int = 5) -> ForecastCheck:
     """Score each measured candidate's deciding forecast (the one it was measured on, else its last)
-    against its measured speedup over the parent it was forecast against."""
+    against its measured speedup over the parent it was forecast against; and each `predict` tool
+    forecast against the first measurement of its file taken after it."""
     forecasts = archive.forecasts()
     by_candidate: dict[int, list[dict]] = {}
     for f in forecasts:
         by_candidate.setdefault(f["candidate_id"], []).append(f)
     speedups = {c.id: c.speedup for c in archive.all()}
 
-    p, faster, probs, outcome, expected, measured, inside, audits = [], [], [], [], [], [], [], 0
-    uninformative = 0
+    scores, audits, uninformative = _Scores(), 0, 0
     for cid, rows in by_candidate.items():
         informative = [r for r in rows if r["forecast"].get("informative")]
         if not informative:
@@ -72,37 +100,32 @@ def check_forecasts(archive: Archive, bins: int = 5) -> ForecastCheck:
         parent = 1.0 if row["parent_id"] in (None, ROOT_ID) else speedups.get(row["parent_id"])
         if child is None or not parent or row["state"] not in ("measured", "suspect", "unconfirmed"):
             continue
-        ratio = child / parent
-        fc = row["forecast"]
         audits += (row.get("reason") or "").startswith("audit")
-        p.append(fc["p_faster"])
-        faster.append(ratio > 1.0)
-        edges = fc.get("bin_edges") or []
-        if fc.get("bin_probs") and len(fc["bin_probs"]) == len(edges) + 1:
-            probs.append(fc["bin_probs"])
-            outcome.append(int(np.searchsorted(np.asarray(edges), ratio, side="right")))
-        if fc.get("expected_speedup"):
-            expected.append(fc["expected_speedup"])
-            measured.append(ratio)
-        if fc.get("speedup_interval_80"):
-            lo, hi = fc["speedup_interval_80"]
-            inside.append(lo <= ratio <= hi)
+        scores.add(row["forecast"], child / parent)
+    tool = archive.tool_forecasts()
+    from_tools = 0
+    for t in tool:
+        if not t["forecast"].get("informative"):
+            uninformative += 1
+        elif t["measured_speedup"] is not None and t["parent_speedup"]:
+            from_tools += 1
+            scores.add(t["forecast"], t["measured_speedup"] / t["parent_speedup"])
 
-    n = len(p)
-    check = ForecastCheck(forecasts=len(forecasts), candidates_forecast=len(by_candidate), uninformative=uninformative,
-                          scored=n, audits=audits)
+    n = len(scores.p)
+    check = ForecastCheck(forecasts=len(forecasts) + len(tool), candidates_forecast=len(by_candidate) + len(tool),
+                          uninformative=uninformative, scored=n, audits=audits, from_tools=from_tools)
     if n == 0:
         return check
-    pa, fa = np.asarray(p, dtype=float), np.asarray(faster, dtype=float)
+    pa, fa = np.asarray(scores.p, dtype=float), np.asarray(scores.faster, dtype=float)
     check.brier_p_faster = float(np.mean((pa - fa) ** 2))
     check.direction_accuracy = metrics.direction_accuracy(pa, fa.astype(bool))
     check.reliability = [ReliabilityBin(forecast=m, observed=o, count=c) for m, o, c in metrics.reliability_bins(pa, fa, bins)]
-    if probs and len({len(x) for x in probs}) == 1:
-        check.ranked_probability_score = metrics.ranked_probability_score(np.asarray(probs), np.asarray(outcome))
-    if len(expected) >= 3:
-        e, m = np.asarray(expected), np.asarray(measured)
+    if scores.probs and len({len(x) for x in scores.probs}) == 1:
+        check.ranked_probability_score = metrics.ranked_probability_score(np.asarray(scores.probs), np.asarray(scores.outcome))
+    if len(scores.expected) >= 3:
+        e, m = np.asarray(scores.expected), np.asarray(scores.measured)
         check.spearman = metrics.spearman(e, m)
         check.mean_abs_log_error = float(np.mean(np.abs(np.log(e / m))))
-    if inside:
-        check.interval_80_coverage = float(np.mean(inside))
+    if scores.inside:
+        check.interval_80_coverage = float(np.mean(scores.inside))
     return check

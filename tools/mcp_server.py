@@ -41,6 +41,7 @@ from kernelscout.sandbox.pool import WorkerPool
 from kernelscout.sandbox.problem import InputFileError, load_candidate, load_problem
 from kernelscout.tools.archive import Archive, CandidateRecord
 from kernelscout.tools.budget import Budget
+from kernelscout.tools.forecast_check import ForecastCheck, check_forecasts
 from kernelscout.tools.measure import DEFAULT_RUN_DIR, MeasureRequest, open_run, resolve_device
 from kernelscout.tools.measure import measure as run_measure
 from kernelscout.tools.predict import Forecast, SurrogateCost
@@ -71,7 +72,8 @@ with the same constructor and forward signature. Every measurement is checked fo
 timed against it in one sandboxed session; it spends one unit of a hard measurement budget shared with everything else
 using this run directory (budget_status says what is left; you cannot raise it). Measuring the same file again is free
 and returns the recorded result. Use predict before measure to skip candidates that are confidently worse, sol_bounds to
-know how far from speed-of-light a kernel is, and list_candidates / best_candidate to see what has been measured."""
+know how far from speed-of-light a kernel is, list_candidates / best_candidate to see what has been measured, and
+forecast_check to see how well the forecasts so far matched the measurements that followed them."""
 
 
 # -- boundary models (compositions of the shared ones) ------------------------------------------------------
@@ -185,6 +187,11 @@ class KernelScoutMCP(MCPServer):
         self.add_tool(self.tool_list_candidates, name="list_candidates", title="Candidates in the run", description=(
             "Every candidate in the run directory: the search archive (`kscout optimize`, with forecasts' outcomes) and files "
             "measured directly (this tool server, `kscout measure`; the latest measurement of each)."))
+        self.add_tool(self.tool_forecast_check, name="forecast_check", title="Forecasts against measurements", description=(
+            "How well this run's forecasts matched what was measured after them: the search's forecasts and this server's "
+            "predict calls (scored once the file is measured). Brier score of P(faster), share of directions right, ranked "
+            "probability score over the speedup bins, rank correlation, 80 % interval coverage, reliability table. Only "
+            "measured candidates can be scored. Costs no measurement."))
         self.add_tool(self.tool_best_candidate, name="best_candidate", title="Best verified candidate", description=(
             "The fastest candidate measured correct with valid timing (search candidates marked suspect are excluded). "
             "Pass problem when the run directory holds measurements of several problems."))
@@ -239,6 +246,10 @@ class KernelScoutMCP(MCPServer):
             for e in entries:
                 counts[e.state] = counts.get(e.state, 0) + 1
             return CandidateList(run_dir=self.run_dir, candidates=entries, counts=counts)
+
+    def tool_forecast_check(self) -> ForecastCheck:
+        with _tool_errors("forecast_check"):
+            return check_forecasts(Archive(self.run))
 
     def tool_best_candidate(self, problem: _ProblemFilter = None) -> BestCandidate:
         with _tool_errors("best_candidate"):
@@ -331,13 +342,16 @@ class KernelScoutMCP(MCPServer):
         dev = resolve_device(device or self.device)
         with self._lock:
             model = self._model()
+        label = f"{Path(candidate).name} vs {Path(parent).name if parent else 'reference'}"
         if model is None:
-            return _not_informative(
+            forecast = _not_informative(
                 "none",
                 "no forecast: no LLM provider is configured, and the learned surrogate forecasts only tunable-parameter "
                 "configurations of a search, not arbitrary files. Measure the candidate to know, or configure a provider "
                 "(KSCOUT_PROVIDER=anthropic|openai|openai-compatible; see docs/llm.md) for LLM forecasts.",
             )
+            Archive(self.run).record_tool_forecast(prob.sha, child.sha, par.sha if par else None, dev, 1.0, forecast.model_dump(), label)
+            return forecast
         done = self._usable(prob.sha, dev)
         ref_ms = statistics.median(m.ref_runtime_ms for m in done if m.ref_runtime_ms) if any(m.ref_runtime_ms for m in done) else None
         if par is None:
@@ -359,9 +373,12 @@ class KernelScoutMCP(MCPServer):
                 incumbent_ratio=best / parent_speedup if best > 0 else None, device=dev, sol=sol_text,
             )
             raw = getattr(surrogate, "last_raw_p_faster", None)
+        # kept beside the measurements, so `forecast_check` (and `kscout show`) can score it once the file is measured
+        Archive(self.run).record_tool_forecast(prob.sha, child.sha, par.sha if par else None, dev, parent_speedup,
+                                               forecast.model_dump(), label)
         if forecast.informative:
             with self._lock:
-                self._pending[(prob.sha, child.sha, dev)] = (raw, par.sha if par else None, f"{Path(candidate).name} vs {Path(parent).name if parent else 'reference'}")
+                self._pending[(prob.sha, child.sha, dev)] = (raw, par.sha if par else None, label)
         return forecast
 
     def _llm_surrogate(self, model: Any):
