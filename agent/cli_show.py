@@ -8,6 +8,7 @@ forecasts held up. cli.py calls `register(app)`.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -122,11 +123,21 @@ def register(app: typer.Typer) -> None:
         from kernelscout.agent.cli_errors import fail
         from kernelscout.agent.run_view import RunViewError, view_run
 
+        from kernelscout.agent.headless import HeadlessRun, is_headless_run
+
+        if is_headless_run(run_dir):  # a `kscout run` of many problems: its summary, read again from each ledger
+            from kernelscout.agent.cli_run import print_summary
+
+            summary = HeadlessRun.open(run_dir).summary()
+            if as_json:
+                print(summary.model_dump_json())
+            else:
+                print_summary(summary)
+                typer.echo(f"one problem in detail: kscout show {Path(run_dir) / 'problems' / 'NAME'}")
+            return
         try:
             view = view_run(run_dir, top=top)
             if report and view.kind is not None:
-                from pathlib import Path
-
                 from kernelscout.agent.report import write_report
 
                 view.report = str(write_report(run_dir, title=f"kernelscout: {Path(view.target or run_dir).name}"))

@@ -66,8 +66,8 @@ def open_run(path: str | Path) -> RunDir:
 
     p = Path(path)
     if is_headless_run(p):
-        raise RunViewError(f"{p} is a multi-problem run (kscout run): read {p / 'summary.md'}, or show one problem "
-                           f"with `kscout show {p / 'problems' / 'NAME'}`")
+        raise RunViewError(f"{p} is a multi-problem run (kscout run): `kscout show {p}` prints its summary; "
+                           f"one problem's search is in {p / 'problems' / 'NAME'}")
     if not (p / "run.db").is_file():
         where = "does not exist" if not p.exists() else "holds no run.db"
         raise RunViewError(f"{p} {where}: give the run directory that `kscout optimize` printed (default runs/<problem>-<time>)")

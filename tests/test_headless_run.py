@@ -173,6 +173,13 @@ def test_terminal_summary_is_a_table_with_fast_p_and_the_geomean(tmp_path):
     assert f"geomean speedup {summary['geomean_speedup']:.3f}x" in result.stdout
     assert "counts as 1.0" in result.stdout
 
+    # the morning after: `kscout show` on the whole run prints the same summary, read again from the ledgers
+    shown = CliRunner().invoke(app, ["show", str(tmp_path / "run")])
+    assert shown.exit_code == 0 and row in shown.stdout and f"geomean speedup {summary['geomean_speedup']:.3f}x" in shown.stdout
+    assert "kscout show " + str(tmp_path / "run" / "problems" / "NAME") in shown.stdout.replace("\n", "")
+    one = CliRunner().invoke(app, ["show", str(tmp_path / "run" / "problems" / "convolution_A100"), "--json"])
+    assert one.exit_code == 0 and json.loads(one.stdout)["best"]["speedup"] == pytest.approx(problem["best_speedup"])
+
 
 @needs_hub
 def test_a_crash_inside_one_search_fails_that_problem_only(tmp_path, monkeypatch):
