@@ -25,7 +25,7 @@ def _num(value: Optional[float], fmt: str = "{:.3f}") -> str:
 
 
 def _params(row: CandidateRow, width: int = 60) -> str:
-    text = ", ".join(f"{k}={v}" for k, v in row.params.items())
+    text = ", ".join(f"{k}={v}" for k, v in row.changed.items())
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
@@ -69,7 +69,7 @@ def render(view: RunView) -> None:
 
     if view.top:
         table = Table(title="fastest measured candidates (speedup over the reference; forecast over the parent)", title_justify="left")
-        for name, justify in (("id", "right"), ("parent", "right"), ("origin", "left"), ("params", "left"), ("speedup", "right"),
+        for name, justify in (("id", "right"), ("parent", "right"), ("origin", "left"), ("params changed from the parent", "left"), ("speedup", "right"),
                               ("forecast", "right"), ("P(faster)", "right"), ("state", "left")):
             table.add_column(name, justify=justify)  # type: ignore[arg-type]
         for r in view.top:
@@ -90,7 +90,7 @@ def _render_check(out, fc) -> None:
         out.print(f"forecasts: {fc.forecasts} for {fc.candidates_forecast} candidates; none informative and then measured, "
                   "so nothing to score yet")
         return
-    score = Table(title=f"forecasts against measurements ({fc.scored} measured candidates scored"
+    score = Table(title=f"forecasts against measurements ({fc.scored} measured candidate{'s' if fc.scored != 1 else ''} scored"
                         + (f", {fc.audits} of them audits" if fc.audits else "")
                         + (f", {fc.from_tools} from predict tool calls" if fc.from_tools else "") + ")", title_justify="left", show_header=False)
     score.add_row("Brier of P(faster)", _num(fc.brier_p_faster), "0.25 is a coin flip; lower is better")

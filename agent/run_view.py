@@ -30,6 +30,7 @@ class CandidateRow(BaseModel):
     parent: str = Field(description="'ref' for the problem's reference, else #id")
     origin: str
     params: dict[str, Any] = Field(default_factory=dict)
+    changed: dict[str, Any] = Field(default_factory=dict, description="params whose value differs from the parent's (all of them for a child of the reference)")
     state: str
     speedup: Optional[float] = Field(None, description="reported speedup over the reference: the median of its "
                                      "re-measurements where it has any, else its one measurement")
@@ -94,10 +95,12 @@ def _finished_event(run: RunDir) -> Optional[dict]:
 
 def _row(archive: Archive, rec: CandidateRecord, deciding: dict[int, dict]) -> CandidateRow:
     f = deciding.get(rec.id)
+    parent = archive.get(rec.parent_id).params if rec.parent_id not in (None, ROOT_ID) else {}
+    changed = {k: v for k, v in rec.params.items() if k not in parent or parent[k] != v}
     fc = f["forecast"] if f and f["forecast"].get("informative") else {}
     return CandidateRow(
         id=rec.id, parent="ref" if rec.parent_id in (None, ROOT_ID) else f"#{rec.parent_id}", origin=rec.origin,
-        params=rec.params, state=rec.state, speedup=archive.reported_speedup(rec), search_speedup=rec.speedup,
+        params=rec.params, changed=changed, state=rec.state, speedup=archive.reported_speedup(rec), search_speedup=rec.speedup,
         remeasured=[sp for _, sp in archive.confirmations(rec.id)], expected_speedup=fc.get("expected_speedup"),
         p_faster=fc.get("p_faster"), decision=(f or {}).get("reason") or "",
     )
