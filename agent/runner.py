@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -88,6 +88,12 @@ def _problem_file(problem: str) -> Path:
     if not path.exists():
         raise OptimizeError(f"{problem}: no such problem file (pass a KernelBench .py file or a folder with problem.py)")
     return path.resolve()
+
+
+def optimize(problem: Optional[str] = None, *, space: Optional[str] = None, budget: int = 10, **options: Any) -> OptimizeResult:
+    """`kscout optimize` from Python (`kernelscout.optimize`): a problem file or folder, or `space=` a recorded
+    space; the other options are start_search's keywords, named as the CLI names them (`run_dir`, `confirm`, ...)."""
+    return start_search(problem=problem, space=space, budget=budget, **options)
 
 
 def start_search(problem: Optional[str], space: Optional[str], budget: int, policy: str = "auto", surrogate: str = "auto",
