@@ -44,11 +44,24 @@ def render(view: RunView) -> None:
     out = Console()
     head = Table(show_header=False, box=None, pad_edge=False)
     head.add_row("run directory", escape(view.run_dir))
-    cap = view.budget.cap if view.budget.cap is not None else "uncapped"
+    spent = f"{view.budget.used} of {view.budget.cap}" if view.budget.cap is not None else f"{view.budget.used} (uncapped)"
     if view.kind is None:
-        head.add_row("search", "none: measurements made with `kscout measure` or the MCP server")
-        head.add_row("measurements", f"{view.budget.used} of {cap}")
+        head.add_row("search", "none: measurements made with `kscout measure`, the MCP server or the chat")
+        head.add_row("measurements", spent)
         out.print(head)
+        if view.measured_files:
+            from kernelscout.sandbox.problem import problem_name
+
+            table = Table(title="files measured here (the latest measurement of each)", title_justify="left")
+            for name in ("candidate", "problem", "device", "status", "speedup", "charged"):
+                table.add_column(name, justify="right" if name == "speedup" else "left")
+            for f in view.measured_files:
+                m = f.measurement
+                status = m.status.value if m.status.value != "ok" else ("ok" if f.usable else
+                                                                         "ok, incorrect" if not m.correct else "ok, timing invalid")
+                table.add_row(escape(f.candidate or "?"), escape(problem_name(f.problem) if f.problem else "?"), f.device or "-",
+                              status, _x(m.speedup) if f.usable else "-", "yes" if m.charged else "no")
+            out.print(table)
         if view.forecast_check and view.forecast_check.forecasts:
             _render_check(out, view.forecast_check)
         return
@@ -57,7 +70,7 @@ def render(view: RunView) -> None:
     head.add_row("status", view.status + (f" ({escape(view.stop_reason)})" if view.stop_reason else "")
                  + ("" if view.status == "finished" else f"; `kscout resume {escape(view.run_dir)}` goes on"))
     flight = f" ({view.budget.reserved} in flight)" if view.budget.reserved else ""
-    head.add_row("measurements", f"{view.budget.used} of {cap}{flight}, {view.considered} candidates considered "
+    head.add_row("measurements", f"{spent}{flight}, {view.considered} candidates considered "
                                  f"({view.considered_per_measurement:.1f} per measurement)")
     head.add_row("candidates", ", ".join(f"{n} {s}" for s, n in sorted(view.states.items())))
     head.add_row("best", escape(_best_line(view.best)) if view.best else "no verified candidate yet")

@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 from kernelscout.tools.archive import ROOT_ID, Archive, CandidateRecord
 from kernelscout.tools.budget import Budget
 from kernelscout.tools.forecast_check import ForecastCheck, check_forecasts
+from kernelscout.tools.measure import MeasuredFile, measured_files
 from kernelscout.tools.rundir import RunDir
 from kernelscout.tools.schema import BudgetStatus
 
@@ -59,6 +60,8 @@ class RunView(BaseModel):
     top: list[CandidateRow] = Field(default_factory=list, description="measured candidates, fastest first")
     forecast_check: Optional[ForecastCheck] = None
     report: Optional[str] = None
+    measured_files: list[MeasuredFile] = Field(default_factory=list, description="in a run without a search: each file "
+                                               "measured directly (kscout measure, MCP, chat) with its latest measurement")
 
 
 def open_run(path: str | Path) -> RunDir:
@@ -113,7 +116,8 @@ def view_run(path: str | Path, top: int = 10) -> RunView:
     status = Budget(run).status()
     spec_text = run.get_meta(SPEC_KEY)
     if not spec_text:  # measurements made directly; predict tool forecasts may sit beside them
-        return RunView(run_dir=str(run.path), status="no search", budget=status, forecast_check=check_forecasts(Archive(run)))
+        return RunView(run_dir=str(run.path), status="no search", budget=status, forecast_check=check_forecasts(Archive(run)),
+                       measured_files=measured_files(run))
     spec = SearchSpec.model_validate_json(spec_text)
     archive = Archive(run)
     deciding: dict[int, dict] = {}

@@ -130,3 +130,20 @@ def test_a_predict_tool_forecast_is_scored_only_by_a_measurement_taken_after_it(
     assert check.brier_p_faster == pytest.approx(0.49)  # 0.7 said faster; it measured 0.9x
     shown = CliRunner().invoke(app, ["show", str(tmp_path / "run")], env={"COLUMNS": "160"})
     assert shown.exit_code == 0 and "1 from predict tool calls" in shown.output and "0.490" in shown.output
+
+
+def test_show_lists_files_measured_directly_with_their_latest_result(tmp_path):
+    """A run directory of `kscout measure` (or the MCP server): no search, so the files and their results."""
+    from kernelscout.tools.measure import MeasurementRecord, ledgered
+
+    run = RunDir(tmp_path / "run")
+    for sha, speedup, correct in (("a", 1.7, True), ("b", None, False), ("a", 1.9, True)):  # a measured twice (--again)
+        rec = MeasurementRecord(key=f"p-{sha}", problem_sha="p", candidate_sha=sha, problem_path="examples/softmax/problem.py",
+                                candidate_path=f"{sha}.py", device="cpu")
+        ledgered(run, rec, lambda: Measurement(status="ok", correct=correct, timing_valid=correct, charged=True, speedup=speedup),
+                 again=True)
+    shown = CliRunner().invoke(app, ["show", str(tmp_path / "run"), "--json"])
+    files = json.loads(shown.output)["measured_files"]
+    assert [(f["candidate"], f["usable"], f["measurement"]["speedup"]) for f in files] == [("a.py", True, 1.9), ("b.py", False, None)]
+    text = CliRunner().invoke(app, ["show", str(tmp_path / "run")], env={"COLUMNS": "160"}).output
+    assert "1.900x" in text and "ok, incorrect" in text and "softmax" in text and "3 (uncapped)" in text

@@ -42,7 +42,7 @@ from kernelscout.sandbox.problem import InputFileError, load_candidate, load_pro
 from kernelscout.tools.archive import Archive, CandidateRecord
 from kernelscout.tools.budget import Budget
 from kernelscout.tools.forecast_check import ForecastCheck, check_forecasts
-from kernelscout.tools.measure import DEFAULT_RUN_DIR, MeasureRequest, open_run, resolve_device
+from kernelscout.tools.measure import DEFAULT_RUN_DIR, MeasureRequest, measured_files, open_run, resolve_device
 from kernelscout.tools.measure import measure as run_measure
 from kernelscout.tools.predict import Forecast, SurrogateCost
 from kernelscout.tools.rundir import RunDir
@@ -287,16 +287,11 @@ class KernelScoutMCP(MCPServer):
                 speedup=archive.reported_speedup(rec) if rec.state == "measured" else None,  # its re-measurement where it has one
                 record=rec, measurement=m,
             ))
-        latest: dict[str, tuple] = {}
-        for r in rows:  # a file measured directly: its latest measurement per (problem, candidate, device)
-            if r[3] not in search_shas:
-                latest[r[1]] = r
-        for r in latest.values():
-            m = Measurement.model_validate(json.loads(r[7]))
-            usable = m.status == MeasureStatus.ok and m.correct and m.timing_valid and m.speedup is not None
+        for f in measured_files(self.run, exclude_shas=search_shas):  # files measured directly: the latest of each
             entries.append(CandidateEntry(
-                origin="measure", path=r[5], problem=r[4], problem_sha=r[2], device=r[6],
-                state="measured" if usable else "failed", speedup=m.speedup if usable else None, measurement=m,
+                origin="measure", path=f.candidate, problem=f.problem, problem_sha=f.problem_sha, device=f.device,
+                state="measured" if f.usable else "failed", speedup=f.measurement.speedup if f.usable else None,
+                measurement=f.measurement,
             ))
         if want is not None:
             entries = [e for e in entries if e.problem_sha == want]

@@ -195,3 +195,35 @@ def list_measurements(run: RunDir) -> list[Measurement]:
     with run.connect() as db:
         rows = db.execute("SELECT result_json FROM measurements ORDER BY id").fetchall()
     return [Measurement.model_validate(json.loads(r[0])) for r in rows]
+
+
+class MeasuredFile(BaseModel):
+    """A file measured directly (`kscout measure`, the MCP server, the chat): its latest measurement."""
+
+    problem: Optional[str] = None
+    problem_sha: Optional[str] = None
+    candidate: Optional[str] = None
+    candidate_sha: Optional[str] = None
+    device: Optional[str] = None
+    usable: bool = Field(description="correct, with a valid timing and a speedup")
+    measurement: Measurement
+
+
+def measured_files(run: RunDir, exclude_shas: frozenset[str] | set[str] = frozenset()) -> list[MeasuredFile]:
+    """The latest measurement of each (problem, file, device) in the run, in the order the files were
+    first measured, leaving out the candidates in `exclude_shas` (a search's own, which its archive
+    describes better)."""
+    with run.connect() as db:
+        rows = db.execute("SELECT key, problem_sha, candidate_sha, problem_path, candidate_path, device, result_json"
+                          " FROM measurements ORDER BY id").fetchall()
+    latest: dict[str, tuple] = {}
+    for r in rows:
+        if r[2] not in exclude_shas:
+            latest[r[0]] = r
+    out = []
+    for key, psha, csha, ppath, cpath, device, result in latest.values():
+        m = Measurement.model_validate(json.loads(result))
+        usable = m.status == MeasureStatus.ok and m.correct and m.timing_valid and m.speedup is not None
+        out.append(MeasuredFile(problem=ppath, problem_sha=psha, candidate=cpath, candidate_sha=csha, device=device,
+                                usable=usable, measurement=m))
+    return out
