@@ -52,6 +52,13 @@ class ModelNew(nn.Module):
 '''
 
 
+@pytest.fixture(autouse=True)
+def _no_user_config(tmp_path_factory, monkeypatch):
+    """The tester's own ~/.config/kscout (an [llm] provider, a [search] budget) must not change what a test
+    sees; a test that wants a config file sets XDG_CONFIG_HOME itself."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.getbasetemp() / "no-user-config"))
+
+
 @pytest.fixture(scope="session")
 def pool():
     with WorkerPool() as p:

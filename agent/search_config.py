@@ -1,0 +1,113 @@
+"""Project and user defaults for searches, from the `[search]` section of the same files as `[llm]`.
+
+A lab sets its device, surrogate, policy and budget once per project (`./kscout.toml`) or per user
+(`~/.config/kscout/config.toml`) instead of on every command. Precedence, setting by setting: flags >
+`./kscout.toml` > the user's file > built-in defaults. A resumed search keeps the settings it was
+started with; the files only shape new searches.
+
+    [search]
+    device = "cuda:1"
+    surrogate = "learned"
+    policy = "tuner"
+    budget = 40
+    confirm = 2
+    workers = 2
+
+Unknown keys and bad values are errors that name the file, as in `[llm]`: a typo must not be ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kernelscout.agent.llm_config import default_config_files, tomllib
+
+
+class SearchConfigError(ValueError):
+    """A `[search]` section that cannot be used; the message names the file and the setting."""
+
+
+class SearchDefaults(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    device: Optional[str] = Field(None, description="auto, cpu, cuda or cuda:N")
+    policy: Optional[Literal["auto", "tuner", "llm"]] = None
+    surrogate: Optional[str] = Field(None, description="auto, llm, or a registered surrogate (learned, plain-rf, none)")
+    budget: Optional[int] = Field(None, ge=1)
+    confirm: Optional[int] = Field(None, ge=0)
+    workers: Optional[int] = Field(None, ge=1)
+    proposals: Optional[int] = Field(None, ge=1)
+    patience: Optional[int] = Field(None, ge=0)
+    sources: dict[str, str] = Field(default_factory=dict, exclude=True, description="setting -> the file it came from")
+
+    def pick(self, name: str, flag: Any, default: Any) -> Any:
+        """The flag if given, else this file's setting, else the built-in default."""
+        if flag is not None:
+            return flag
+        value = getattr(self, name)
+        return default if value is None else value
+
+    def note(self) -> str:
+        """Which settings the files supplied, for the user to see before a search starts."""
+        if not self.sources:
+            return ""
+        by_file: dict[str, list[str]] = {}
+        for name, path in self.sources.items():
+            by_file.setdefault(path, []).append(f"{name}={getattr(self, name)}")
+        return "; ".join(f"from {path}: {', '.join(items)}" for path, items in by_file.items())
+
+
+def _section(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise SearchConfigError(f"cannot read {path}: {exc}") from exc
+    section = data.get("search", {})
+    if not isinstance(section, dict):
+        raise SearchConfigError(f"{path}: [search] must be a table of settings")
+    try:
+        SearchDefaults.model_validate(section)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise SearchConfigError(f"invalid [search] section in {path}: {problems}") from None
+    return section
+
+
+def search_defaults(cwd: Optional[Path] = None, env: Optional[Mapping[str, str]] = None) -> SearchDefaults:
+    """The `[search]` settings of the project file over those of the user's file."""
+    merged: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for path in reversed(default_config_files(cwd, env)):  # the user's first, so the project's override it
+        for name, value in _section(path).items():
+            merged[name] = value
+            sources[name] = str(path)
+    defaults = SearchDefaults.model_validate(merged)
+    if defaults.surrogate is not None:
+        from kernelscout.tools.surrogates.registry import surrogate_names
+
+        known = ["auto", "llm", *surrogate_names()]
+        if defaults.surrogate not in known:
+            raise SearchConfigError(f"surrogate {defaults.surrogate!r} in {sources['surrogate']} is not one of {', '.join(known)}")
+    defaults.sources = sources
+    return defaults
+
+
+HELP_DEFAULT = "\\[default: {}, or \\[search] {} in kscout.toml]"
+"""Help text's default for an option the files can set: HELP_DEFAULT.format(built_in, setting) (brackets escaped for rich)."""
+
+
+def search_config(as_json: bool) -> SearchDefaults:
+    """For a command: the defaults, or a failed command (exit 2, JSON under --json) naming the bad file."""
+    from kernelscout.agent.cli_errors import fail
+
+    try:
+        return search_defaults()
+    except SearchConfigError as exc:
+        fail(str(exc), as_json)
+        raise  # not reached: fail() exits

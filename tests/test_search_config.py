@@ -1,0 +1,67 @@
+"""`[search]` in kscout.toml: a project's or a user's defaults for searches, under the flags."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from kernelscout.agent.cli import app
+from kernelscout.agent.search_config import SearchConfigError, search_defaults
+from kernelscout.sandbox.replay import recorded_spaces_dir
+
+SPACE = recorded_spaces_dir() / "pnpoly_RTX_3090.json.gz"
+needs_hub = pytest.mark.skipif(not SPACE.exists(), reason="recorded spaces (shared/data/benchmark_hub) not found")
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    """A project folder as the working directory, with an empty user config home."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "home"))
+    (tmp_path / "proj").mkdir()
+    monkeypatch.chdir(tmp_path / "proj")
+    return tmp_path
+
+
+def test_the_project_file_overrides_the_users_setting_by_setting(project):
+    (project / "home" / "kscout").mkdir(parents=True)
+    (project / "home" / "kscout" / "config.toml").write_text('[search]\nbudget = 7\ndevice = "cpu"\n')
+    (project / "proj" / "kscout.toml").write_text('[llm]\nprovider = "anthropic"\n\n[search]\nbudget = 5\nconfirm = 2\n')
+    d = search_defaults()
+    assert (d.budget, d.device, d.confirm, d.surrogate) == (5, "cpu", 2, None)
+    assert d.sources["budget"].endswith("proj/kscout.toml") and d.sources["device"].endswith("config.toml")
+    assert d.pick("budget", None, 10) == 5 and d.pick("budget", 3, 10) == 3 and d.pick("workers", None, 1) == 1
+
+
+@pytest.mark.parametrize("text, phrase", [
+    ('[search]\nbugdet = 5\n', "bugdet"),
+    ('[search]\nbudget = 0\n', "budget"),
+    ('[search]\npolicy = "genetic"\n', "policy"),
+    ('[search]\nsurrogate = "xgb"\n', "'xgb'"),
+    ('[search\nbudget = 5\n', "cannot read"),
+])
+def test_a_bad_setting_is_an_error_that_names_the_file(project, text, phrase):
+    (project / "proj" / "kscout.toml").write_text(text)
+    with pytest.raises(SearchConfigError, match="kscout.toml") as err:
+        search_defaults()
+    assert phrase in str(err.value)
+
+
+@needs_hub
+def test_optimize_takes_its_defaults_from_the_project_file_and_flags_win(project):
+    (project / "proj" / "kscout.toml").write_text('[search]\nbudget = 4\nsurrogate = "none"\n')
+    from_file = CliRunner().invoke(app, ["optimize", "--space", str(SPACE), "--run-dir", "a", "--json"])
+    result = json.loads(from_file.stdout.strip().splitlines()[-1])
+    assert (result["measurements_used"], result["surrogate"]) == (4, "none")
+    flagged = CliRunner().invoke(app, ["optimize", "--space", str(SPACE), "--run-dir", "b", "--budget", "2", "--json"])
+    result = json.loads(flagged.stdout.strip().splitlines()[-1])
+    assert (result["measurements_used"], result["surrogate"]) == (2, "none")
+    shown = CliRunner().invoke(app, ["optimize", "--space", str(SPACE), "--run-dir", "c", "--budget", "2"])
+    assert "from " in shown.stderr and "surrogate=none" in shown.stderr  # says where the defaults came from
+
+
+def test_a_command_with_a_bad_file_fails_before_anything_is_made(project):
+    (project / "proj" / "kscout.toml").write_text('[search]\ndevise = "cpu"\n')
+    failed = CliRunner().invoke(app, ["optimize", "anything.py", "--run-dir", "r", "--json"])
+    assert failed.exit_code == 2
+    assert "devise" in json.loads(failed.stdout)["message"]
+    assert not (project / "proj" / "r").exists()
