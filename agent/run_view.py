@@ -120,8 +120,9 @@ def view_run(path: str | Path, top: int = 10) -> RunView:
                        measured_files=measured_files(run))
     spec = SearchSpec.model_validate_json(spec_text)
     archive = Archive(run)
+    forecasts = archive.forecasts()
     deciding: dict[int, dict] = {}
-    for f in archive.forecasts():  # in order: a measured candidate keeps the forecast it was measured on
+    for f in forecasts:  # in order: a measured candidate keeps the forecast it was measured on
         if f["decision"] == "measure" or f["candidate_id"] not in deciding or deciding[f["candidate_id"]]["decision"] != "measure":
             deciding[f["candidate_id"]] = f
     candidates = archive.all()
@@ -131,7 +132,7 @@ def view_run(path: str | Path, top: int = 10) -> RunView:
     finished = _finished_event(run)
     best_file = next((str(run.path / n) for n in ("best.py", "best.json") if (run.path / n).is_file()), None)
     used = status.used
-    considered = len({f["candidate_id"] for f in archive.forecasts()})
+    considered = len({f["candidate_id"] for f in forecasts})
     return RunView(
         run_dir=str(run.path), kind=spec.kind, target=spec.path, device=spec.device, policy=spec.policy, surrogate=spec.surrogate,
         status="finished" if finished else "unfinished", stop_reason=(finished or {}).get("stop_reason"), budget=status,
