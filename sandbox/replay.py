@@ -20,6 +20,7 @@ Decisions, so that callers can rely on them:
 
 from __future__ import annotations
 
+import hashlib
 import gzip
 import json
 import math
@@ -102,6 +103,24 @@ class ReplaySpace:
     objective: str = "time"  # the header's; kernelscout minimises the recorded time whatever it says
     undeclared: tuple[str, ...] = ()  # "name=value" of record values missing from the header's tune_params
     _index: dict[tuple[str, ...], int] = field(default_factory=dict, repr=False, compare=False)
+    _memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def content_sha(self) -> str:
+        """sha256 of what the replay reads: parameters, configurations, times, repeats and failures.
+
+        Measurement keys, and so the noise each replayed measurement draws, hang on it rather than on
+        the file's path: the same space replays the same way wherever it lies, under whatever name or
+        compression, so a benchmark reruns to the same table on another machine."""
+        if "sha" not in self._memo:
+            h = hashlib.sha256()
+            h.update(json.dumps([list(self.param_names), [[_value_text(v) for v in c] for c in self.configs]]).encode())
+            h.update(np.ascontiguousarray(self.times, dtype=float).tobytes())
+            for r in self.repeats:
+                h.update(np.ascontiguousarray(r, dtype=float).tobytes() + b"|")
+            h.update(json.dumps(sorted((i, s.value) for i, s in self.failures.items())).encode())
+            self._memo["sha"] = h.hexdigest()
+        return self._memo["sha"]
 
     @property
     def notes(self) -> list[str]:

@@ -141,3 +141,27 @@ def test_real_cache_matches_its_readme() -> None:
     assert statuses.count(MeasureStatus.runtime_error) == 155
     assert statuses.count(MeasureStatus.compile_error) == 6
     assert space.device_label == "NVIDIA A100-PCIE-40GB"
+
+
+def test_a_search_replays_the_same_wherever_the_space_file_lies(tmp_path: Path) -> None:
+    """Keys and noise hang on the space's content, not its path: a benchmark reruns to the same table
+    on another machine, where the recorded spaces sit in another folder."""
+    import shutil
+    import sqlite3
+
+    from kernelscout.agent.runner import start_search
+    from kernelscout.sandbox.replay import recorded_spaces_dir
+
+    src = recorded_spaces_dir() / "pnpoly_RTX_3090.json.gz"
+    if not src.exists():
+        pytest.skip("recorded spaces (shared/data/benchmark_hub) not found")
+    (tmp_path / "elsewhere").mkdir()
+    moved = shutil.copy(src, tmp_path / "elsewhere" / "renamed.json.gz")
+
+    def measured(space: str, run: str) -> list[tuple]:
+        start_search(None, space, budget=10, seed=4, run_dir=str(tmp_path / run), quiet=True, report=False)
+        db = sqlite3.connect(tmp_path / run / "run.db")
+        return db.execute("SELECT candidate_path, speedup, key FROM measurements ORDER BY id").fetchall()
+
+    here, there = measured(str(src), "a"), measured(str(moved), "b")
+    assert len(here) == 10 and here == there

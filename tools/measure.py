@@ -172,7 +172,7 @@ def measure_replay(space: "ReplaySpace", config: dict, run: RunDir, reference: O
         return device.measure(config, rng or np.random.default_rng())
     config_text = json.dumps({k: config[k] for k in space.param_names}, default=str)
     sha = hashlib.sha256(config_text.encode()).hexdigest()
-    space_sha = hashlib.sha256(str(space.path.resolve()).encode()).hexdigest()
+    space_sha = space.content_sha  # not its path: the same space replays the same way wherever it lies
     ref_text = json.dumps(reference, sort_keys=True, default=str) if reference else ""
     key = measurement_key(space_sha, sha + ref_text, device.device, repeat)
     seed = int(key[:8], 16)  # replaying the same key after a crash draws the same repeats
