@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
+from _replay_runs import over_spaces_and_seeds
 from kernelscout.sandbox.replay import recorded_spaces_dir
 
 HUB = recorded_spaces_dir()
@@ -58,10 +57,7 @@ def main() -> None:
     if not paths:
         raise SystemExit(f"no recorded spaces found in {HUB}")
     t0 = time.time()
-    with tempfile.TemporaryDirectory() as tmp:
-        jobs = [(str(p), args.budget, s, f"{tmp}/{p.name}-{s}") for p in paths for s in range(args.seeds)]
-        with mp.get_context("spawn").Pool(args.workers) as pool:
-            runs = pool.map(one, jobs)
+    runs = over_spaces_and_seeds(one, paths, args.budget, args.seeds, args.workers)
     if args.out:
         Path(args.out).write_text(json.dumps(runs, indent=1))
     print(f"budget {args.budget}, seeds 0-{args.seeds - 1}, {len(runs)} runs in {(time.time() - t0) / 60:.1f} min\n")

@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
-import tempfile
 import time
 from pathlib import Path
 from statistics import mean
 
+from _replay_runs import over_spaces_and_seeds
 from kernelscout.sandbox.replay import recorded_spaces_dir
 
 HUB = recorded_spaces_dir()
@@ -64,10 +63,7 @@ def main() -> None:
     if not paths:
         raise SystemExit(f"no recorded spaces found in {HUB} (set KSCOUT_BENCHMARK_HUB)")
     t0 = time.monotonic()
-    with tempfile.TemporaryDirectory() as tmp:
-        jobs = [(str(p), a.budget, s, f"{tmp}/{p.name}-{s}") for p in paths for s in range(a.seeds)]
-        with mp.get_context("spawn").Pool(a.processes) as pool:
-            rows = pool.map(one, jobs)
+    rows = over_spaces_and_seeds(one, paths, a.budget, a.seeds, a.processes)
     lines = [f"Budget {a.budget}, seeds 0-{a.seeds - 1}, confirm 1; {time.monotonic() - t0:.0f} s wall.", "",
              "| space | runs re-measured | nothing beat the reference | beat it with the last measurement | chosen vs recorded "
              "| re-measured vs recorded | chosen above recorded |",
