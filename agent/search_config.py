@@ -27,6 +27,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from kernelscout.agent.llm_config import default_config_files, tomllib
 
 
+SEARCH_SURROGATES = ("auto", "learned", "llm", "none")  # what `kscout optimize` and `kscout run` accept
+
+
 class SearchConfigError(ValueError):
     """A `[search]` section that cannot be used; the message names the file and the setting."""
 
@@ -36,7 +39,7 @@ class SearchDefaults(BaseModel):
 
     device: Optional[str] = Field(None, description="auto, cpu, cuda or cuda:N")
     policy: Optional[Literal["auto", "tuner", "llm"]] = None
-    surrogate: Optional[str] = Field(None, description="auto, llm, or a registered surrogate (learned, plain-rf, none)")
+    surrogate: Optional[str] = Field(None, description="auto, learned, llm or none")
     budget: Optional[int] = Field(None, ge=1)
     confirm: Optional[int] = Field(None, ge=0)
     workers: Optional[int] = Field(None, ge=1)
@@ -88,12 +91,9 @@ def search_defaults(cwd: Optional[Path] = None, env: Optional[Mapping[str, str]]
             merged[name] = value
             sources[name] = str(path)
     defaults = SearchDefaults.model_validate(merged)
-    if defaults.surrogate is not None:
-        from kernelscout.tools.surrogates.registry import surrogate_names
-
-        known = ["auto", "llm", *surrogate_names()]
-        if defaults.surrogate not in known:
-            raise SearchConfigError(f"surrogate {defaults.surrogate!r} in {sources['surrogate']} is not one of {', '.join(known)}")
+    if defaults.surrogate is not None and defaults.surrogate not in SEARCH_SURROGATES:
+        raise SearchConfigError(f"surrogate {defaults.surrogate!r} in {sources['surrogate']} is not one of "
+                                f"{', '.join(SEARCH_SURROGATES)}")
     defaults.sources = sources
     return defaults
 
