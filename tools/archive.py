@@ -17,7 +17,7 @@ from typing import Any, Optional
 from pydantic import BaseModel, Field
 
 from kernelscout.tools.rundir import RunDir
-from kernelscout.tools.schema import Measurement, MeasureStatus
+from kernelscout.tools.schema import Measurement
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS candidates (
@@ -159,7 +159,7 @@ class Archive:
                 db.execute("UPDATE candidates SET state = 'skipped' WHERE id = ? AND state = 'proposed'", (candidate_id,))
 
     def record_measurement(self, candidate_id: int, m: Measurement, suspect: bool = False) -> None:
-        usable = m.status == MeasureStatus.ok and m.correct and m.timing_valid and m.speedup is not None
+        usable = m.usable
         state = "suspect" if (usable and suspect) else "measured" if usable else "failed"
         with self.run.transaction(durable=False) as db:
             db.execute(
@@ -200,7 +200,7 @@ class Archive:
             for psha, csha, device, parent_speedup, label, fc, created in rows:
                 later = db.execute("SELECT result_json FROM measurements WHERE problem_sha = ? AND candidate_sha = ? AND device = ?"
                                    " AND status = 'ok' AND created >= ? ORDER BY id", (psha, csha, device, created)).fetchall()
-                usable = [m for m in (Measurement.model_validate_json(r[0]) for r in later) if m.correct and m.timing_valid and m.speedup]
+                usable = [m for m in (Measurement.model_validate_json(r[0]) for r in later) if m.usable]
                 out.append({"label": label, "forecast": json.loads(fc), "parent_speedup": parent_speedup,
                             "measured_speedup": usable[0].speedup if usable else None})
         return out

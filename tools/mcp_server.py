@@ -318,7 +318,7 @@ class KernelScoutMCP(MCPServer):
                 args += (candidate_sha,)
             rows = db.execute(sql + " ORDER BY id", args).fetchall()
         out = [Measurement.model_validate(json.loads(r[0])) for r in rows]
-        return [m for m in out if m.correct and m.timing_valid and m.speedup is not None]
+        return [m for m in out if m.usable]
 
     # -- predict --------------------------------------------------------------------------------------------
 

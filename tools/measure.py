@@ -223,7 +223,6 @@ def measured_files(run: RunDir, exclude_shas: frozenset[str] | set[str] = frozen
     out = []
     for key, psha, csha, ppath, cpath, device, result in latest.values():
         m = Measurement.model_validate(json.loads(result))
-        usable = m.status == MeasureStatus.ok and m.correct and m.timing_valid and m.speedup is not None
         out.append(MeasuredFile(problem=ppath, problem_sha=psha, candidate=cpath, candidate_sha=csha, device=device,
-                                usable=usable, measurement=m))
+                                usable=m.usable, measurement=m))
     return out

@@ -53,6 +53,11 @@ class Measurement(BaseModel):
     candidate_sha: Optional[str] = None
     wall_s: Optional[float] = Field(None, description="supervisor-side wall time of the whole measurement")
 
+    @property
+    def usable(self) -> bool:
+        """A speedup that may be reported: it ran, was correct and its timing is valid."""
+        return self.status == MeasureStatus.ok and self.correct and self.timing_valid and self.speedup is not None
+
 
 class BudgetStatus(BaseModel):
     """The measurement ledger of a run directory."""
