@@ -13,8 +13,7 @@ from rich.table import Table
 
 from kernelscout import __version__
 from kernelscout.agent.cli_errors import fail
-from kernelscout.agent.search_config import HELP_DEFAULT as _CFG
-from kernelscout.agent.search_config import search_config
+from kernelscout.agent.search_config import help_default, search_config
 
 app = typer.Typer(
     name="kscout",
@@ -44,7 +43,7 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 def measure(
     problem: str = typer.Argument(..., help="KernelBench problem file (class Model, get_inputs, get_init_inputs)"),
     candidate: str = typer.Argument(..., help="candidate module defining class ModelNew"),
-    device: Optional[str] = typer.Option(None, help=f"auto, cpu, cuda or cuda:N {_CFG.format('auto', 'device')}"),
+    device: Optional[str] = typer.Option(None, help=f"auto, cpu, cuda or cuda:N {help_default('device')}"),
     run_dir: Optional[str] = typer.Option(None, "--run-dir", help="run directory holding the budget ledger \\[default: runs/scratch]"),
     budget: Optional[int] = typer.Option(None, help="measurement cap for the run directory"),
     again: bool = typer.Option(False, "--again", help="measure even if this exact candidate was already measured in the run"),
@@ -58,7 +57,7 @@ def measure(
     from kernelscout.sandbox.harness import HarnessConfig
     from kernelscout.tools.measure import MeasureRequest, measure as run_measure
 
-    device = search_config(as_json).pick("device", device, "auto")
+    device = search_config(as_json).pick("device", device)
     request = MeasureRequest(
         problem=problem, candidate=candidate, device=device, run_dir=run_dir, budget=budget, again=again,
         harness=HarnessConfig(timeout_s=timeout, compile_timeout_s=compile_timeout, timing_budget_s=timing_budget),
@@ -118,14 +117,14 @@ def budget(
 def optimize(
     problem: Optional[str] = typer.Argument(None, help="KernelBench problem file, or a folder holding problem.py"),
     space: Optional[str] = typer.Option(None, "--space", help="search a recorded Kernel Tuner space on the replay device instead"),
-    budget: Optional[int] = typer.Option(None, help=f"hard cap on measurements {_CFG.format(10, 'budget')}"),
-    policy: Optional[str] = typer.Option(None, help=f"auto, tuner or llm {_CFG.format('auto', 'policy')}"),
-    surrogate: Optional[str] = typer.Option(None, help=f"auto, learned, llm or none {_CFG.format('auto', 'surrogate')}"),
-    device: Optional[str] = typer.Option(None, help=f"auto, cpu, cuda or cuda:N {_CFG.format('auto', 'device')}"),
+    budget: Optional[int] = typer.Option(None, help=f"hard cap on measurements {help_default('budget')}"),
+    policy: Optional[str] = typer.Option(None, help=f"auto, tuner or llm {help_default('policy')}"),
+    surrogate: Optional[str] = typer.Option(None, help=f"auto, learned, llm or none {help_default('surrogate')}"),
+    device: Optional[str] = typer.Option(None, help=f"auto, cpu, cuda or cuda:N {help_default('device')}"),
     run_dir: Optional[str] = typer.Option(None, "--run-dir", help="run directory \\[default: runs/<name>-<time>]"),
     seed: int = typer.Option(0, help="seed of the search policy"),
-    proposals: Optional[int] = typer.Option(None, help=f"candidates proposed per iteration {_CFG.format(6, 'proposals')}"),
-    patience: Optional[int] = typer.Option(None, help=f"stop after this many measurements without a new best (0: never) {_CFG.format(0, 'patience')}"),
+    proposals: Optional[int] = typer.Option(None, help=f"candidates proposed per iteration {help_default('proposals')}"),
+    patience: Optional[int] = typer.Option(None, help=f"stop after this many measurements without a new best (0: never) {help_default('patience')}"),
     max_wall: Optional[float] = typer.Option(None, "--max-wall", help="stop after this many seconds"),
     max_device_s: Optional[float] = typer.Option(None, "--max-device-seconds", help="stop after this much measurement time on the device"),
     max_usd: Optional[float] = typer.Option(None, "--max-usd", help="stop when LLM calls have cost this much"),
@@ -141,12 +140,10 @@ def optimize(
     """Search for a faster verified kernel within a hard measurement budget."""
     from kernelscout.agent.runner import OptimizeError, SearchInterrupted, start_search
 
-    cfg = search_config(as_json)
-    budget, policy, surrogate = cfg.pick("budget", budget, 10), cfg.pick("policy", policy, "auto"), cfg.pick("surrogate", surrogate, "auto")
-    device, proposals, patience = cfg.pick("device", device, "auto"), cfg.pick("proposals", proposals, 6), cfg.pick("patience", patience, 0)
-    confirm, workers = cfg.pick("confirm", confirm, None), cfg.pick("workers", workers, None)
-    if cfg.sources and not as_json:
-        err.print(f"[dim]defaults {escape(cfg.note())}[/dim]", soft_wrap=True, highlight=False)
+    cfg = search_config(as_json, announce=True)
+    budget, policy, surrogate = cfg.pick("budget", budget), cfg.pick("policy", policy), cfg.pick("surrogate", surrogate)
+    device, proposals, patience = cfg.pick("device", device), cfg.pick("proposals", proposals), cfg.pick("patience", patience)
+    confirm, workers = cfg.pick("confirm", confirm), cfg.pick("workers", workers)
     try:
         result = start_search(problem=problem, space=space, budget=budget, policy=policy, surrogate=surrogate, device=device,
                               run_dir=run_dir, seed=seed, proposals=proposals, patience=patience, max_wall=max_wall,

@@ -15,13 +15,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import typer
-
-from kernelscout.agent.search_config import HELP_DEFAULT, search_config
 from rich.console import Console
 from rich.markdown import Markdown
 from rich.syntax import Syntax
 from rich.table import Table
 
+from kernelscout.agent.search_config import help_default, search_config
 from kernelscout.sandbox.problem import problem_name
 from kernelscout.tools.budget import Budget
 from kernelscout.tools.rundir import RunDir
@@ -479,7 +478,7 @@ def register(app: typer.Typer) -> None:
                                                           "(omit to continue the chat in --run-dir)"),
         run_dir: Optional[str] = typer.Option(None, "--run-dir", help="run directory of the session (default runs/chat-<problem name>); "
                                                                       "the same one continues the conversation"),
-        device: Optional[str] = typer.Option(None, help=f"auto, cpu, cuda or cuda:N {HELP_DEFAULT.format('auto', 'device')}"),
+        device: Optional[str] = typer.Option(None, help=f"auto, cpu, cuda or cuda:N {help_default('device')}"),
         budget: Optional[int] = typer.Option(None, help=f"measurement cap (default: the run directory's own, or {DEFAULT_CHAT_BUDGET} more than it has used)"),
         confirm: bool = typer.Option(True, "--confirm/--no-confirm", help="ask before each measurement the agent wants to spend"),
         provider: Optional[str] = typer.Option(None, help="anthropic, openai or openai-compatible (see docs/llm.md)"),
@@ -503,7 +502,7 @@ def register(app: typer.Typer) -> None:
             console.print(f"[red]error:[/red] {_escape(str(exc))}")
             raise typer.Exit(2) from None
         has_flags = any(v is not None for v in (provider, model, base_url, max_usd, max_tokens))
-        device = search_config(False).pick("device", device, "auto")
+        device = search_config(False).pick("device", device)
         try:
             session = open_chat(problem, run_dir, device=device, budget=budget, settings=ChatSettings(confirm=confirm),
                                 harness=HarnessConfig(timeout_s=timeout, timing_budget_s=timing_budget),

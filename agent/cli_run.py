@@ -12,12 +12,10 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from kernelscout.agent.cli_errors import fail
-from kernelscout.agent.search_config import HELP_DEFAULT as _CFG
-from kernelscout.agent.search_config import search_config
+from kernelscout.agent.search_config import help_default, search_config
 
 err = Console(stderr=True)
 out = Console()
@@ -93,14 +91,14 @@ def register(app: typer.Typer) -> None:
     def run(
         problems: list[str] = typer.Argument(..., help="problem files or folders: a folder with problem.py is one problem, "
                                                       "a folder of such folders (or of KernelBench .py files, or of recorded spaces .json.gz) is many"),
-        budget: Optional[int] = typer.Option(None, help=f"measurement budget of each problem {_CFG.format(10, 'budget')}"),
+        budget: Optional[int] = typer.Option(None, help=f"measurement budget of each problem {help_default('budget')}"),
         run_dir: Optional[str] = typer.Option(None, "--run-dir", help="top run directory \\[default: runs/run-<time>]"),
-        policy: Optional[str] = typer.Option(None, help=f"auto, tuner or llm (auto uses the tuner for recorded spaces) {_CFG.format('auto', 'policy')}"),
-        surrogate: Optional[str] = typer.Option(None, help=f"auto, learned, llm or none {_CFG.format('auto', 'surrogate')}"),
-        device: Optional[str] = typer.Option(None, help=f"auto, cpu, cuda or cuda:N {_CFG.format('auto', 'device')}"),
+        policy: Optional[str] = typer.Option(None, help=f"auto, tuner or llm (auto uses the tuner for recorded spaces) {help_default('policy')}"),
+        surrogate: Optional[str] = typer.Option(None, help=f"auto, learned, llm or none {help_default('surrogate')}"),
+        device: Optional[str] = typer.Option(None, help=f"auto, cpu, cuda or cuda:N {help_default('device')}"),
         seed: int = typer.Option(0, help="seed of the search policy"),
-        proposals: Optional[int] = typer.Option(None, help=f"candidates proposed per iteration {_CFG.format(6, 'proposals')}"),
-        patience: Optional[int] = typer.Option(None, help=f"stop a problem after this many measurements without a new best (0: never) {_CFG.format(0, 'patience')}"),
+        proposals: Optional[int] = typer.Option(None, help=f"candidates proposed per iteration {help_default('proposals')}"),
+        patience: Optional[int] = typer.Option(None, help=f"stop a problem after this many measurements without a new best (0: never) {help_default('patience')}"),
         confirm: Optional[int] = typer.Option(None, "--confirm", help="measurements kept to re-measure each problem's best "
                                               "(default: 1 for a problem with a budget of 5 or more, else 0)"),
         problem_wall: Optional[float] = typer.Option(None, "--problem-wall", help="stop each problem's search after this many seconds"),
@@ -117,12 +115,10 @@ def register(app: typer.Typer) -> None:
 
         from kernelscout.agent.headless import HeadlessError, HeadlessRun, RunCaps, RunManifest, attach_start, discover
 
-        cfg = search_config(as_json)
-        budget, policy, surrogate = cfg.pick("budget", budget, 10), cfg.pick("policy", policy, "auto"), cfg.pick("surrogate", surrogate, "auto")
-        device, proposals, patience = cfg.pick("device", device, "auto"), cfg.pick("proposals", proposals, 6), cfg.pick("patience", patience, 0)
-        confirm = cfg.pick("confirm", confirm, None)
-        if cfg.sources and not as_json:
-            err.print(f"[dim]defaults {escape(cfg.note())}[/dim]", soft_wrap=True, highlight=False)
+        cfg = search_config(as_json, announce=True)
+        budget, policy, surrogate = cfg.pick("budget", budget), cfg.pick("policy", policy), cfg.pick("surrogate", surrogate)
+        device, proposals, patience = cfg.pick("device", device), cfg.pick("proposals", proposals), cfg.pick("patience", patience)
+        confirm = cfg.pick("confirm", confirm)
         if policy not in ("auto", "tuner", "llm") or surrogate not in ("auto", "learned", "llm", "none"):
             fail("--policy takes auto, tuner or llm; --surrogate takes auto, learned, llm or none", as_json)
         try:

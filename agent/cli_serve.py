@@ -14,7 +14,7 @@ from typing import Optional
 
 import typer
 
-from kernelscout.agent.search_config import HELP_DEFAULT, search_config
+from kernelscout.agent.search_config import help_default, search_config
 
 TOKEN_ENV = "KSCOUT_MCP_TOKEN"  # same as kernelscout.tools.mcp_server.TOKEN_ENV, without importing the SDK for --help
 
@@ -29,7 +29,7 @@ def register(app: typer.Typer) -> None:
             None, help="measurement cap to set on the run directory (default: keep its cap; an uncapped one gets 20 more than it has used)"
         ),
         device: Optional[str] = typer.Option(None, help="auto, cpu, cuda or cuda:N (tools may pick another device on the same machine) "
-                                             + HELP_DEFAULT.format("auto", "device")),
+                                             + help_default("device")),
         http: bool = typer.Option(False, "--http", help="serve streamable HTTP instead of stdio"),
         host: str = typer.Option("127.0.0.1", help="HTTP: interface to listen on; anything but loopback needs --allow-remote and a token"),
         port: int = typer.Option(8000, help="HTTP: port"),
@@ -43,7 +43,7 @@ def register(app: typer.Typer) -> None:
         log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING or ERROR (logs go to stderr)"),
     ) -> None:
         """Serve measure, predict, budget_status, sol_bounds, list_candidates, best_candidate and forecast_check over MCP (stdio by default)."""
-        device = search_config(False).pick("device", device, "auto")
+        device = search_config(False).pick("device", device)
         run(run_dir=run_dir, budget=budget, device=device, http=http, host=host, port=port, path=path, allow_remote=allow_remote,
             token=token, timeout=timeout, timing_budget=timing_budget, log_level=log_level)
 

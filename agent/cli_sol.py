@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from kernelscout.agent.search_config import HELP_DEFAULT, search_config
+from kernelscout.agent.search_config import help_default, search_config
 
 if TYPE_CHECKING:
     from kernelscout.tools.sol import SolBounds
@@ -55,7 +55,7 @@ def register(app: typer.Typer) -> None:
         problem: str = typer.Argument(..., help="KernelBench problem file (class Model, get_inputs, get_init_inputs)"),
         device: Optional[str] = typer.Option(
             None, help="auto, cpu, cuda[:N], or a GPU name: as torch reports it or short (H100, A100, A4000, MI250X, RTX_3090) "
-            + HELP_DEFAULT.format("auto", "device")
+            + help_default("device")
         ),
         tf32: bool = typer.Option(False, "--tf32", help="allow TF32 for fp32 matmuls (the harness pins it off)"),
         timeout: float = typer.Option(180.0, help="seconds allowed for counting the problem's FLOPs"),
@@ -66,7 +66,7 @@ def register(app: typer.Typer) -> None:
         from kernelscout.tools.device_specs import UnknownDeviceError
         from kernelscout.tools.sol import SolRequest, sol_bounds
 
-        device = search_config(as_json).pick("device", device, "auto")
+        device = search_config(as_json).pick("device", device)
         try:
             bounds = sol_bounds(SolRequest(problem=problem, device=device, tf32=tf32, timeout_s=timeout))
         except (InputFileError, UnknownDeviceError) as exc:

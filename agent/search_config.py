@@ -28,6 +28,9 @@ from kernelscout.agent.llm_config import default_config_files, tomllib
 
 
 SEARCH_SURROGATES = ("auto", "learned", "llm", "none")  # what `kscout optimize` and `kscout run` accept
+BUILT_IN: dict[str, Any] = {"device": "auto", "policy": "auto", "surrogate": "auto", "budget": 10, "confirm": None,
+                            "workers": None, "proposals": 6, "patience": 0}
+"""The defaults when neither a flag nor a file sets a setting (confirm None: `default_confirm` decides)."""
 
 
 class SearchConfigError(ValueError):
@@ -47,12 +50,12 @@ class SearchDefaults(BaseModel):
     patience: Optional[int] = Field(None, ge=0)
     sources: dict[str, str] = Field(default_factory=dict, exclude=True, description="setting -> the file it came from")
 
-    def pick(self, name: str, flag: Any, default: Any) -> Any:
+    def pick(self, name: str, flag: Any) -> Any:
         """The flag if given, else this file's setting, else the built-in default."""
         if flag is not None:
             return flag
         value = getattr(self, name)
-        return default if value is None else value
+        return BUILT_IN[name] if value is None else value
 
     def note(self) -> str:
         """Which settings the files supplied, for the user to see before a search starts."""
@@ -98,16 +101,24 @@ def search_defaults(cwd: Optional[Path] = None, env: Optional[Mapping[str, str]]
     return defaults
 
 
-HELP_DEFAULT = "\\[default: {}, or \\[search] {} in kscout.toml]"
-"""Help text's default for an option the files can set: HELP_DEFAULT.format(built_in, setting) (brackets escaped for rich)."""
+def help_default(name: str) -> str:
+    """Help text's default for an option the files can set (brackets escaped for rich)."""
+    return f"\\[default: {BUILT_IN[name]}, or \\[search] {name} in kscout.toml]"
 
 
-def search_config(as_json: bool) -> SearchDefaults:
-    """For a command: the defaults, or a failed command (exit 2, JSON under --json) naming the bad file."""
+def search_config(as_json: bool, announce: bool = False) -> SearchDefaults:
+    """For a command: the defaults, or a failed command (exit 2, JSON under --json) naming the bad file.
+    `announce`: say on stderr which settings came from a file (a search does, before it starts)."""
     from kernelscout.agent.cli_errors import fail
 
     try:
-        return search_defaults()
+        defaults = search_defaults()
     except SearchConfigError as exc:
         fail(str(exc), as_json)
         raise  # not reached: fail() exits
+    if announce and defaults.sources and not as_json:
+        from rich.console import Console
+        from rich.markup import escape
+
+        Console(stderr=True).print(f"[dim]defaults {escape(defaults.note())}[/dim]", soft_wrap=True, highlight=False)
+    return defaults

@@ -29,7 +29,7 @@ def test_the_project_file_overrides_the_users_setting_by_setting(project):
     d = search_defaults()
     assert (d.budget, d.device, d.confirm, d.surrogate) == (5, "cpu", 2, None)
     assert d.sources["budget"].endswith("proj/kscout.toml") and d.sources["device"].endswith("config.toml")
-    assert d.pick("budget", None, 10) == 5 and d.pick("budget", 3, 10) == 3 and d.pick("workers", None, 1) == 1
+    assert d.pick("budget", None) == 5 and d.pick("budget", 3) == 3 and d.pick("proposals", None) == 6  # file, flag, built-in
 
 
 @pytest.mark.parametrize("text, phrase", [
