@@ -338,6 +338,13 @@ class KernelScoutMCP(MCPServer):
         with self._lock:
             model = self._model()
         label = f"{Path(candidate).name} vs {Path(parent).name if parent else 'reference'}"
+
+        def keep(forecast: Forecast, parent_speedup: float) -> Forecast:
+            """Beside the measurements, so `forecast_check` (and `kscout show`) can score it once the file is measured."""
+            Archive(self.run).record_tool_forecast(prob.sha, child.sha, par.sha if par else None, dev, parent_speedup,
+                                                   forecast.model_dump(), label)
+            return forecast
+
         if model is None:
             forecast = _not_informative(
                 "none",
@@ -345,8 +352,7 @@ class KernelScoutMCP(MCPServer):
                 "configurations of a search, not arbitrary files. Measure the candidate to know, or configure a provider "
                 "(KSCOUT_PROVIDER=anthropic|openai|openai-compatible; see docs/llm.md) for LLM forecasts.",
             )
-            Archive(self.run).record_tool_forecast(prob.sha, child.sha, par.sha if par else None, dev, 1.0, forecast.model_dump(), label)
-            return forecast
+            return keep(forecast, 1.0)  # uninformative: never scored, whatever the parent
         done = self._usable(prob.sha, dev)
         ref_ms = statistics.median(m.ref_runtime_ms for m in done if m.ref_runtime_ms) if any(m.ref_runtime_ms for m in done) else None
         if par is None:
@@ -368,9 +374,7 @@ class KernelScoutMCP(MCPServer):
                 incumbent_ratio=best / parent_speedup if best > 0 else None, device=dev, sol=sol_text,
             )
             raw = getattr(surrogate, "last_raw_p_faster", None)
-        # kept beside the measurements, so `forecast_check` (and `kscout show`) can score it once the file is measured
-        Archive(self.run).record_tool_forecast(prob.sha, child.sha, par.sha if par else None, dev, parent_speedup,
-                                               forecast.model_dump(), label)
+        keep(forecast, parent_speedup)
         if forecast.informative:
             with self._lock:
                 self._pending[(prob.sha, child.sha, dev)] = (raw, par.sha if par else None, label)
