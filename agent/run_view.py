@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 
 from kernelscout.tools.archive import ROOT_ID, Archive, CandidateRecord
 from kernelscout.tools.budget import Budget
-from kernelscout.tools.forecast_check import ForecastCheck, check_forecasts
+from kernelscout.tools.forecast_check import ForecastCheck, check_forecasts, deciding_forecasts
 from kernelscout.tools.measure import MeasuredFile, measured_files
 from kernelscout.tools.rundir import RunDir
 from kernelscout.tools.schema import BudgetStatus
@@ -121,10 +121,7 @@ def view_run(path: str | Path, top: int = 10) -> RunView:
     spec = SearchSpec.model_validate_json(spec_text)
     archive = Archive(run)
     forecasts = archive.forecasts()
-    deciding: dict[int, dict] = {}
-    for f in forecasts:  # in order: a measured candidate keeps the forecast it was measured on
-        if f["decision"] == "measure" or f["candidate_id"] not in deciding or deciding[f["candidate_id"]]["decision"] != "measure":
-            deciding[f["candidate_id"]] = f
+    deciding = deciding_forecasts(forecasts)
     candidates = archive.all()
     measured = [c for c in candidates if c.speedup is not None]
     rows = sorted((_row(archive, c, deciding) for c in measured), key=lambda r: (-(r.speedup or 0.0), r.id))

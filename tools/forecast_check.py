@@ -38,7 +38,7 @@ class ForecastCheck(BaseModel):
 
     forecasts: int = Field(description="forecasts recorded (a candidate left pending is forecast again each iteration)")
     candidates_forecast: int = Field(description="distinct search candidates forecast, plus each predict tool call")
-    uninformative: int = Field(description="candidates whose only forecasts were uninformative (cold start, --surrogate none)")
+    uninformative: int = Field(description="candidates whose deciding forecast was uninformative (cold start, --surrogate none), and such predict calls")
     scored: int = Field(description="candidates with an informative forecast and then a verified measurement")
     audits: int = Field(0, description="of those, measured only to audit the skip rule (an unbiased sample)")
     from_tools: int = Field(0, description="of those, forecasts asked of the predict tool (MCP server, chat) about a file measured after")
@@ -79,23 +79,30 @@ class _Scores:
             self.inside.append(lo <= ratio <= hi)
 
 
+def deciding_forecasts(forecasts: list[dict]) -> dict[int, dict]:
+    """Each candidate's deciding forecast: the last one it was measured on, else its last. A pending
+    candidate is forecast again every iteration; the forecast that got it measured is the one to judge."""
+    deciding: dict[int, dict] = {}
+    for f in forecasts:  # oldest first
+        held = deciding.get(f["candidate_id"])
+        if held is None or f["decision"] == "measure" or held["decision"] != "measure":
+            deciding[f["candidate_id"]] = f
+    return deciding
+
+
 def check_forecasts(archive: Archive, bins: int = 5) -> ForecastCheck:
     """Score each measured candidate's deciding forecast (the one it was measured on, else its last)
     against its measured speedup over the parent it was forecast against; and each `predict` tool
     forecast against the first measurement of its file taken after it."""
     forecasts = archive.forecasts()
-    by_candidate: dict[int, list[dict]] = {}
-    for f in forecasts:
-        by_candidate.setdefault(f["candidate_id"], []).append(f)
+    deciding = deciding_forecasts(forecasts)
     speedups = {c.id: c.speedup for c in archive.all()}
 
     scores, audits, uninformative = _Scores(), 0, 0
-    for cid, rows in by_candidate.items():
-        informative = [r for r in rows if r["forecast"].get("informative")]
-        if not informative:
+    for row in deciding.values():
+        if not row["forecast"].get("informative"):  # cold start or --surrogate none: nothing was forecast
             uninformative += 1
             continue
-        row = next((r for r in reversed(informative) if r["decision"] == "measure"), informative[-1])
         child = row["measured_speedup"]
         parent = 1.0 if row["parent_id"] in (None, ROOT_ID) else speedups.get(row["parent_id"])
         if child is None or not parent or row["state"] not in ("measured", "suspect", "unconfirmed"):
@@ -112,7 +119,7 @@ def check_forecasts(archive: Archive, bins: int = 5) -> ForecastCheck:
             scores.add(t["forecast"], t["measured_speedup"] / t["parent_speedup"])
 
     n = len(scores.p)
-    check = ForecastCheck(forecasts=len(forecasts) + len(tool), candidates_forecast=len(by_candidate) + len(tool),
+    check = ForecastCheck(forecasts=len(forecasts) + len(tool), candidates_forecast=len(deciding) + len(tool),
                           uninformative=uninformative, scored=n, audits=audits, from_tools=from_tools)
     if n == 0:
         return check
