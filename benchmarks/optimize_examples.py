@@ -1,7 +1,7 @@
 """`kscout optimize` on the examples (CPU, offline), against a plain torch.compile of the reference.
 
 Run: python benchmarks/optimize_examples.py [--budgets 5,10,20] [--problems softmax,layernorm] [--device cpu|cuda] [--start-triton]
-     [--one-search] [--confirm N] [--out FILE]
+     [--one-search] [--confirm N] [--out FILE] [--keep DIR]
 Each row is one fresh search; the torch.compile baseline is measured by the same harness, three
 times, and its median is shown, so its speedup is a same-session ratio like every other number here.
 With --one-search, each problem gets one search whose cap is raised through the budgets
@@ -19,6 +19,7 @@ The table is rewritten to --out after every row, so a run cut short keeps what i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import tempfile
 import time
 from pathlib import Path
@@ -74,6 +75,7 @@ def main() -> None:
     ap.add_argument("--one-search", action="store_true", help="one search per problem, its cap raised through the budgets")
     ap.add_argument("--confirm", type=int, default=None, help="re-measurements of the best (default: kscout optimize's)")
     ap.add_argument("--out", default="")
+    ap.add_argument("--keep", default="", help="put the run directories here and keep them (for `kscout show`), not in a temporary folder")
     args = ap.parse_args()
     budgets = [int(b) for b in args.budgets.split(",")]
     problems = sorted(p.parent for p in (REPO / "examples").glob("*/problem.py"))
@@ -82,7 +84,7 @@ def main() -> None:
     lines = ["| problem | budget | best speedup | torch.compile of the reference (median of 3) | measurements | considered "
              "| per measurement | wall | best kernel |",
              "|---|---|---|---|---|---|---|---|---|"]
-    with tempfile.TemporaryDirectory() as tmp:
+    with (contextlib.nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory()) as tmp:
         for problem in problems:
             with WorkerPool() as pool:
                 baseline = compile_baseline(problem / "problem.py", f"{tmp}/{problem.name}-baseline", pool, args.device)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 from typing import Callable
@@ -14,6 +15,10 @@ from kernelscout.tools.measure import MeasureRequest, measure
 from kernelscout.tools.schema import Measurement
 
 REPO = Path(__file__).resolve().parents[1]
+
+# The device `measure_source` measures on. CPU everywhere the suite runs; on a lent GPU,
+# `KSCOUT_TEST_DEVICE=cuda pytest tests/test_adversarial.py` puts every known cheat through the CUDA path.
+TEST_DEVICE = os.environ.get("KSCOUT_TEST_DEVICE", "cpu")
 EXAMPLES = REPO / "examples"
 
 # Quick settings: correctness is exercised fully, timing only briefly.
@@ -82,7 +87,7 @@ def measure_source(tmp_path: Path, write, pool) -> Callable[..., Measurement]:
     def _measure(candidate: str, problem: str = SMALL_PROBLEM, config: HarnessConfig = QUICK, **kw) -> Measurement:
         p = write("problem.py", problem)
         c = write(kw.pop("name", "candidate.py"), candidate)
-        req = MeasureRequest(problem=str(p), candidate=str(c), device="cpu", run_dir=str(tmp_path / "run"), harness=config, again=True, **kw)
+        req = MeasureRequest(problem=str(p), candidate=str(c), device=TEST_DEVICE, run_dir=str(tmp_path / "run"), harness=config, again=True, **kw)
         return measure(req, pool=pool)
 
     return _measure
