@@ -8,6 +8,7 @@ forecasts held up. cli.py calls `register(app)`.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -42,6 +43,9 @@ def render(view: RunView) -> None:
     from rich.table import Table
 
     out = Console()
+    if not out.is_terminal and "COLUMNS" not in os.environ:
+        # Piped to a file or a pager: 80 columns would wrap the table a cell a line; nothing else limits it.
+        out = Console(width=160)
     head = Table(show_header=False, box=None, pad_edge=False)
     head.add_row("run directory", escape(view.run_dir))
     spent = f"{view.budget.used} of {view.budget.cap}" if view.budget.cap is not None else f"{view.budget.used} (uncapped)"
@@ -81,15 +85,23 @@ def render(view: RunView) -> None:
     out.print(head)
 
     if view.top:
-        table = Table(title="fastest measured candidates (speedup over the reference; forecast over the parent)", title_justify="left")
-        for name, justify in (("id", "right"), ("parent", "right"), ("origin", "left"), ("params changed from the parent", "left"), ("speedup", "right"),
-                              ("forecast", "right"), ("P(faster)", "right"), ("state", "left")):
+        # Forecast columns only where a listed candidate was measured on a forecast: a cold surrogate
+        # (no history yet on a new problem) leaves them all "-", which reads as missing data.
+        forecasts = any(r.expected_speedup is not None or r.p_faster is not None for r in view.top)
+        table = Table(title="fastest measured candidates (speedup over the reference"
+                            + ("; forecast over the parent)" if forecasts else ")"), title_justify="left")
+        columns = [("id", "right"), ("parent", "right"), ("origin", "left"), ("params changed from the parent", "left"), ("speedup", "right")]
+        columns += [("forecast", "right"), ("P(faster)", "right")] if forecasts else []
+        for name, justify in columns + [("state", "left")]:
             table.add_column(name, justify=justify)  # type: ignore[arg-type]
         for r in view.top:
             shown = _x(r.speedup) + (" (re-measured)" if r.remeasured else "")
-            table.add_row(f"#{r.id}", r.parent, escape(r.origin), escape(_params(r)), shown, _x(r.expected_speedup),
-                          _num(r.p_faster, "{:.2f}"), r.state)
+            cells = [f"#{r.id}", r.parent, escape(r.origin), escape(_params(r)), shown]
+            cells += [_x(r.expected_speedup), _num(r.p_faster, "{:.2f}")] if forecasts else []
+            table.add_row(*cells, r.state)
         out.print(table)
+        if not forecasts:
+            out.print("no forecast columns: none of these was measured on an informative forecast")
 
     if view.forecast_check is not None:
         _render_check(out, view.forecast_check)

@@ -88,6 +88,19 @@ def test_show_reports_what_the_search_found_and_its_forecast_scores(tmp_path):
 
 
 @needs_hub
+def test_a_cold_surrogate_leaves_no_empty_forecast_columns_and_piped_rows_stay_whole(tmp_path):
+    """Three measurements are too few for the learned surrogate: no candidate was measured on a forecast,
+    so the table drops those columns and says why. Piped (not a terminal, no COLUMNS), it is not cut to 80
+    columns, so each candidate keeps to one line."""
+    start_search(problem=None, space=str(SPACE), budget=3, run_dir=str(tmp_path / "run"), quiet=True, confirm=0)
+    shown = CliRunner().invoke(app, ["show", str(tmp_path / "run")], env={"COLUMNS": None})
+    assert shown.exit_code == 0, shown.output
+    assert "P(faster)" not in shown.output and "no forecast columns" in shown.output
+    rows = [line for line in shown.output.splitlines() if line.startswith("│ #")]
+    assert len(rows) == 3 and all(line.rstrip().endswith("measured │") for line in rows), shown.output
+
+
+@needs_hub
 def test_show_marks_an_interrupted_run_and_says_how_to_go_on(tmp_path):
     run = tmp_path / "run"
     start_search(problem=None, space=str(SPACE), budget=8, run_dir=str(run), quiet=True)
