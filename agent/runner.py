@@ -92,7 +92,11 @@ def _problem_file(problem: str) -> Path:
 
 def optimize(problem: Optional[str] = None, *, space: Optional[str] = None, budget: int = 10, **options: Any) -> OptimizeResult:
     """`kscout optimize` from Python (`kernelscout.optimize`): a problem file or folder, or `space=` a recorded
-    space; the other options are start_search's keywords, named as the CLI names them (`run_dir`, `confirm`, ...)."""
+    space; the other options are start_search's keywords, named as the CLI names them (`run_dir`, `confirm`, ...).
+
+    kscout.toml's `[search]` table is not read here: a script states its settings, so the same call gives
+    the same search on any machine. `search_defaults().pick(name, None)` (kernelscout.agent.search_config) gives a file's value
+    where a script wants it."""
     return start_search(problem=problem, space=space, budget=budget, **options)
 
 
