@@ -112,8 +112,9 @@ def _render_check(out, fc) -> None:
     from rich.table import Table
 
     if fc.scored == 0:
+        why = f"; the surrogate's last abstention: {escape(fc.last_abstention)}" if fc.last_abstention else ""
         out.print(f"forecasts: {fc.forecasts} for {fc.candidates_forecast} candidates; none informative and then measured, "
-                  "so nothing to score yet")
+                  f"so nothing to score yet{why}")
         return
     score = Table(title=f"forecasts against measurements ({fc.scored} measured candidate{'s' if fc.scored != 1 else ''} scored"
                         + (f", {fc.audits} of them audits" if fc.audits else "")

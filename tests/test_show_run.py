@@ -96,6 +96,7 @@ def test_a_cold_surrogate_leaves_no_empty_forecast_columns_and_piped_rows_stay_w
     shown = CliRunner().invoke(app, ["show", str(tmp_path / "run")], env={"COLUMNS": None})
     assert shown.exit_code == 0, shown.output
     assert "P(faster)" not in shown.output and "no forecast columns" in shown.output
+    assert "last abstention: cold start" in " ".join(shown.output.split())  # and says why: too few measurements yet
     rows = [line for line in shown.output.splitlines() if line.startswith("│ #")]
     assert len(rows) == 3 and all(line.rstrip().endswith("measured │") for line in rows), shown.output
 
