@@ -15,11 +15,11 @@ from kernelscout.tools.measure import MeasureRequest, measure
 from kernelscout.tools.schema import Measurement
 
 REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples"
 
 # The device `measure_source` measures on. CPU everywhere the suite runs; on a lent GPU,
 # `KSCOUT_TEST_DEVICE=cuda pytest tests/test_adversarial.py` puts every known cheat through the CUDA path.
 TEST_DEVICE = os.environ.get("KSCOUT_TEST_DEVICE", "cpu")
-EXAMPLES = REPO / "examples"
 
 # Quick settings: correctness is exercised fully, timing only briefly.
 QUICK = HarnessConfig(timeout_s=20.0, compile_timeout_s=300.0, timing_budget_s=0.2, min_rounds=5, warmup_rounds=1)

@@ -49,8 +49,8 @@ class ForecastCheck(BaseModel):
     interval_80_coverage: Optional[float] = Field(None, description="share of measured speedups inside the forecast's 80 % interval")
     mean_abs_log_error: Optional[float] = Field(None, description="mean |ln(expected / measured speedup)|")
     reliability: list[ReliabilityBin] = Field(default_factory=list)
-    last_abstention: Optional[str] = Field(None, description="why the latest uninformative forecast said nothing (a cold start names "
-                                                             "the measurements it still needs)")
+    last_abstention: Optional[str] = Field(None, description="why the search's latest uninformative forecast said nothing (a cold "
+                                                             "start names the measurements it still needs); predict tool calls not included")
     note: str = SELECTION_NOTE
 
 
@@ -121,10 +121,10 @@ def check_forecasts(archive: Archive, bins: int = 5) -> ForecastCheck:
             scores.add(t["forecast"], t["measured_speedup"] / t["parent_speedup"])
 
     n = len(scores.p)
-    silent = [f["forecast"].get("rationale") for f in forecasts if not f["forecast"].get("informative")]
+    last_silent = next((f["forecast"] for f in reversed(forecasts) if not f["forecast"].get("informative")), {})
     check = ForecastCheck(forecasts=len(forecasts) + len(tool), candidates_forecast=len(deciding) + len(tool),
                           uninformative=uninformative, scored=n, audits=audits, from_tools=from_tools,
-                          last_abstention=silent[-1] if silent and silent[-1] else None)
+                          last_abstention=last_silent.get("rationale") or None)
     if n == 0:
         return check
     pa, fa = np.asarray(scores.p, dtype=float), np.asarray(scores.faster, dtype=float)
