@@ -131,6 +131,8 @@ def optimize(
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="stop when LLM calls have used this many tokens"),
     warm_start: list[str] = typer.Option([], "--warm-start", help="recorded space of the same kernel on another device (repeatable)"),
     start: list[str] = typer.Option([], "--start", help="your own kernel (a ModelNew file) to measure first and tune from (repeatable)"),
+    history: list[str] = typer.Option([], "--history", help="folder of earlier runs (e.g. runs/) whose measurements on this device "
+                                      "make the learned surrogate's prior on a code problem (repeatable) \\[default: no prior]"),
     confirm: Optional[int] = typer.Option(None, "--confirm", help="measurements kept to re-measure the best once the search stops; "
                                           "the re-measurement is what is reported (default: 1 for a problem with --budget 5 or more, else 0)"),
     workers: Optional[int] = typer.Option(None, "--workers", help="measure on N workers at once (local processes; with --ray, N actors)"),
@@ -148,7 +150,8 @@ def optimize(
         result = start_search(problem=problem, space=space, budget=budget, policy=policy, surrogate=surrogate, device=device,
                               run_dir=run_dir, seed=seed, proposals=proposals, patience=patience, max_wall=max_wall,
                               warm_start=warm_start, quiet=as_json, max_device_s=max_device_s, max_usd=max_usd,
-                              max_llm_tokens=max_tokens, workers=workers, ray=ray, start=start, confirm=confirm)
+                              max_llm_tokens=max_tokens, workers=workers, ray=ray, start=start, confirm=confirm,
+                              history=history or None)
     except SearchInterrupted as exc:
         _interrupted(exc, as_json)
     except OptimizeError as exc:

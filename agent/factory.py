@@ -69,7 +69,37 @@ def make_predictor(spec: SearchSpec, target: Any) -> Forecaster:
     sol = target.bounds.time_ms if getattr(target, "bounds", None) else None
     if spec.surrogate == "llm":
         return llm_forecaster(target, ref, model=metered_chat_model(spec, target.run), seed=spec.settings.seed)
-    return make_forecaster(spec.surrogate, None, ref, lambda rec: dict(rec.features), seed=spec.settings.seed, sol_ms=sol)
+    prior, note = history_prior(spec, target.run) if spec.surrogate == "learned" else (None, "")
+    forecaster = make_forecaster(spec.surrogate, None, ref, lambda rec: dict(rec.features), seed=spec.settings.seed, sol_ms=sol,
+                                 history_prior=prior)
+    forecaster.notes = [note] if note else []
+    return forecaster
+
+
+HISTORY_KEY = "history_runs"
+
+
+def history_prior(spec: SearchSpec, run: RunDir):
+    """The prior from earlier runs on this device (tools/surrogates/history.py), or None; and a line saying which.
+
+    Which runs it reads is settled when the search starts and kept in run.db, so a resumed search
+    forecasts from the same runs even if the folder has grown since."""
+    import json
+
+    from kernelscout.tools.surrogates.history import device_class, find_runs, load_prior
+
+    if not spec.history:
+        return None, ""  # off unless asked for: it has not yet been shown to find faster kernels (docs/surrogate.md)
+    saved = run.get_meta(HISTORY_KEY)
+    if saved is not None:
+        runs = json.loads(saved)
+    else:
+        runs = find_runs(spec.history, device_class(spec.device, run.get_meta("sol_bounds")), exclude=run.path)
+        run.set_meta(HISTORY_KEY, json.dumps(runs))
+    prior, why_not = load_prior(runs, seed=spec.settings.seed)
+    if prior is not None:
+        return prior, f"surrogate prior: {prior.describe()}"
+    return None, f"no surrogate prior: {why_not}"
 
 
 def llm_forecaster(target: Any, ref, model: Any = None, seed: int = 0, target_risk: float = 0.05, gate: Any = None) -> Forecaster:

@@ -16,6 +16,7 @@ from kernelscout.tools.archive import CandidateRecord
 from kernelscout.tools.predict import Candidate, Forecast, Parent, PredictContext, make_surrogate, predict
 from kernelscout.tools.schema import Measurement, MeasureStatus
 from kernelscout.tools.surrogates.decision import Decision, RiskControlledGate
+from kernelscout.tools.surrogates.history import PRIOR_FEATURE
 
 
 class Screen(NamedTuple):
@@ -57,16 +58,39 @@ class OpenSpaceSurrogate:
     The surrogate for a fixed tuning space needs every parameter's values up front; code candidates
     bring new features as the policy invents them. So this refits over the union of what it has seen,
     with absent features as the category "-", each time it is asked (cheap at search scale).
+
+    With a `prior` (tools/surrogates/history.py: earlier runs on this device), its forecast of each
+    candidate's speedup is one more feature of the fit, and while this problem has too few
+    measurements for a fit of its own, the prior alone forecasts, with the error it showed on problems
+    it had not seen. That needs the reference time, so `reference_ms` comes with it.
     """
 
-    def __init__(self, name: str, seed: int = 0):
+    def __init__(self, name: str, seed: int = 0, prior: Any = None, reference_ms: Optional[Callable[[], Optional[float]]] = None):
         self.name, self.seed = name, seed
+        self.prior = prior if name != "none" else None
+        self._reference_ms = reference_ms or (lambda: None)
         self._seen: list[tuple[dict, Measurement]] = []
         self._last = None
+        self._from_prior = False  # whether the last forecast came from the prior alone
         self._cache = None  # (key, fitted model): one fit serves every forecast until something new is seen
+        self._prior_memo: dict[str, float] = {}  # the prior's forecast per candidate (its features, as JSON)
+
+    def _with_prior(self, rows: Sequence[Mapping[str, Any]]) -> list[dict]:
+        if self.prior is None:
+            return [dict(r) for r in rows]
+        import json
+
+        keys = [json.dumps(r, sort_keys=True, default=str) for r in rows]
+        todo = [i for i, k in enumerate(keys) if k not in self._prior_memo]
+        if todo:
+            for i, v in zip(todo, self.prior.log_speedup([rows[i] for i in todo])):
+                self._prior_memo[keys[i]] = float(v)
+        return [{**r, PRIOR_FEATURE: self._prior_memo[k]} for r, k in zip(rows, keys)]
 
     def _fresh(self, configs: Sequence[Mapping[str, Any]]):
-        rows = [c for c, _ in self._seen] + list(configs)
+        seen = self._with_prior([c for c, _ in self._seen])
+        configs = self._with_prior(configs)
+        rows = seen + configs
         names = sorted({k for r in rows for k in r})
         numeric = {n: all(isinstance(r.get(n), (int, float)) and not isinstance(r.get(n), bool) for r in rows) for n in names}
 
@@ -77,7 +101,7 @@ class OpenSpaceSurrogate:
         key = (len(self._seen), tuple((n, tuple(v)) for n, v in space.items()))
         if self._cache is None or self._cache[0] != key:
             model = make_surrogate(self.name, space, seed=self.seed)
-            for cfg, m in self._seen:
+            for cfg, (_, m) in zip(seen, self._seen):
                 model.update(encode(cfg), m)
             self._cache = (key, model)
         return self._cache[1], [encode(c) for c in configs]
@@ -85,7 +109,25 @@ class OpenSpaceSurrogate:
     def predictive(self, configs):
         model, encoded = self._fresh(configs)
         self._last = model
-        return model.predictive(encoded)
+        dist = model.predictive(encoded)
+        self._from_prior = False
+        if dist is None and self.prior is not None and len(configs):
+            dist = self._prior_predictive(configs)
+        return dist
+
+    def _prior_predictive(self, configs):
+        """log-time = log(reference) - forecast log-speedup, spread as the prior erred on unseen problems."""
+        from kernelscout.tools.surrogates.distribution import LogTimeDistribution
+
+        ref = self._reference_ms()
+        if not ref or ref <= 0:
+            return None
+        seen = [(c, math.log(m.speedup) - math.log(max(float(c.get("parent_speedup", 1.0) or 1.0), 1e-9)))
+                for c, m in self._seen if m.usable]
+        mu = math.log(ref) - self.prior.log_speedup(configs, seen)
+        self._from_prior = True
+        return LogTimeDistribution(mu=mu, scale=np.full(mu.shape, self.prior.scale), residuals=self.prior.residuals,
+                                   bandwidth=self.prior.bandwidth)
 
     def p_fail(self, configs):
         model, encoded = self._fresh(configs)
@@ -95,7 +137,12 @@ class OpenSpaceSurrogate:
         self._seen.append((dict(config), measurement))
 
     def status(self) -> str:
-        return self._last.status() if self._last is not None else f"cold start: {len(self._seen)} measured candidates"
+        own = self._last.status() if self._last is not None else f"cold start: {len(self._seen)} measured candidates"
+        if self.prior is None:
+            return own
+        if self._from_prior:
+            return f"prior from earlier runs ({self.prior.describe()}); this problem: {own}"
+        return f"{own}, with the prior from earlier runs as a feature"
 
 
 class _FitMemo:
@@ -182,6 +229,7 @@ class Forecaster:
         self._raw: dict[int, Optional[float]] = {}
         self._best_log_ms: Optional[float] = None  # log of the best measured time, for `screen`
         self._memo = _FitMemo(surrogate)
+        self.notes: list[str] = []  # what the user should know about this forecaster before the search starts
 
     def reference_ms(self) -> Optional[float]:
         """The reference time; it can only change with a new measurement, so it is read once per measurement."""
@@ -301,9 +349,11 @@ class Forecaster:
 
 def make_forecaster(name: str, tune_params: Optional[Mapping[str, Sequence[Any]]], reference_ms, features,
                     priors: Sequence[Any] = (), seed: int = 0, sol_ms: Optional[float] = None,
-                    valid: Optional[Sequence[Sequence[Any]]] = None) -> Forecaster:
+                    valid: Optional[Sequence[Sequence[Any]]] = None, history_prior: Any = None) -> Forecaster:
+    """`priors`: recorded spaces of the same kernel (a tuning space); `history_prior`: earlier runs'
+    outcomes on this device (a code problem; tools/surrogates/history.py)."""
     if tune_params is not None:
         surrogate = make_surrogate("none" if name == "none" else name, tune_params, priors=priors, seed=seed, valid=valid)
     else:
-        surrogate = OpenSpaceSurrogate("none" if name == "none" else name, seed=seed)
+        surrogate = OpenSpaceSurrogate("none" if name == "none" else name, seed=seed, prior=history_prior, reference_ms=reference_ms)
     return Forecaster(surrogate, reference_ms, features, measure_all=(name == "none"), seed=seed, sol_ms=sol_ms)

@@ -321,8 +321,10 @@ class SearchLoop:
         return sum(_json.loads(r[0]).get("wall_s") or 0.0 for r in rows)
 
     def _best_speedup(self) -> float:
+        """The speedup to beat. The reference is a kernel too: a search whose candidates so far all ran slower
+        than it still has the reference's 1.0 to beat, not its least slow candidate's 0.66."""
         best = self.archive.best()
-        return (self.archive.reported_speedup(best) or 1.0) if best else 1.0
+        return max(1.0, (self.archive.reported_speedup(best) or 1.0) if best else 1.0)
 
     def _speedup_of(self, candidate_id: Optional[int]) -> float:
         if candidate_id in (None, ROOT_ID):
@@ -369,6 +371,9 @@ class SearchLoop:
             # A step whose node finished but whose checkpoint a kill prevented shows up in `tasks`
             # (with its writes saved) and not in `next`: it is unfinished work, not the end.
             unfinished = bool(snapshot.next or snapshot.tasks)
+            if unfinished or not snapshot.values:
+                for note in getattr(self.predictor, "notes", ()):
+                    self._emit("surrogate_note", note=note)
             if resume and unfinished:
                 final = graph.invoke(None, config, durability="sync")
             elif resume and snapshot.values and self._budget_raised(snapshot.values):

@@ -78,6 +78,8 @@ class SearchProgress:
                     f"budget {self.used}/{self.budget}")
         if kind == "confirm_skipped":
             return f"best #{d['candidate']} not re-measured: {d['reason']}"
+        if kind == "surrogate_note":
+            return d["note"]
         if kind == "continue":
             return f"continuing a finished search: {d['reason']}"
         if kind in ("stop", "budget_exhausted"):

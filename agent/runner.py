@@ -105,7 +105,10 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
                  max_wall: Optional[float] = None, warm_start: Optional[list[str]] = None, quiet: bool = False,
                  max_device_s: Optional[float] = None, max_usd: Optional[float] = None, max_llm_tokens: Optional[int] = None,
                  workers: Optional[int] = None, ray: Optional[str] = None, replay_delay_s: float = 0.0,
-                 report: bool = True, start: Optional[list[str]] = None, confirm: Optional[int] = None) -> OptimizeResult:
+                 report: bool = True, start: Optional[list[str]] = None, confirm: Optional[int] = None,
+                 history: Optional[list[str]] = None) -> OptimizeResult:
+    """`history`: folders of earlier runs for the learned surrogate's prior on a code problem (None, [] or
+    ["none"]: no prior)."""
     if (problem is None) == (space is None):
         raise OptimizeError("give either a PROBLEM file or --space FILE.json.gz")
     if budget < 1:
@@ -128,6 +131,8 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
             raise OptimizeError("a recorded space has no code for an LLM to edit; use --policy tuner")
         if start:
             raise OptimizeError("--start gives a kernel file, and a recorded space has no code; leave --start out with --space")
+        if history:
+            raise OptimizeError("--history reads earlier runs of code problems; for a recorded space give --warm-start")
         _check_space(space, warm_start or [], surrogate)
         spec = SearchSpec(kind="space", path=str(Path(space).resolve()), device="replay", policy="tuner", surrogate=surrogate,
                           settings=settings, warm_start=[str(Path(w).resolve()) for w in warm_start or []])
@@ -143,7 +148,7 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
         except InputFileError as exc:
             raise OptimizeError(str(exc)) from None
         spec = SearchSpec(kind="problem", path=str(path), device=device, policy=policy, surrogate=surrogate, settings=settings,
-                          start=_check_start(start or [], budget))
+                          start=_check_start(start or [], budget), history=_check_history(history))
         name = problem_name(path)
     run = RunDir(run_dir or Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
@@ -166,6 +171,21 @@ def default_confirm(budget: int, space: bool) -> int:
     """One re-measurement of the best when the budget can spare it. A recorded space replays its own timings,
     whose search benchmark scores the configurations found, so it keeps the whole budget for the search."""
     return 0 if space or budget < 5 else 1
+
+
+def _check_history(folders: Optional[list[str]]) -> Optional[list[str]]:
+    """--history folders, resolved; "none" alone turns the prior off. A folder that is not there is an
+    error: a mistyped path would otherwise silently give a search without its prior."""
+    if folders is None:
+        return None
+    if [f.lower() for f in folders] == ["none"] or not folders:
+        return []
+    if any(f.lower() == "none" for f in folders):
+        raise OptimizeError("--history none turns the prior off; give it alone, not with folders")
+    missing = [f for f in folders if not Path(f).expanduser().is_dir()]
+    if missing:
+        raise OptimizeError(f"--history {missing[0]}: no such folder (give a folder of earlier run directories, or none)")
+    return [str(Path(f).expanduser().resolve()) for f in folders]
 
 
 def _check_start(paths: list[str], budget: int) -> list[str]:

@@ -25,6 +25,8 @@ class SearchSpec(BaseModel):
     settings: SearchSettings = Field(default_factory=SearchSettings)
     warm_start: list[str] = Field(default_factory=list, description="recorded spaces of the same kernel on other devices")
     start: list[str] = Field(default_factory=list, description="the user's own kernels, measured first as children of the reference")
+    history: Optional[list[str]] = Field(None, description="folders of earlier runs whose measurements make the learned "
+                                         "surrogate's prior (None or []: no prior)")
 
 
 class OptimizeResult(BaseModel):

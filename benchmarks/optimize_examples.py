@@ -1,8 +1,9 @@
 """`kscout optimize` on the examples (CPU, offline), against a plain torch.compile of the reference.
 
 Run: python benchmarks/optimize_examples.py [--budgets 5,10,20] [--problems softmax,layernorm] [--device cpu|cuda] [--start-triton]
-     [--one-search] [--confirm N] [--out FILE] [--keep DIR]
-Each row is one fresh search; the torch.compile baseline is measured by the same harness, three
+     [--one-search] [--confirm N] [--out FILE] [--keep DIR] [--history]
+Each row is one fresh search (with --history, the learned surrogate's prior is read from the runs of the
+problems before it in the list, never from the same problem's); the torch.compile baseline is measured by the same harness, three
 times, and its median is shown, so its speedup is a same-session ratio like every other number here.
 With --one-search, each problem gets one search whose cap is raised through the budgets
 (`kscout budget DIR --set N`, then resume), read after each: the rows cost the largest budget
@@ -76,6 +77,8 @@ def main() -> None:
     ap.add_argument("--confirm", type=int, default=None, help="re-measurements of the best (default: kscout optimize's)")
     ap.add_argument("--out", default="")
     ap.add_argument("--keep", default="", help="put the run directories here and keep them (for `kscout show`), not in a temporary folder")
+    ap.add_argument("--history", action="store_true", help="each problem's searches read the runs of the problems before it as the "
+                    "learned surrogate's prior (default: every search on its own, with no prior, as in the published tables)")
     args = ap.parse_args()
     budgets = [int(b) for b in args.budgets.split(",")]
     problems = sorted(p.parent for p in (REPO / "examples").glob("*/problem.py"))
@@ -85,7 +88,9 @@ def main() -> None:
              "| per measurement | wall | best kernel |",
              "|---|---|---|---|---|---|---|---|---|"]
     with (contextlib.nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory()) as tmp:
+        earlier: list[str] = []  # run directories of the problems already done, for --history
         for problem in problems:
+            mine: list[str] = []
             with WorkerPool() as pool:
                 baseline = compile_baseline(problem / "problem.py", f"{tmp}/{problem.name}-baseline", pool, args.device)
             start = [str(p) for p in sorted(problem.glob("triton_*.py"))] if args.start_triton else None
@@ -97,7 +102,8 @@ def main() -> None:
                 else:
                     t0 = time.monotonic()
                     r = start_search(problem=str(problem), space=None, budget=budget, device=args.device, run_dir=run_dir,
-                                     quiet=True, start=start, confirm=args.confirm)
+                                     quiet=True, start=start, confirm=args.confirm, history=list(earlier) if args.history else [])
+                    mine.append(run_dir)
                 wall = time.monotonic() - t0
                 best = f"{r.best_speedup:.2f}x" if r.best_speedup else "none"
                 if r.confirmed_speedups:  # the reported figure is the re-measurement; the search chose it at this
@@ -109,6 +115,7 @@ def main() -> None:
                 print(line, flush=True)
                 if args.out:
                     Path(args.out).write_text("\n".join(lines) + "\n")
+            earlier += mine
 
 
 if __name__ == "__main__":
