@@ -95,8 +95,8 @@ def same_device(a: str, b: str) -> bool:
 
 def find_runs(roots: Iterable[str | Path], device: str, exclude: Optional[Path] = None) -> list[str]:
     """Code-problem runs of this device class (`device_class`) under `roots`: each root is a run
-    directory, a folder of them, or a folder of `kscout run` folders (two levels). Newest first, at
-    most MAX_RUNS."""
+    directory, a folder of them, or a `kscout run` folder (its problems/NAME are two levels down).
+    Newest first, at most MAX_RUNS."""
     seen: dict[Path, float] = {}
     skip = Path(exclude).resolve() if exclude else None
     for root in roots:
