@@ -66,7 +66,11 @@ def _charged_keys(run_dir: Path) -> list[str]:
 
 
 def _measurement_ids(run_dir: Path) -> list[int]:
+    """Measurements recorded so far. A kill can land after run.db was created and before its tables were:
+    such a run directory holds no measurement yet (a resume creates the tables)."""
     with sqlite3.connect(run_dir / "run.db") as db:
+        if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'measurements'").fetchone():
+            return []
         return [r[0] for r in db.execute("SELECT id FROM measurements ORDER BY id")]
 
 
