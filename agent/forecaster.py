@@ -124,7 +124,10 @@ class OpenSpaceSurrogate:
             return None
         seen = [(c, math.log(m.speedup) - math.log(max(float(c.get("parent_speedup", 1.0) or 1.0), 1e-9)))
                 for c, m in self._seen if m.usable]
-        mu = math.log(ref) - self.prior.log_speedup(configs, seen)
+        # the prior's own forecasts were made (and memoised) for the fit's feature column; only the
+        # correction for what this problem measured is new
+        raw = np.asarray([r[PRIOR_FEATURE] for r in self._with_prior(configs)])
+        mu = math.log(ref) - (raw + self.prior.offsets(configs, seen))
         self._from_prior = True
         return LogTimeDistribution(mu=mu, scale=np.full(mu.shape, self.prior.scale), residuals=self.prior.residuals,
                                    bandwidth=self.prior.bandwidth)

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
-import sqlite3
 import tempfile
 import time
 from pathlib import Path
@@ -28,15 +26,9 @@ from pathlib import Path
 from kernelscout.agent.runner import start_search
 from kernelscout.tools.archive import Archive
 from kernelscout.tools.rundir import RunDir
-from kernelscout.tools.surrogates.history import device_class, find_runs
+from kernelscout.tools.surrogates.history import device_class, find_runs, run_spec
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def run_problem(run_dir: str) -> str:
-    with sqlite3.connect(f"file:{Path(run_dir) / 'run.db'}?mode=ro", uri=True) as db:
-        row = db.execute("SELECT value FROM meta WHERE key = 'search_spec'").fetchone()
-    return str(Path(json.loads(row[0])["path"]).resolve())
 
 
 def trajectory(run_dir: str) -> dict:
@@ -101,7 +93,8 @@ def main() -> None:
              "|---|---|---|---|---|---|---|---|"]
     with (contextlib.nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory()) as tmp:
         for i, problem in enumerate(problems):
-            others = [r for r in earlier if run_problem(r) != str((problem / "problem.py").resolve())]
+            mine = (problem / "problem.py").resolve()
+            others = [r for r in earlier if Path(run_spec(r)[0]["path"]).resolve() != mine]
             arms = [("earlier runs", others or ["none"]), ("none", ["none"])]
             for arm, history in (arms if i % 2 == 0 or args.same_order else arms[::-1]):
                 run_dir = f"{tmp}/{problem.name}-{'prior' if arm != 'none' else 'cold'}"

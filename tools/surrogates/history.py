@@ -71,19 +71,25 @@ def device_class(device: str, bounds_json: Optional[str]) -> str:
     return f"cuda:{key}" if key else base
 
 
-def run_device_class(run_dir: Path) -> Optional[str]:
-    """The device class of a code-problem run directory, or None when it is not one."""
+def run_spec(run_dir: str | Path) -> tuple[dict, Optional[str]]:
+    """A run directory's stored search spec (as JSON) and speed-of-light bounds, read without writing;
+    ({}, None) when it holds neither or cannot be read."""
     db_path = Path(run_dir) / "run.db"
     if not db_path.is_file():
-        return None
+        return {}, None
     try:
         with _connect_ro(db_path) as db:
-            spec = json.loads(_meta(db, "search_spec") or "{}")
-            if spec.get("kind") != "problem":
-                return None
-            return device_class(str(spec.get("device", "cpu")), _meta(db, "sol_bounds"))
+            return json.loads(_meta(db, "search_spec") or "{}"), _meta(db, "sol_bounds")
     except (sqlite3.Error, ValueError):
+        return {}, None
+
+
+def run_device_class(run_dir: Path) -> Optional[str]:
+    """The device class of a code-problem run directory, or None when it is not one."""
+    spec, bounds = run_spec(run_dir)
+    if spec.get("kind") != "problem":
         return None
+    return device_class(str(spec.get("device", "cpu")), bounds)
 
 
 def same_device(a: str, b: str) -> bool:
