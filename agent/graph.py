@@ -115,7 +115,8 @@ class SearchLoop:
         iteration, parent_id = state["iteration"], state["parent_id"]
         parent = None if parent_id == ROOT_ID else self.archive.get(parent_id)
         rng = random.Random(f"{self.settings.seed}:{iteration}")
-        info = self.target.parent_info(parent, tried=self.archive.shas())
+        # shelved: tried, but never judged, so a policy that ranks a whole space may propose them again
+        info = self.target.parent_info(parent, tried=self.archive.shas(), shelved=self.archive.shas("shelved"))
         try:
             proposals = self.policy.propose(info, self.settings.proposals_per_iteration, rng)
         except LLM_CAPS as exc:
@@ -162,7 +163,7 @@ class SearchLoop:
             if cid in given:
                 action, reason = ("measure" if cid in chosen else "defer"), f"given with --start, measured whatever the forecast ({reason})"
             elif cid in dropped:
-                action, reason = "skip", f"worth measuring ({reason}) but ranked below the {self.settings.pending_limit} kept for later"
+                action, reason = "shelve", f"worth measuring ({reason}) but ranked below the {self.settings.pending_limit} kept for later"
             elif action == "measure" and cid not in chosen:
                 action, reason = "defer", f"{reason}; kept for a later iteration (batch of {batch})"
             self.archive.record_forecast(cid, iteration, forecast.surrogate, forecast.model_dump(), action, reason)

@@ -10,7 +10,7 @@ import hashlib
 import json
 import random
 from pathlib import Path
-from typing import Any, Optional
+from typing import AbstractSet, Any, Optional
 
 from kernelscout.sandbox.problem import problem_name
 from kernelscout.sandbox.replay import ReplaySpace
@@ -53,8 +53,8 @@ class ReplayTarget:
         self.name = space.name
         self.device = f"replay:{space.device_label}"
 
-    def parent_info(self, parent: Optional[CandidateRecord], tried: set[str]) -> dict[str, Any]:
-        return {"config": dict(parent.params) if parent else None, "tried": tried,
+    def parent_info(self, parent: Optional[CandidateRecord], tried: set[str], shelved: AbstractSet[str] = frozenset()) -> dict[str, Any]:
+        return {"config": dict(parent.params) if parent else None, "tried": tried, "shelved": shelved,
                 "sha": lambda cfg: config_sha(self.space, cfg)}
 
     def proposal_sha(self, proposal) -> str:
@@ -120,7 +120,8 @@ class CodeTarget:
         self.run.set_meta("sol_bounds", bounds.model_dump_json())
         return bounds
 
-    def parent_info(self, parent: Optional[CandidateRecord], tried: set[str]):
+    def parent_info(self, parent: Optional[CandidateRecord], tried: set[str], shelved: AbstractSet[str] = frozenset()):
+        """`shelved` is not used: the code policies never propose a candidate twice."""
         from kernelscout.agent.policies.tuner import ParentInfo
 
         return ParentInfo(

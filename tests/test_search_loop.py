@@ -14,6 +14,7 @@ import pytest
 
 from kernelscout.agent.runner import OptimizeError, resume_search, start_search
 from kernelscout.sandbox.replay import recorded_spaces_dir
+from kernelscout.tools.archive import Archive
 from kernelscout.tools.budget import Budget
 from kernelscout.tools.rundir import RunDir
 
@@ -36,6 +37,34 @@ def test_replay_search_considers_many_and_measures_within_budget(tmp_path):
     assert (tmp_path / "run" / "report.html").read_text().count("<img") == 3
     forecasts = sqlite3.connect(tmp_path / "run" / "run.db").execute("SELECT COUNT(*), COUNT(DISTINCT candidate_id) FROM forecasts").fetchone()
     assert forecasts[1] == result.candidates_considered
+
+
+def test_a_shelved_candidate_proposed_again_goes_back_in_the_queue_and_a_skipped_one_stays_skipped(tmp_path):
+    archive = Archive(RunDir(tmp_path / "run"))
+    add = lambda sha: archive.add(sha, None, None, "screened", {"x": sha}, "", {}, 1)  # noqa: E731
+    shelved, skipped = add("a"), add("b")
+    archive.record_forecast(shelved.id, 1, "learned", {}, "shelve", "worth measuring but ranked below the 32 kept for later")
+    archive.record_forecast(skipped.id, 1, "learned", {}, "skip", "confidently slower than the best")
+    assert archive.shas("shelved") == {"a"} and archive.shas() == {"a", "b"}
+    assert add("a").state == "proposed" and add("b").state == "skipped"
+    assert add("a").id == shelved.id  # the same candidate, its first forecast kept beside the next
+    assert archive.shas("shelved") == set()
+
+
+@needs_hub
+def test_candidates_shelved_for_want_of_room_come_back_when_the_ranking_returns_to_them(tmp_path):
+    """More configurations are worth measuring than the loop keeps pending. Those that lose their place
+    were never judged worse, so the space's ranking may propose them again: a good one is not lost for good."""
+    start_search(problem=None, space=str(SPACE), budget=40, run_dir=str(tmp_path / "run"), quiet=True, report=False)
+    db = sqlite3.connect(tmp_path / "run" / "run.db")
+    history: dict[int, list[str]] = {}
+    for cid, decision in db.execute("SELECT candidate_id, decision FROM forecasts ORDER BY iteration, id"):
+        history.setdefault(cid, []).append(decision)
+    state = dict(db.execute("SELECT id, state FROM candidates"))
+    shelved = [cid for cid, decisions in history.items() if "shelve" in decisions]
+    came_back = [cid for cid in shelved if history[cid][-1] != "shelve"]
+    assert shelved and any(state[cid] == "measured" for cid in came_back)
+    assert all(state[cid] == "shelved" for cid in shelved if history[cid][-1] == "shelve")
 
 
 @needs_hub

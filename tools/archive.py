@@ -3,6 +3,11 @@
 Forecasts and measurements sit side by side, so calibration can be recomputed at any time, and
 a skipped candidate is recorded with the forecast that got it skipped.
 
+A candidate the rule found worth measuring but that lost its place in the queue (more were worth
+measuring than the loop keeps pending) is *shelved*, not skipped: no forecast judged it, so a
+policy that ranks a whole space may propose it again once its model ranks it high again, and
+re-adding it puts it back in the queue. Skipped, measured and failed candidates stay settled.
+
 Archive writes commit with `durable=False` (see tools/rundir.py): every one is idempotent and a
 resume re-derives it, while the measurement it points to lives in the durable ledger tables.
 """
@@ -80,7 +85,7 @@ class CandidateRecord(BaseModel):
     hypothesis: str = ""
     features: dict[str, Any] = Field(default_factory=dict)
     iteration: int = 0
-    state: str = "proposed"  # proposed | skipped | measured | failed | suspect | unconfirmed
+    state: str = "proposed"  # proposed | skipped | shelved | measured | failed | suspect | unconfirmed
     measurement_id: Optional[int] = None
     speedup: Optional[float] = Field(None, description="measured speedup over the reference (never a forecast)")
 
@@ -105,9 +110,11 @@ class Archive:
 
     def add(self, sha: str, source: Optional[str], parent_id: Optional[int], origin: str, params: dict, hypothesis: str,
             features: dict, iteration: int) -> CandidateRecord:
-        """Idempotent by content: proposing the same source twice gives the same record."""
+        """Idempotent by content: proposing the same source twice gives the same record (a shelved one
+        back in the queue)."""
         path = str(self.run.save_kernel(sha, source)) if source is not None else None
         with self.run.transaction(durable=False) as db:
+            db.execute("UPDATE candidates SET state = 'proposed' WHERE sha = ? AND state = 'shelved'", (sha,))
             db.execute(
                 "INSERT OR IGNORE INTO candidates (sha, parent_id, path, origin, params_json, hypothesis, features_json, iteration, created)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -144,9 +151,12 @@ class Archive:
             rows = db.execute(f"SELECT {_COLUMNS} FROM candidates ORDER BY id").fetchall()
         return [self._record(r) for r in rows]
 
-    def shas(self) -> set[str]:
+    def shas(self, state: Optional[str] = None) -> set[str]:
+        """Every candidate's content key, or those in one state."""
         with self.run.connect() as db:
-            return {r[0] for r in db.execute("SELECT sha FROM candidates")}
+            if state is None:
+                return {r[0] for r in db.execute("SELECT sha FROM candidates")}
+            return {r[0] for r in db.execute("SELECT sha FROM candidates WHERE state = ?", (state,))}
 
     def record_forecast(self, candidate_id: int, iteration: int, surrogate: str, forecast: dict, decision: str, reason: str) -> None:
         with self.run.transaction(durable=False) as db:
@@ -155,8 +165,9 @@ class Archive:
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (candidate_id, iteration, surrogate, json.dumps(forecast, default=str), decision, reason, time.time()),
             )
-            if decision == "skip":
-                db.execute("UPDATE candidates SET state = 'skipped' WHERE id = ? AND state = 'proposed'", (candidate_id,))
+            if decision in ("skip", "shelve"):
+                state = "skipped" if decision == "skip" else "shelved"
+                db.execute("UPDATE candidates SET state = ? WHERE id = ? AND state = 'proposed'", (state, candidate_id))
 
     def record_measurement(self, candidate_id: int, m: Measurement, suspect: bool = False) -> None:
         usable = m.usable

@@ -90,7 +90,7 @@ class CandidateEntry(BaseModel):
     problem: Optional[str] = Field(None, description="problem file it belongs to")
     problem_sha: Optional[str] = None
     device: Optional[str] = None
-    state: str = Field(description="search: proposed, skipped, measured, failed or suspect; measure: measured or failed")
+    state: str = Field(description="search: proposed, skipped, shelved, measured, failed or suspect; measure: measured or failed")
     speedup: Optional[float] = Field(None, description="measured speedup over the reference (for a search candidate the search "
                                      "re-measured, the median of its re-measurements); only for a usable measurement, never a forecast")
     record: Optional[CandidateRecord] = Field(None, description="the archive record (search candidates only)")

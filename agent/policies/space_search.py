@@ -185,6 +185,10 @@ class SpaceSearchPolicy:
         pool = self._pool(untried, rng)
         # earlier proposals ride along (a few rows): the loop forecasts the pending ones again this
         # iteration, and then reads this pass instead of asking the surrogate a second time
+        # (and shelved ones, which may be revived: see _revived)
+        shelved = parent.get("shelved", set())
+        if shelved:
+            self._proposed |= {i for i, sha in enumerate(self._shas) if sha in shelved}  # after a resume too
         extra = np.asarray(sorted(self._proposed - set(pool.tolist())), dtype=int)
         rows = np.concatenate([pool, extra]).astype(int)
         scorer = getattr(self.forecaster, "screener", None) or self.forecaster  # the LLM's learned screener
@@ -195,11 +199,12 @@ class SpaceSearchPolicy:
         screened = self.forecaster.screen(self._values[rows], keys=keys)
         if screened is None:
             return None
-        screen = type(screened)(*(np.asarray(a)[: pool.size] for a in screened))
+        full = type(screened)(*(np.asarray(a) for a in screened))
+        screen = type(screened)(*(a[: pool.size] for a in full))
         # highest expected improvement first; among equals the lower predicted time
         ranking = np.lexsort((screen.mu, -screen.expected_improvement))
         self._ranked = pool[ranking[: max(self.carry, k)]].tolist()
-        out = []
+        out = self._revived(parent, rows, full, pool.size, screen, ranking[:k])
         for rank, j in enumerate(ranking[:k], start=1):
             idx = int(pool[j])
             self._proposed.add(idx)
@@ -211,6 +216,27 @@ class SpaceSearchPolicy:
                 hypothesis=f"rank {rank} of {scope} by expected improvement "
                            f"({screen.expected_improvement[j]:.3g} in log-time; P(fail) {screen.p_fail[j]:.2f})",
             ))
+        return out
+
+    def _revived(self, parent: dict[str, Any], rows: np.ndarray, full: Any, n_pool: int, screen: Any, top: np.ndarray) -> list[SpaceProposal]:
+        """Shelved candidates (worth measuring, but they lost their place in the loop's queue) that the
+        model now ranks above this iteration's last fresh proposal. They come on top of the fresh ones,
+        so reviving never costs the search a new configuration; without it, a configuration shelved
+        early, while the model was still poor, was never looked at again (on convolution_A100 that was
+        the optimum itself in two of six runs)."""
+        shelved: set[str] = parent.get("shelved", set())
+        if not shelved or top.size == 0:
+            return []
+        last = (-screen.expected_improvement[top[-1]], screen.mu[top[-1]])
+        out = []
+        for j in range(n_pool, rows.size):
+            idx = int(rows[j])
+            if self._shas[idx] in shelved and (-full.expected_improvement[j], full.mu[j]) < last:
+                cfg = self.space.config(idx)
+                out.append(SpaceProposal(
+                    origin="screened", params=cfg, features=dict(cfg),
+                    hypothesis=f"shelved earlier, now ranked among the top {top.size} by expected improvement "
+                               f"({full.expected_improvement[j]:.3g} in log-time; P(fail) {full.p_fail[j]:.2f})"))
         return out
 
     def propose(self, parent: dict[str, Any], k: int, rng: random.Random) -> list[SpaceProposal]:
