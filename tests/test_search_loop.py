@@ -55,8 +55,13 @@ def test_a_shelved_candidate_proposed_again_goes_back_in_the_queue_and_a_skipped
 def test_candidates_shelved_for_want_of_room_come_back_when_the_ranking_returns_to_them(tmp_path):
     """More configurations are worth measuring than the loop keeps pending. Those that lose their place
     were never judged worse, so the space's ranking may propose them again: a good one is not lost for good."""
-    start_search(problem=None, space=str(SPACE), budget=40, run_dir=str(tmp_path / "run"), quiet=True, report=False)
-    db = sqlite3.connect(tmp_path / "run" / "run.db")
+    run_dir = tmp_path / "run"
+    start_search(problem=None, space=str(SPACE), budget=20, run_dir=str(run_dir), quiet=True, report=False)
+    db = sqlite3.connect(run_dir / "run.db")
+    shelved_before = {cid for (cid,) in db.execute("SELECT id FROM candidates WHERE state = 'shelved'")}
+    (last_iteration,) = db.execute("SELECT MAX(iteration) FROM forecasts").fetchone()
+    Budget(RunDir(run_dir)).set_cap(40)
+    resume_search(str(run_dir), quiet=True)  # a fresh process's policy: what it knows of the shelf is in run.db
     history: dict[int, list[str]] = {}
     for cid, decision in db.execute("SELECT candidate_id, decision FROM forecasts ORDER BY iteration, id"):
         history.setdefault(cid, []).append(decision)
@@ -64,6 +69,9 @@ def test_candidates_shelved_for_want_of_room_come_back_when_the_ranking_returns_
     shelved = [cid for cid, decisions in history.items() if "shelve" in decisions]
     came_back = [cid for cid in shelved if history[cid][-1] != "shelve"]
     assert shelved and any(state[cid] == "measured" for cid in came_back)
+    proposed_again = {cid for (cid,) in db.execute(
+        "SELECT candidate_id FROM forecasts WHERE iteration > ? AND decision != 'shelve'", (last_iteration,))}
+    assert shelved_before & proposed_again  # shelved before the resume, proposed again after it
     assert all(state[cid] == "shelved" for cid in shelved if history[cid][-1] == "shelve")
 
 
