@@ -81,6 +81,7 @@ class SpaceSearchPolicy:
         for i, row in enumerate(space.configs):
             self._values[i, :] = row
         self._shas: Optional[list[str]] = None
+        self._row_of: dict[str, int] = {}  # content key -> row, for the shelved keys the loop hands back
         self._design: Optional[list[int]] = None  # cold-start design, rows of the space
 
     def attach_forecaster(self, forecaster: Any) -> None:
@@ -159,6 +160,7 @@ class SpaceSearchPolicy:
     def _untried(self, parent: dict[str, Any]) -> np.ndarray:
         if self._shas is None:
             self._shas = [parent["sha"](self.space.config(i)) for i in range(len(self.space))]
+            self._row_of = {sha: i for i, sha in enumerate(self._shas)}
         tried: set[str] = parent["tried"]
         return np.asarray([i for i, s in enumerate(self._shas) if s not in tried], dtype=int)
 
@@ -185,10 +187,9 @@ class SpaceSearchPolicy:
         pool = self._pool(untried, rng)
         # earlier proposals ride along (a few rows): the loop forecasts the pending ones again this
         # iteration, and then reads this pass instead of asking the surrogate a second time
-        # (and shelved ones, which may be revived: see _revived)
-        shelved = parent.get("shelved", set())
-        if shelved:
-            self._proposed |= {i for i, sha in enumerate(self._shas) if sha in shelved}  # after a resume too
+        # (and shelved ones, which may be revived: see _revived; read from the loop, so after a resume too)
+        shelved = {self._row_of[sha] for sha in parent.get("shelved", ()) if sha in self._row_of}
+        self._proposed |= shelved
         extra = np.asarray(sorted(self._proposed - set(pool.tolist())), dtype=int)
         rows = np.concatenate([pool, extra]).astype(int)
         scorer = getattr(self.forecaster, "screener", None) or self.forecaster  # the LLM's learned screener
@@ -204,7 +205,7 @@ class SpaceSearchPolicy:
         # highest expected improvement first; among equals the lower predicted time
         ranking = np.lexsort((screen.mu, -screen.expected_improvement))
         self._ranked = pool[ranking[: max(self.carry, k)]].tolist()
-        out = self._revived(parent, rows, full, pool.size, screen, ranking[:k])
+        out = self._revived(shelved, rows, full, pool.size, ranking[:k])
         for rank, j in enumerate(ranking[:k], start=1):
             idx = int(pool[j])
             self._proposed.add(idx)
@@ -218,20 +219,20 @@ class SpaceSearchPolicy:
             ))
         return out
 
-    def _revived(self, parent: dict[str, Any], rows: np.ndarray, full: Any, n_pool: int, screen: Any, top: np.ndarray) -> list[SpaceProposal]:
+    def _revived(self, shelved: set[int], rows: np.ndarray, full: Any, n_pool: int, top: np.ndarray) -> list[SpaceProposal]:
         """Shelved candidates (worth measuring, but they lost their place in the loop's queue) that the
         model now ranks above this iteration's last fresh proposal. They come on top of the fresh ones,
         so reviving never costs the search a new configuration; without it, a configuration shelved
         early, while the model was still poor, was never looked at again (on convolution_A100 that was
         the optimum itself in two of six runs)."""
-        shelved: set[str] = parent.get("shelved", set())
         if not shelved or top.size == 0:
             return []
-        last = (-screen.expected_improvement[top[-1]], screen.mu[top[-1]])
+        # `top` indexes the pool, which is the first n_pool rows of the screen
+        last = (-full.expected_improvement[top[-1]], full.mu[top[-1]])
         out = []
         for j in range(n_pool, rows.size):
             idx = int(rows[j])
-            if self._shas[idx] in shelved and (-full.expected_improvement[j], full.mu[j]) < last:
+            if idx in shelved and (-full.expected_improvement[j], full.mu[j]) < last:
                 cfg = self.space.config(idx)
                 out.append(SpaceProposal(
                     origin="screened", params=cfg, features=dict(cfg),
