@@ -132,7 +132,8 @@ def optimize(
     warm_start: list[str] = typer.Option([], "--warm-start", help="recorded space of the same kernel on another device (repeatable)"),
     start: list[str] = typer.Option([], "--start", help="your own kernel (a ModelNew file) to measure first and tune from (repeatable)"),
     history: list[str] = typer.Option([], "--history", help="folder of earlier runs (e.g. runs/) whose measurements on this device "
-                                      "make the learned surrogate's prior on a code problem (repeatable) \\[default: no prior]"),
+                                      "make the learned surrogate's prior on a code problem (repeatable; none: no prior) "
+                                      "\\[default: no prior, or \\[search] history in kscout.toml]"),
     confirm: Optional[int] = typer.Option(None, "--confirm", help="measurements kept to re-measure the best once the search stops; "
                                           "the re-measurement is what is reported (default: 1 for a problem with --budget 5 or more, else 0)"),
     workers: Optional[int] = typer.Option(None, "--workers", help="measure on N workers at once (local processes; with --ray, N actors)"),
@@ -146,6 +147,7 @@ def optimize(
     budget, policy, surrogate = cfg.pick("budget", budget), cfg.pick("policy", policy), cfg.pick("surrogate", surrogate)
     device, proposals, patience = cfg.pick("device", device), cfg.pick("proposals", proposals), cfg.pick("patience", patience)
     confirm, workers = cfg.pick("confirm", confirm), cfg.pick("workers", workers)
+    history = history or (None if space else cfg.pick("history", None))  # a file's history is for code problems only
     try:
         result = start_search(problem=problem, space=space, budget=budget, policy=policy, surrogate=surrogate, device=device,
                               run_dir=run_dir, seed=seed, proposals=proposals, patience=patience, max_wall=max_wall,

@@ -108,25 +108,31 @@ def register(app: typer.Typer) -> None:
         max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="global: LLM tokens over all problems"),
         start: list[str] = typer.Option([], "--start", help="your own kernels, a glob relative to each problem's folder "
                                         "({name}: the problem's name), measured first and tuned from (repeatable)"),
+        history: list[str] = typer.Option([], "--history", help="folder of earlier runs whose measurements on this device make the "
+                                          "learned surrogate's prior on each code problem (repeatable; this run's own --run-dir: "
+                                          "each problem learns from those before it; none: no prior) "
+                                          "\\[default: no prior, or \\[search] history in kscout.toml]"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object at the end"),
     ) -> None:
         """Search many problems in one headless run, each with its own budget, all under optional global caps."""
         from pydantic import ValidationError
 
-        from kernelscout.agent.headless import HeadlessError, HeadlessRun, RunCaps, RunManifest, attach_start, discover
+        from kernelscout.agent.headless import HeadlessError, HeadlessRun, RunCaps, RunManifest, attach_start, discover, run_history
 
         cfg = search_config(as_json, announce=True)
         budget, policy, surrogate = cfg.pick("budget", budget), cfg.pick("policy", policy), cfg.pick("surrogate", surrogate)
         device, proposals, patience = cfg.pick("device", device), cfg.pick("proposals", proposals), cfg.pick("patience", patience)
         confirm = cfg.pick("confirm", confirm)
+        history = cfg.pick("history", history or None)
         if policy not in ("auto", "tuner", "llm") or surrogate not in ("auto", "learned", "llm", "none"):
             fail("--policy takes auto, tuner or llm; --surrogate takes auto, learned, llm or none", as_json)
+        path = run_dir or str(Path("runs") / f"run-{time.strftime('%Y%m%d-%H%M%S')}")
         try:
+            folders = run_history(history, path)
             refs = attach_start(discover(problems), start)
             manifest = RunManifest(problems=refs, budget=budget, policy=policy, surrogate=surrogate, device=device, seed=seed,
-                                   proposals=proposals, patience=patience, confirm=confirm, problem_wall_s=problem_wall,
+                                   proposals=proposals, patience=patience, confirm=confirm, problem_wall_s=problem_wall, history=folders,
                                    caps=RunCaps(max_wall_s=max_wall, max_measurements=max_measurements, max_usd=max_usd, max_tokens=max_tokens))
-            path = run_dir or str(Path("runs") / f"run-{time.strftime('%Y%m%d-%H%M%S')}")
             headless = HeadlessRun.create(path, manifest)
         except HeadlessError as exc:
             fail(str(exc), as_json)

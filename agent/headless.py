@@ -73,6 +73,9 @@ class RunManifest(BaseModel):
     confirm: Optional[int] = Field(None, ge=0, description="measurements kept to re-measure each problem's best (None: "
                                    "kscout optimize's default; at most the problem's budget less one)")
     problem_wall_s: Optional[float] = Field(None, gt=0, description="wall-clock limit of one problem's search")
+    history: list[str] = Field(default_factory=list, description="folders of earlier runs for the learned surrogate's "
+                               "prior on each code problem (resolved); the run's own folder lets each problem learn "
+                               "from those searched before it")
     caps: RunCaps = Field(default_factory=RunCaps)
 
 
@@ -170,6 +173,23 @@ def discover(paths: list[str]) -> list[ProblemRef]:
             names.add(name)
             refs.append(ProblemRef(name=name, kind="space" if _is_space(f) else "problem", path=resolved))
     return refs
+
+
+def run_history(folders: Optional[list[str]], run_path: str | Path) -> list[str]:
+    """`--history` of a whole run, resolved. The run's own folder may not exist yet: naming it is how
+    each problem's search learns from the problems searched before it in the same run (their
+    sub-runs sit two levels down, where `find_runs` looks)."""
+    from kernelscout.agent.runner import OptimizeError, _check_history
+
+    if len(folders or []) > 1 and any(f.lower() == "none" for f in folders or []):
+        raise HeadlessError("--history none turns the prior off; give it alone, not with folders")
+    own = Path(run_path).expanduser().resolve()
+    others = [f for f in folders or [] if Path(f).expanduser().resolve() != own]
+    try:
+        resolved = _check_history(others) if others else []
+    except OptimizeError as exc:
+        raise HeadlessError(str(exc)) from None
+    return (resolved or []) + ([str(own)] if len(others) < len(folders or []) else [])
 
 
 def attach_start(refs: list[ProblemRef], patterns: list[str]) -> list[ProblemRef]:
@@ -533,6 +553,7 @@ class HeadlessRun:
                     proposals=m.proposals, patience=m.patience, max_wall=allow["max_wall"], quiet=quiet,
                     max_usd=allow["max_usd"], max_llm_tokens=allow["max_llm_tokens"], start=ref.start,
                     confirm=None if m.confirm is None else min(m.confirm, allow["budget"] - 1),
+                    history=m.history if ref.kind == "problem" else None,
                 )
             failure = _failure_of_measurements(sub)
             update = {"status": "failed" if failure else "finished", "reason": failure, "stop_reason": result.stop_reason,

@@ -131,7 +131,7 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
             raise OptimizeError("a recorded space has no code for an LLM to edit; use --policy tuner")
         if start:
             raise OptimizeError("--start gives a kernel file, and a recorded space has no code; leave --start out with --space")
-        if history:
+        if _check_history(history):
             raise OptimizeError("--history reads earlier runs of code problems; for a recorded space give --warm-start")
         _check_space(space, warm_start or [], surrogate)
         spec = SearchSpec(kind="space", path=str(Path(space).resolve()), device="replay", policy="tuner", surrogate=surrogate,

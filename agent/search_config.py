@@ -12,6 +12,7 @@ started with; the files only shape new searches.
     budget = 40
     confirm = 2
     workers = 2
+    history = ["runs"]   # earlier runs for the learned surrogate's prior, relative to this file
 
 Unknown keys and bad values are errors that name the file, as in `[llm]`: a typo must not be ignored.
 """
@@ -29,7 +30,7 @@ from kernelscout.agent.llm_config import default_config_files, tomllib
 
 SEARCH_SURROGATES = ("auto", "learned", "llm", "none")  # what `kscout optimize` and `kscout run` accept
 BUILT_IN: dict[str, Any] = {"device": "auto", "policy": "auto", "surrogate": "auto", "budget": 10, "confirm": None,
-                            "workers": None, "proposals": 6, "patience": 0}
+                            "workers": None, "proposals": 6, "patience": 0, "history": None}
 """The defaults when neither a flag nor a file sets a setting (confirm None: `default_confirm` decides)."""
 
 
@@ -48,6 +49,8 @@ class SearchDefaults(BaseModel):
     workers: Optional[int] = Field(None, ge=1)
     proposals: Optional[int] = Field(None, ge=1)
     patience: Optional[int] = Field(None, ge=0)
+    history: Optional[list[str]] = Field(None, description="folders of earlier runs for the learned surrogate's prior "
+                                         "(relative to the file that names them), or [\"none\"]")
     sources: dict[str, str] = Field(default_factory=dict, exclude=True, description="setting -> the file it came from")
 
     def pick(self, name: str, flag: Any) -> Any:
@@ -97,6 +100,10 @@ def search_defaults(cwd: Optional[Path] = None, env: Optional[Mapping[str, str]]
     if defaults.surrogate is not None and defaults.surrogate not in SEARCH_SURROGATES:
         raise SearchConfigError(f"surrogate {defaults.surrogate!r} in {sources['surrogate']} is not one of "
                                 f"{', '.join(SEARCH_SURROGATES)}")
+    if defaults.history:
+        # a path in a file means the same thing whichever folder the command runs from
+        base = Path(sources["history"]).parent
+        defaults.history = [h if h.lower() == "none" else str(base / Path(h).expanduser()) for h in defaults.history]
     defaults.sources = sources
     return defaults
 

@@ -429,3 +429,31 @@ def test_confirm_reaches_each_problem_and_its_figure_is_the_re_measurement(tmp_p
             assert [label for label, _ in rows] == ["confirm:6:0"] and problem["best_speedup"] == pytest.approx(rows[0][1])
             confirmed += 1
     assert confirmed >= 1
+
+
+def test_a_history_folder_that_is_not_there_is_refused_before_anything_runs(tmp_path):
+    folder = _problems_folder(tmp_path, broken=False)
+    result = CliRunner().invoke(app, ["run", str(folder), "--history", str(tmp_path / "typo"), "--run-dir", str(tmp_path / "run"), "--json"])
+    assert result.exit_code == 2
+    assert "no such folder" in json.loads(result.stdout)["message"]
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_with_its_own_folder_as_history_each_problem_learns_from_those_searched_before_it(tmp_path):
+    from conftest import SMALL_PROBLEM
+
+    from kernelscout.tools.rundir import RunDir
+
+    for name in ("a_first", "b_second"):
+        (tmp_path / "problems" / name).mkdir(parents=True)
+        (tmp_path / "problems" / name / "problem.py").write_text(SMALL_PROBLEM)
+    run = tmp_path / "night"  # not there yet: the run makes it
+    result, summary = _run([str(tmp_path / "problems"), "--budget", "2", "--device", "cpu", "--run-dir", str(run),
+                            "--history", str(run)])
+    assert result.exit_code == 0, result.output
+    manifest = RunManifest.model_validate_json((run / "manifest.json").read_text())
+    assert manifest.history == [str(run.resolve())]  # kept, so a resumed run reads the same folders
+    read = {name: json.loads(RunDir(run / "problems" / name).get_meta("history_runs")) for name in ("a_first", "b_second")}
+    assert read["a_first"] == []  # nothing was searched before it
+    assert read["b_second"] == [str((run / "problems" / "a_first").resolve())]

@@ -65,3 +65,22 @@ def test_a_command_with_a_bad_file_fails_before_anything_is_made(project):
     assert failed.exit_code == 2
     assert "devise" in json.loads(failed.stdout)["message"]
     assert not (project / "proj" / "r").exists()
+
+
+def test_history_in_a_file_is_read_relative_to_that_file(project):
+    (project / "home" / "kscout").mkdir(parents=True)
+    (project / "home" / "kscout" / "config.toml").write_text('[search]\nhistory = ["runs", "/abs/runs"]\n')
+    assert search_defaults().history == [str(project / "home" / "kscout" / "runs"), "/abs/runs"]
+    (project / "proj" / "kscout.toml").write_text('[search]\nhistory = ["none"]\n')  # the project turns it off
+    assert search_defaults().history == ["none"]
+
+
+@needs_hub
+def test_a_files_history_does_not_stop_a_search_of_a_recorded_space(project):
+    (project / "proj" / "runs").mkdir()
+    (project / "proj" / "kscout.toml").write_text('[search]\nhistory = ["runs"]\n')
+    done = CliRunner().invoke(app, ["optimize", "--space", str(SPACE), "--budget", "3", "--run-dir", "r", "--json"])
+    assert done.exit_code == 0, done.output
+    refused = CliRunner().invoke(app, ["optimize", "--space", str(SPACE), "--budget", "3", "--run-dir", "r2", "--json",
+                                       "--history", "runs"])
+    assert refused.exit_code == 2 and "--warm-start" in json.loads(refused.stdout)["message"]
