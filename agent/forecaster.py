@@ -299,10 +299,12 @@ class Forecaster:
 
     @staticmethod
     def priority(forecast: Forecast) -> float:
-        """Rank measure-worthy candidates: chance of a new best, then expected speedup; uninformative last."""
+        """Rank measure-worthy candidates: chance of a clear new best (`CLEAR_WIN` in tools/predict.py), then
+        expected speedup; uninformative last. A surrogate that gives no P(clear win), such as the LLM's, is
+        ranked by its P(beats the best), and without a best by P(faster)."""
         if not forecast.informative:
             return -1.0
-        p = forecast.p_beats_incumbent if forecast.p_beats_incumbent is not None else forecast.p_faster
+        p = next((q for q in (forecast.p_clear_win, forecast.p_beats_incumbent) if q is not None), forecast.p_faster)
         return p * (1.0 - forecast.p_fail) + 1e-3 * math.log(max(forecast.expected_speedup or 1.0, 1e-9))
 
     def screen(self, configs: Any, keys: Optional[list[tuple]] = None) -> Optional["Screen"]:

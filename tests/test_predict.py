@@ -87,6 +87,34 @@ def test_beating_the_incumbent_is_never_likelier_than_beating_a_slower_parent(
     assert "P(beats best" in f.rationale
 
 
+def test_a_clear_win_is_a_win_by_more_than_two_percent(space: ReplaySpace, trained: LearnedSurrogate) -> None:
+    # the incumbent's own configuration against the incumbent's forecast time: it may well win by a hair,
+    # and is much less likely to win by more than a measurement's noise
+    _, parent, _ = _extremes(space)
+    twin = Candidate(config=space.config(space.best_index))
+    best_ms = predict(twin, parent, PredictContext(), trained).predicted_runtime_ms
+    f = predict(twin, parent, PredictContext(incumbent_runtime_ms=best_ms), trained)
+    assert f.p_clear_win < f.p_beats_incumbent - 0.05
+    assert "by 2% or more" in f.rationale
+    # by definition: P(clear win) is P(beats) against a best 2 % faster
+    g = predict(twin, parent, PredictContext(incumbent_runtime_ms=best_ms * 0.98), trained)
+    assert f.p_clear_win == pytest.approx(g.p_beats_incumbent)
+
+
+def test_the_search_measures_the_likelier_clear_win_first() -> None:
+    from kernelscout.agent.forecaster import Forecaster
+
+    def forecast(p_beats: float, p_clear: float | None) -> Forecast:
+        return Forecast(surrogate="learned", informative=True, bin_edges=[1.0], bin_labels=["slower", "faster"],
+                        bin_probs=[0.5, 0.5], p_faster=0.5, p_beats_incumbent=p_beats, p_clear_win=p_clear,
+                        confidence=0.0, rationale="", cost={"latency_ms": 0.0})
+
+    twin, far = forecast(p_beats=0.5, p_clear=0.1), forecast(p_beats=0.35, p_clear=0.3)
+    assert Forecaster.priority(far) > Forecaster.priority(twin)
+    # a surrogate that gives no P(clear win) (the LLM's) is ranked by P(beats the best)
+    assert Forecaster.priority(forecast(0.5, None)) > Forecaster.priority(forecast(0.35, None))
+
+
 def test_speed_of_light_caps_the_speedup(space: ReplaySpace, trained: LearnedSurrogate) -> None:
     child, parent, _ = _extremes(space)
     sol = parent.runtime_ms / 1.2  # nothing can be more than 1.2x faster than the parent

@@ -36,6 +36,12 @@ __all__ = [
     "NoneSurrogate",
 ]
 
+CLEAR_WIN = 0.02
+"""A win counts as clear when it beats the best by this share of its time: more than a measurement's
+noise. A twin of the best that differs only in a switch the model cannot tell apart has an even chance
+of beating it by a hair; that chance says nothing about a gain worth a measurement, so the search ranks
+by the chance of a clear win (docs/search_experiments.md, twenty-fifth session)."""
+
 
 class Candidate(BaseModel):
     """Something that could be measured: a tunable-parameter config (replay), or a code file (later)."""
@@ -73,6 +79,8 @@ class Forecast(BaseModel):
     bin_probs: list[float] = Field(description="P(parent time / child time in each bin)")
     p_faster: float = Field(ge=0, le=1)
     p_beats_incumbent: Optional[float] = Field(None, ge=0, le=1)
+    p_clear_win: Optional[float] = Field(None, ge=0, le=1, description="P(beats the best so far by at least "
+                                         "CLEAR_WIN, 2 % of its time): what a search ranks the candidates worth measuring by")
     expected_speedup: Optional[float] = None
     speedup_interval_80: Optional[tuple[float, float]] = None
     predicted_runtime_ms: Optional[float] = Field(None, description="median of the predictive distribution")
@@ -145,6 +153,7 @@ def _read_forecasts(
     bins = dist.speedup_bin_probs(yp, edges)
     p_faster = dist.p_faster_than(yp)
     p_beats = dist.p_faster_than(math.log(context.incumbent_runtime_ms)) if context.incumbent_runtime_ms else None
+    p_clear = dist.p_faster_than(math.log(context.incumbent_runtime_ms * (1 - CLEAR_WIN))) if context.incumbent_runtime_ms else None
     q10, q50, q90 = dist.quantiles([0.1, 0.5, 0.9]).T
     expected = dist.expected_speedup(yp)
     status = surrogate.status()
@@ -155,7 +164,8 @@ def _read_forecasts(
         rationale = (
             f"{status}: child predicted {np.exp(q50[k]):.4g} ms (80%: {np.exp(q10[k]):.4g}-{np.exp(q90[k]):.4g}) "
             f"vs parent {parents[k].runtime_ms:.4g} ms; P(faster)={p_faster[k]:.2f}"
-            + (f", P(beats best {context.incumbent_runtime_ms:.4g} ms)={pb:.2f}" if pb is not None else "")
+            + (f", P(beats best {context.incumbent_runtime_ms:.4g} ms)={pb:.2f}, by {CLEAR_WIN:.0%} or more {p_clear[k]:.2f}"
+               if pb is not None else "")
         )
         probs = np.clip(bins[k], 0.0, 1.0)
         probs = probs / probs.sum()
@@ -168,6 +178,7 @@ def _read_forecasts(
                 bin_probs=probs.tolist(),
                 p_faster=float(p_faster[k]),
                 p_beats_incumbent=pb,
+                p_clear_win=None if p_clear is None else float(p_clear[k]),
                 expected_speedup=float(expected[k]),
                 speedup_interval_80=(lo, hi),
                 predicted_runtime_ms=float(np.exp(q50[k])),
