@@ -41,7 +41,7 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 
 @app.command()
 def measure(
-    problem: str = typer.Argument(..., help="KernelBench problem file (class Model, get_inputs, get_init_inputs)"),
+    problem: str = typer.Argument(..., help="KernelBench problem file (class Model, get_inputs, get_init_inputs), or a folder holding problem.py"),
     candidate: str = typer.Argument(..., help="candidate module defining class ModelNew"),
     device: Optional[str] = typer.Option(None, help=f"auto, cpu, cuda or cuda:N {help_default('device')}"),
     run_dir: Optional[str] = typer.Option(None, "--run-dir", help="run directory holding the budget ledger \\[default: runs/scratch]"),

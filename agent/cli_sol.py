@@ -52,7 +52,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("sol")
     def sol(
-        problem: str = typer.Argument(..., help="KernelBench problem file (class Model, get_inputs, get_init_inputs)"),
+        problem: str = typer.Argument(..., help="KernelBench problem file (class Model, get_inputs, get_init_inputs), or a folder holding problem.py"),
         device: Optional[str] = typer.Option(
             None, help="auto, cpu, cuda[:N], or a GPU name: as torch reports it or short (H100, A100, A4000, MI250X, RTX_3090) "
             + help_default("device")

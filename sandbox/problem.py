@@ -94,9 +94,21 @@ def problem_name(path: Path | str) -> str:
     return path.parent.name if path.name == "problem.py" else path.stem
 
 
+def problem_file(path: Path | str) -> Path:
+    """A folder stands for the problem.py it holds (examples/softmax), so that every command and tool takes
+    a problem the way `kscout optimize` does; a folder without one is an error that says so."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    if not (path / "problem.py").is_file():
+        raise InputFileError(path, "is a folder without problem.py; pass a KernelBench .py file or a folder holding "
+                                   "problem.py", "invalid_problem")
+    return path / "problem.py"
+
+
 def load_problem(path: Path | str) -> SourceFile:
-    """Check that a KernelBench problem file has what the harness needs."""
-    problem, names = _load(path, "invalid_problem")
+    """Check that a KernelBench problem file (or a folder holding problem.py) has what the harness needs."""
+    problem, names = _load(problem_file(path), "invalid_problem")
     missing = [n for n in ("Model", "get_inputs", "get_init_inputs") if n not in names]
     if missing:
         raise InputFileError(

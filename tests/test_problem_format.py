@@ -93,3 +93,14 @@ def test_cli_missing_file_is_a_clear_error(tmp_path):
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 2
     assert "no such file" in proc.stdout and "Traceback" not in proc.stderr
+
+
+def test_a_folder_holding_problem_py_is_that_problem(tmp_path):
+    (tmp_path / "softmax").mkdir()
+    (tmp_path / "softmax" / "problem.py").write_text(SMALL_PROBLEM)
+    assert load_problem(tmp_path / "softmax").path == (tmp_path / "softmax" / "problem.py").resolve()
+
+
+def test_a_folder_without_problem_py_says_what_to_pass(tmp_path):
+    with pytest.raises(InputFileError, match="folder without problem.py; pass a KernelBench .py file or a folder"):
+        load_problem(tmp_path)

@@ -320,6 +320,14 @@ def test_kscout_sol_prints_the_bound_of_a_problem_file_as_json(cli, write):
     assert bounds["bound"] == "compute" and bounds["device_key"] == "H100-SXM"
 
 
+def test_kscout_sol_takes_a_problem_folder_as_optimize_does(cli, write, tmp_path):
+    (tmp_path / "mm").mkdir()
+    path = write("mm/problem.py", matmul(64, 64, 64))
+    result = CliRunner().invoke(cli, ["sol", str(path.parent), "--device", "NVIDIA H100 80GB HBM3", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["flops"] == 2 * 64**3
+
+
 def test_kscout_sol_rejects_an_unknown_device_with_the_known_ones(cli, write):
     result = CliRunner().invoke(cli, ["sol", str(write("mm.py", matmul(8, 8, 8))), "--device", "RTX 9090"])
     assert result.exit_code == 2

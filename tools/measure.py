@@ -31,7 +31,7 @@ DEFAULT_RUN_DIR = Path("runs") / "scratch"
 
 
 class MeasureRequest(BaseModel):
-    problem: str = Field(description="path of a KernelBench problem file (class Model, get_inputs, get_init_inputs)")
+    problem: str = Field(description="path of a KernelBench problem file (class Model, get_inputs, get_init_inputs), or of a folder holding problem.py")
     candidate: str = Field(description="path of a candidate module defining class ModelNew")
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
     run_dir: Optional[str] = Field(None, description=f"run directory holding the ledger (default {DEFAULT_RUN_DIR})")

@@ -44,7 +44,7 @@ DEFAULT_TIMEOUT_S = 180.0  # the child imports torch first, which alone can take
 
 
 class SolRequest(BaseModel):
-    problem: str = Field(description="path of a KernelBench problem file (class Model, get_inputs, get_init_inputs)")
+    problem: str = Field(description="path of a KernelBench problem file (class Model, get_inputs, get_init_inputs), or of a folder holding problem.py")
     device: str = Field(
         "auto",
         description="auto, cpu, cuda, cuda:N, or a GPU name as torch.cuda.get_device_name gives it or as the "
