@@ -94,14 +94,26 @@ def _print_measurement(m) -> None:
 @app.command()
 def budget(
     run_dir: str = typer.Argument(..., help="run directory"),
-    set_cap: Optional[int] = typer.Option(None, "--set", help="set a new measurement cap"),
+    set_cap: Optional[int] = typer.Option(None, "--set", min=0, help="set a new measurement cap"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Show (or change) the measurement budget of a run directory."""
+    from pathlib import Path
+
+    from kernelscout.agent.run_view import RunViewError, open_run
     from kernelscout.tools.budget import Budget
     from kernelscout.tools.rundir import RunDir
 
-    ledger = Budget(RunDir(run_dir))
+    # Reading never creates a run directory (a mistyped path would read as "uncapped"); setting a cap on a
+    # new one does, so a cap can be set before the first `kscout measure`, and says so.
+    path = Path(run_dir)
+    created = set_cap is not None and (not path.exists() or (path.is_dir() and not any(path.iterdir())))
+    try:
+        ledger = Budget(RunDir(run_dir) if created else open_run(run_dir))
+    except RunViewError as exc:
+        fail(str(exc), as_json)
+    if created and not as_json:
+        err.print(f"created run directory {escape(run_dir)}")
     if set_cap is not None:
         ledger.set_cap(set_cap)
     status = ledger.status()

@@ -84,3 +84,27 @@ def test_eight_racing_processes_with_a_cap_of_five(tmp_path, write):
     assert sorted(statuses) == ["budget_exhausted"] * 3 + ["ok"] * 5
     status = Budget(RunDir(run)).status()
     assert status.used == 5 and status.reserved == 0
+
+
+def test_kscout_budget_never_reads_a_mistyped_run_directory_as_uncapped(tmp_path):
+    from typer.testing import CliRunner
+
+    from kernelscout.agent.cli import app
+
+    missing = tmp_path / "runs" / "typo"
+    shown = CliRunner().invoke(app, ["budget", str(missing)])
+    assert shown.exit_code == 2 and "does not exist" in shown.output
+    assert not missing.exists()
+    assert CliRunner().invoke(app, ["budget", str(missing), "--set", "-1"]).exit_code == 2  # refused by the option itself
+
+
+def test_kscout_budget_set_on_a_new_directory_creates_it_with_that_cap(tmp_path):
+    from typer.testing import CliRunner
+
+    from kernelscout.agent.cli import app
+
+    new = tmp_path / "runs" / "scratch"
+    result = CliRunner().invoke(app, ["budget", str(new), "--set", "20", "--json"])
+    assert result.exit_code == 0, result.output
+    assert '"cap":20' in result.stdout.replace(" ", "")
+    assert Budget(RunDir(new)).status().cap == 20
