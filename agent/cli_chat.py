@@ -21,7 +21,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 
 from kernelscout.agent.search_config import help_default, search_config
-from kernelscout.sandbox.problem import problem_name
+from kernelscout.sandbox.problem import InputFileError, problem_file, problem_name
 from kernelscout.tools.budget import Budget
 from kernelscout.tools.rundir import RunDir
 
@@ -86,9 +86,10 @@ def resolve_problem(problem: Optional[str], run_dir: Optional[str]) -> tuple[Pat
                                  "earlier chat to continue it")
         path = Path(remembered)
     else:
-        path = Path(problem)
-        if path.is_dir():
-            path = path / "problem.py"
+        try:
+            path = problem_file(problem)
+        except InputFileError as exc:  # a folder without problem.py
+            raise ChatSetupError(str(exc)) from None
         if not path.is_file():
             raise ChatSetupError(f"{problem}: no such problem file (pass a KernelBench .py file or a folder with problem.py)")
     path = path.resolve()

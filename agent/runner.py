@@ -82,9 +82,12 @@ def resolve_choices(policy: str, surrogate: str, space: bool = False) -> tuple[s
 
 
 def _problem_file(problem: str) -> Path:
-    path = Path(problem)
-    if path.is_dir():
-        path = path / "problem.py"
+    from kernelscout.sandbox.problem import InputFileError, problem_file
+
+    try:
+        path = problem_file(problem)
+    except InputFileError as exc:  # a folder without problem.py
+        raise OptimizeError(str(exc)) from None
     if not path.exists():
         raise OptimizeError(f"{problem}: no such problem file (pass a KernelBench .py file or a folder with problem.py)")
     return path.resolve()
