@@ -564,14 +564,17 @@ def run_bench(req: BenchRequest, progress: Optional[Callable[[int, int, Trace], 
 
 
 def _expand(paths: Sequence[str]) -> list[Path]:
+    from kernelscout.sandbox.replay import resolve_space, space_hint
+
     out: list[Path] = []
-    for p in map(Path, paths):
+    for p in map(resolve_space, paths):
         if p.is_dir():
             out.extend(sorted(q for q in p.iterdir() if q.name.endswith((".json", ".json.gz"))))
         elif p.exists():
             out.append(p)
         else:
-            raise BenchError(f"{p}: no such recorded space (pass Kernel Tuner cache files, .json or .json.gz, or a folder of them)")
+            raise BenchError(f"{p}: no such recorded space (pass Kernel Tuner cache files, .json or .json.gz, a folder of them, "
+                             f"or a recorded space's name){space_hint(p)}")
     if not out:
         raise BenchError("no recorded spaces given; pass Kernel Tuner cache files or a folder of them")
     return out

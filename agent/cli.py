@@ -128,7 +128,7 @@ def budget(
 @app.command()
 def optimize(
     problem: Optional[str] = typer.Argument(None, help="KernelBench problem file, or a folder holding problem.py"),
-    space: Optional[str] = typer.Option(None, "--space", help="search a recorded Kernel Tuner space on the replay device instead"),
+    space: Optional[str] = typer.Option(None, "--space", help="search a recorded Kernel Tuner space on the replay device instead (a cache file, or a name such as convolution_A100)"),
     budget: Optional[int] = typer.Option(None, help=f"hard cap on measurements {help_default('budget')}"),
     policy: Optional[str] = typer.Option(None, help=f"auto, tuner or llm {help_default('policy')}"),
     surrogate: Optional[str] = typer.Option(None, help=f"auto, learned, llm or none {help_default('surrogate')}"),

@@ -47,7 +47,7 @@ def _table(report: EvalReport) -> Table:
 
 
 def eval_surrogate(
-    spaces: list[Path] = typer.Argument(..., help="Kernel Tuner cache files (.json/.json.gz) or folders of them"),
+    spaces: list[Path] = typer.Argument(..., help="Kernel Tuner cache files (.json/.json.gz), folders of them, or recorded space names (convolution_A100)"),
     train: int = typer.Option(50, "--train", "-n", help="timed training configurations per space and seed"),
     seeds: int = typer.Option(10, "--seeds", "-s", help="random train/held-out splits per space"),
     surrogate: str = typer.Option("learned", "--surrogate", help="learned, plain-rf, none, llm (or a registered one)"),
@@ -74,7 +74,7 @@ def _eval_surrogate(spaces: list[Path], train: int, seeds: int, surrogate: str, 
                     configs: int, as_json: bool, plots: Optional[Path], no_plots: bool) -> None:
     from pydantic import ValidationError
 
-    from kernelscout.sandbox.replay import CacheFileError, load_spaces
+    from kernelscout.sandbox.replay import CacheFileError, load_spaces, resolve_space, space_hint
     from kernelscout.tools.surrogates.evaluation import EvalInputError, EvalSettings, evaluate
     from kernelscout.tools.surrogates.registry import surrogate_names
 
@@ -98,6 +98,11 @@ def _eval_surrogate(spaces: list[Path], train: int, seeds: int, surrogate: str, 
         first = exc.errors()[0]
         option = {"llm_configs": "configs"}.get(str(first["loc"][0]), str(first["loc"][0]))
         raise typer.BadParameter(f"{first['msg']} (got {first.get('input')!r})", param_hint=f"--{option}") from None
+    spaces = [resolve_space(p) for p in spaces]
+    missing = next((p for p in spaces if not p.exists()), None)
+    if missing is not None:
+        raise typer.BadParameter(f"{missing}: no such recorded space; give Kernel Tuner cache files (.json or .json.gz), "
+                                 f"folders of them, or a recorded space's name{space_hint(missing)}", param_hint="SPACES")
     try:
         loaded = load_spaces(spaces)
     except CacheFileError as exc:

@@ -128,8 +128,12 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
     settings = SearchSettings(budget=budget, seed=seed, proposals_per_iteration=proposals, patience=patience, max_wall_s=max_wall, confirm=confirm,
                               max_device_s=max_device_s, max_usd=max_usd, max_llm_tokens=max_llm_tokens)
     if space is not None:
+        from kernelscout.sandbox.replay import resolve_space, space_hint
+
+        space = str(resolve_space(space))
+        warm_start = [str(resolve_space(w)) for w in warm_start or []]
         if not Path(space).exists():
-            raise OptimizeError(f"{space}: no such recorded space")
+            raise OptimizeError(f"{space}: no such recorded space{space_hint(space)}")
         if policy == "llm":
             raise OptimizeError("a recorded space has no code for an LLM to edit; use --policy tuner")
         if start:
@@ -236,7 +240,9 @@ def _load_space(path: str, what: str):
     if Path(path).is_dir():
         raise OptimizeError(f"{path}: a folder; {what} takes one Kernel Tuner cache file (.json or .json.gz)")
     if not Path(path).exists():
-        raise OptimizeError(f"{path}: no such recorded space ({what})")
+        from kernelscout.sandbox.replay import space_hint
+
+        raise OptimizeError(f"{path}: no such recorded space ({what}){space_hint(path)}")
     try:
         return ReplaySpace.load(path)
     except CacheFileError as exc:

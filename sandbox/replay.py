@@ -369,6 +369,46 @@ def recorded_spaces_dir() -> Path:
     return next((c for c in candidates if c.is_dir()), candidates[0])
 
 
+def resolve_space(arg: str | Path) -> Path:
+    """A recorded space's file from what a user typed: a path as given, or a bare name such as
+    `convolution_A100` looked up as `NAME.json.gz` / `NAME.json` in `recorded_spaces_dir()`.
+
+    Why: the tables and docs name spaces by their bare names, and typing the data folder's path each time
+    is the chore users skip first. A path that exists always wins, so a local file of the same name is
+    never shadowed; anything not found is returned unchanged for the caller's own "no such" message.
+    """
+    path = Path(arg)
+    if path.exists() or len(path.parts) != 1 or path.name.endswith((".json", ".json.gz")):
+        return path
+    hub = recorded_spaces_dir()
+    for suffix in (".json.gz", ".json"):
+        if (hub / f"{path.name}{suffix}").is_file():
+            return hub / f"{path.name}{suffix}"
+    return path
+
+
+def recorded_space_names() -> list[str]:
+    """The bare names `resolve_space` knows, for "did you mean" hints; empty when the data are absent."""
+    hub = recorded_spaces_dir()
+    if not hub.is_dir():
+        return []
+    return sorted(q.name.removesuffix(".gz").removesuffix(".json") for q in hub.iterdir()
+                  if q.name.endswith((".json", ".json.gz")))
+
+
+def space_hint(arg: str | Path) -> str:
+    """The tail of a "no such recorded space" message: the closest bare name, or the names there are."""
+    import difflib
+
+    names = recorded_space_names()
+    if not names:
+        return ""
+    close = difflib.get_close_matches(Path(arg).name.removesuffix(".gz").removesuffix(".json"), names, n=1)
+    if close:
+        return f"; did you mean {close[0]}?"
+    return f"; recorded spaces by name: {', '.join(names)}"
+
+
 def load_spaces(paths: Sequence[str | Path]) -> list[ReplaySpace]:
     """Load several caches; a folder stands for every cache file in it."""
     files: list[Path] = []

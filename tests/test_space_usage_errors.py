@@ -262,3 +262,38 @@ def test_records_that_contradict_the_header_are_searched_as_recorded_and_said_so
 
     assert result.exit_code == 0, result.output
     assert "records hold parameter values its tune_params do not list (bs=300)" in " ".join(result.output.split())
+
+
+@pytest.fixture
+def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A folder of recorded spaces standing in for the benchmark hub, found through KSCOUT_BENCHMARK_HUB."""
+    folder = tmp_path / "hub"
+    folder.mkdir()
+    write_cache(folder / "toy_A100.json", timed(8))
+    monkeypatch.setenv("KSCOUT_BENCHMARK_HUB", str(folder))
+    monkeypatch.chdir(tmp_path)
+    return folder
+
+
+def test_a_recorded_space_is_named_by_its_bare_name(hub: Path, tmp_path: Path) -> None:
+    result = optimize(tmp_path, "--space", "toy_A100")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "run").is_dir()
+    bench = kscout("bench", "search", "toy_A100", "--budgets", "3", "--seeds", "1", "--baselines", "none", "--json")
+    assert bench.exit_code == 0, bench.output
+    assert "toy_A100" in json.loads(bench.stdout)
+
+
+def test_a_mistyped_name_gets_the_closest_recorded_one(hub: Path, tmp_path: Path) -> None:
+    assert_usage_error(optimize(tmp_path, "--space", "toy_A10"), "no such recorded space", "did you mean toy_A100?")
+    assert not (tmp_path / "run").exists()
+    assert_usage_error(kscout("eval-surrogate", "nothing_like_it"), "no such recorded space",
+                       "recorded spaces by name: toy_A100")
+
+
+def test_a_local_file_wins_over_a_recorded_space_of_the_same_name(hub: Path, tmp_path: Path) -> None:
+    from kernelscout.sandbox.replay import resolve_space
+
+    (tmp_path / "toy_A100").write_text("{}")
+    assert resolve_space("toy_A100") == Path("toy_A100")
+    assert resolve_space("elsewhere/toy_A100") == Path("elsewhere/toy_A100")
