@@ -151,8 +151,10 @@ def discover(paths: list[str]) -> list[ProblemRef]:
     refs: list[ProblemRef] = []
     seen_paths: set[str] = set()
     names: set[str] = set()
+    from kernelscout.sandbox.replay import resolve_space, space_hint
+
     for raw in paths:
-        path = Path(raw)
+        path = resolve_space(raw)
         if path.is_dir():
             files = _files_in(path)
             if not files:
@@ -161,7 +163,7 @@ def discover(paths: list[str]) -> list[ProblemRef]:
         elif path.is_file():
             files = [path]
         else:
-            raise HeadlessError(f"{raw}: no such file or folder")
+            raise HeadlessError(f"{raw}: no such file or folder, nor a recorded space's name{space_hint(raw)}")
         for f in files:
             resolved = str(f.resolve())
             if resolved in seen_paths:

@@ -99,6 +99,20 @@ def test_discovery_reads_problem_folders_files_and_spaces(tmp_path):
     assert [r.name for r in discover([str(many / "a"), str(tmp_path / "other" / "a")])] == ["a", "a-2"]
 
 
+def test_discovery_takes_a_recorded_space_by_its_bare_name(tmp_path, monkeypatch):
+    hub = tmp_path / "hub"
+    hub.mkdir()
+    cache = {str(v): {"bs": v, "time": 1.0 + v, "times": [1.0 + v] * 3} for v in range(4)}
+    (hub / "toy_gpu.json").write_text(json.dumps({"device_name": "GPU", "kernel_name": "k", "problem_size": [64],
+                                                  "tune_params_keys": ["bs"], "tune_params": {"bs": list(range(4))},
+                                                  "objective": "time", "cache": cache}))
+    monkeypatch.setenv("KSCOUT_BENCHMARK_HUB", str(hub))
+    monkeypatch.chdir(tmp_path)
+    assert [(r.name, r.kind) for r in discover(["toy_gpu"])] == [("toy_gpu", "space")]
+    with pytest.raises(HeadlessError, match="did you mean toy_gpu"):
+        discover(["toy_gp"])
+
+
 def test_discovery_refuses_missing_paths_and_empty_folders(tmp_path):
     with pytest.raises(HeadlessError, match="no such file or folder"):
         discover([str(tmp_path / "typo")])
