@@ -358,7 +358,8 @@ def make_forecaster(name: str, tune_params: Optional[Mapping[str, Sequence[Any]]
     """`priors`: recorded spaces of the same kernel (a tuning space); `history_prior`: earlier runs'
     outcomes on this device (a code problem; tools/surrogates/history.py)."""
     if tune_params is not None:
-        surrogate = make_surrogate("none" if name == "none" else name, tune_params, priors=priors, seed=seed, valid=valid)
+        surrogate = make_surrogate("none" if name == "none" else name, tune_params, priors=priors, seed=seed, valid=valid,
+                                   for_search=True)
     else:
         surrogate = OpenSpaceSurrogate("none" if name == "none" else name, seed=seed, prior=history_prior, reference_ms=reference_ms)
     return Forecaster(surrogate, reference_ms, features, measure_all=(name == "none"), seed=seed, sol_ms=sol_ms)

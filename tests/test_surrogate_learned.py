@@ -206,3 +206,33 @@ def test_a_stride_that_does_not_apply_is_not_judged_by_strides_that_did() -> Non
     slow, fast = np.log(4.0 * 1.25), np.log(1.25)  # mean log-times of stride 0 and stride 1 at tile > 1
     assert blind > fast + 0.75 * (slow - fast)  # judged as a stride-0 configuration
     assert told < blind - 0.2
+
+
+def test_late_in_a_search_the_slow_quarter_is_fitted_as_equally_slow() -> None:
+    """`focus_after`: once enough is measured, the model spends itself on the fast configurations."""
+    grid = {"x": list(range(100))}
+    slow_times = {x: float(np.exp(x / 20)) for x in range(0, 100, 2)}  # 50 measured, slower with x
+
+    def fitted(focus_after):
+        s = LearnedSurrogate(grid, seed=0, focus_after=focus_after)
+        for x, t in slow_times.items():
+            s.observe({"x": x}, t)
+        return s.predictive([{"x": 99}, {"x": 1}]).mu
+
+    plain, before, focused = fitted(None), fitted(51), fitted(50)
+    cap = np.percentile(np.log(list(slow_times.values())), 75)
+    assert plain[0] > cap + 0.5                    # the plain model follows the slow end
+    assert focused[0] < cap + 0.05                 # the focused one sees it as no slower than the cap
+    assert np.allclose(before, plain)              # one point short of focus_after: the plain model
+    assert abs(focused[1] - plain[1]) < 0.2        # the fast end is still told apart
+
+
+def test_only_a_search_gets_the_focused_surrogate() -> None:
+    from kernelscout.tools.surrogates.learned import SEARCH_FOCUS_AFTER
+    from kernelscout.tools.surrogates.registry import make_surrogate
+
+    grid = {"x": [1, 2, 3]}
+    assert make_surrogate("learned", grid).focus_after is None  # eval-surrogate ranks the whole space
+    assert make_surrogate("learned", grid, for_search=True).focus_after == SEARCH_FOCUS_AFTER
+    with pytest.raises(ValueError, match="focus_after"):
+        LearnedSurrogate(grid, focus_after=0)

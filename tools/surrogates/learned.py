@@ -22,6 +22,12 @@ refresh about 25 ms, about 50 ms per measurement on average, against about 3.5 s
 was redone after every measurement.
 
 With fewer than `min_points` timed configurations it forecasts nothing and says so (cold start).
+
+`focus_after=N` (the search on a recorded space sets it; see `SEARCH_FOCUS_AFTER`): from N timed
+configurations on, log-times slower than the measured `focus_quantile` (75th percentile) are fitted as
+that percentile. A search that has found the good region then ranks within it more sharply; over
+a whole space (eval-surrogate) it would blur the order of the slow configurations, so it is off by
+default. docs/search_experiments.md has the paired runs behind the number.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from kernelscout.tools.surrogates.features import ConfigEncoder, FeatureBlocks
 from kernelscout.tools.surrogates.warmstart import PriorSource
 
 OOF_TREES = 50
+SEARCH_FOCUS_AFTER = 50
 _FAILED = {MeasureStatus.compile_error, MeasureStatus.runtime_error, MeasureStatus.crashed, MeasureStatus.timeout}
 
 
@@ -70,6 +77,8 @@ class LearnedSurrogate:
         seed: int = 0,
         name: str = "learned",
         valid: Optional[Sequence[Sequence[Any]]] = None,
+        focus_after: Optional[int] = None,
+        focus_quantile: float = 75.0,
     ) -> None:
         self.name = name
         self.encoder = ConfigEncoder(tune_params, rich=rich_features, valid=valid)
@@ -85,6 +94,13 @@ class LearnedSurrogate:
         if refit_growth < 1.0:
             raise ValueError("refit_growth must be at least 1 (1 cross-fits after every measurement)")
         self.refit_growth = refit_growth
+        if focus_after is not None and focus_after < 1:
+            raise ValueError("focus_after must be at least 1 (or None: never focus)")
+        if not 0.0 < focus_quantile <= 100.0:
+            raise ValueError("focus_quantile is a percentile, in (0, 100]")
+        self.focus_after = focus_after
+        self.focus_quantile = focus_quantile
+        self._focused = False
         self._crossfit_at = 0  # timed points at the last full pipeline (0: never)
         self._fail_fit_at = (-1, -1)  # (timed, failed) counts the failure model was fitted on
         self._rows: list[tuple[Any, ...]] = []
@@ -164,6 +180,14 @@ class LearnedSurrogate:
             return FitSummary(n_timed=n, fitted=False)
         x = self._features(rows[ok])
         y = logt[ok]
+        if self.focus_after is not None and n >= self.focus_after:
+            # Late in a search the question is which of the good configurations is fastest; the slowest
+            # measured quarter, told apart in full, draws the fit (and the GP's length scales) towards
+            # differences that no longer matter. They are kept, as equally slow.
+            y = np.minimum(y, np.percentile(y, self.focus_quantile))
+            if not self._focused:
+                self._focused = True
+                full = True  # residuals and calibration must describe the focused target, not the old one
         crossfit = self._crossfit_due(n) if full is None else (full or self._model is None)
         if not crossfit:
             assert self._model is not None

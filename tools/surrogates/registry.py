@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
 from kernelscout.tools.surrogates.base import NoneSurrogate, Surrogate
-from kernelscout.tools.surrogates.learned import LearnedSurrogate
+from kernelscout.tools.surrogates.learned import SEARCH_FOCUS_AFTER, LearnedSurrogate
 from kernelscout.tools.surrogates.warmstart import PriorSource
 
 SurrogateFactory = Callable[..., Surrogate]
@@ -19,9 +19,9 @@ SurrogateFactory = Callable[..., Surrogate]
 
 def _learned(
     tune_params: Mapping[str, Sequence[Any]], *, priors: Sequence[PriorSource] = (), seed: int = 0,
-    valid: Optional[Sequence[Sequence[Any]]] = None,
+    valid: Optional[Sequence[Sequence[Any]]] = None, focus_after: Optional[int] = None,
 ) -> Surrogate:
-    return LearnedSurrogate(tune_params, priors=priors, seed=seed, valid=valid)
+    return LearnedSurrogate(tune_params, priors=priors, seed=seed, valid=valid, focus_after=focus_after)
 
 
 def _plain_rf(
@@ -50,12 +50,16 @@ def surrogate_names() -> list[str]:
 
 def make_surrogate(
     name: str, tune_params: Mapping[str, Sequence[Any]], *, priors: Sequence[PriorSource] = (), seed: int = 0,
-    valid: Optional[Sequence[Sequence[Any]]] = None,
+    valid: Optional[Sequence[Sequence[Any]]] = None, for_search: bool = False,
 ) -> Surrogate:
+    """`for_search`: the surrogate serves a search rather than a whole-space evaluation; the learned one
+    then focuses on the good configurations late in the run (`LearnedSurrogate.focus_after`)."""
     try:
         factory = _REGISTRY[name]
     except KeyError:
         raise KeyError(f"unknown surrogate {name!r}; available: {', '.join(surrogate_names())}") from None
+    if for_search and factory is _learned:
+        return _learned(tune_params, priors=priors, seed=seed, valid=valid, focus_after=SEARCH_FOCUS_AFTER)
     if valid is None:  # factories registered before `valid` existed need not accept it
         return factory(tune_params, priors=priors, seed=seed)
     return factory(tune_params, priors=priors, seed=seed, valid=valid)
