@@ -148,11 +148,11 @@ def discover(paths: list[str]) -> list[ProblemRef]:
     if not paths:
         raise HeadlessError("give at least one problem: a KernelBench .py file, a folder with problem.py, "
                             "a folder of such folders, or a recorded space .json.gz")
+    from kernelscout.sandbox.replay import resolve_space, space_hint
+
     refs: list[ProblemRef] = []
     seen_paths: set[str] = set()
     names: set[str] = set()
-    from kernelscout.sandbox.replay import resolve_space, space_hint
-
     for raw in paths:
         path = resolve_space(raw)
         if path.is_dir():

@@ -238,7 +238,7 @@ class ReplaySpace:
     @property
     def name(self) -> str:
         """The file's stem, e.g. ``convolution_A100``; unique among the spaces of one folder."""
-        return self.path.name.split(".json")[0]
+        return space_name(self.path)
 
     @property
     def device_label(self) -> str:
@@ -369,6 +369,11 @@ def recorded_spaces_dir() -> Path:
     return next((c for c in candidates if c.is_dir()), candidates[0])
 
 
+def space_name(path: str | Path) -> str:
+    """A recorded space's bare name: its file name without `.json` / `.json.gz`."""
+    return Path(path).name.split(".json")[0]
+
+
 def resolve_space(arg: str | Path) -> Path:
     """A recorded space's file from what a user typed: a path as given, or a bare name such as
     `convolution_A100` looked up as `NAME.json.gz` / `NAME.json` in `recorded_spaces_dir()`.
@@ -392,8 +397,7 @@ def recorded_space_names() -> list[str]:
     hub = recorded_spaces_dir()
     if not hub.is_dir():
         return []
-    return sorted(q.name.removesuffix(".gz").removesuffix(".json") for q in hub.iterdir()
-                  if q.name.endswith((".json", ".json.gz")))
+    return sorted(space_name(q) for q in hub.iterdir() if q.name.endswith((".json", ".json.gz")))
 
 
 def space_hint(arg: str | Path) -> str:
@@ -403,7 +407,7 @@ def space_hint(arg: str | Path) -> str:
     names = recorded_space_names()
     if not names:
         return ""
-    close = difflib.get_close_matches(Path(arg).name.removesuffix(".gz").removesuffix(".json"), names, n=1)
+    close = difflib.get_close_matches(space_name(arg), names, n=1)
     if close:
         return f"; did you mean {close[0]}?"
     return f"; recorded spaces by name: {', '.join(names)}"

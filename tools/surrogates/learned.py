@@ -100,7 +100,6 @@ class LearnedSurrogate:
             raise ValueError("focus_quantile is a percentile, in (0, 100]")
         self.focus_after = focus_after
         self.focus_quantile = focus_quantile
-        self._focused = False
         self._crossfit_at = 0  # timed points at the last full pipeline (0: never)
         self._fail_fit_at = (-1, -1)  # (timed, failed) counts the failure model was fitted on
         self._rows: list[tuple[Any, ...]] = []
@@ -185,8 +184,7 @@ class LearnedSurrogate:
             # measured quarter, told apart in full, draws the fit (and the GP's length scales) towards
             # differences that no longer matter. They are kept, as equally slow.
             y = np.minimum(y, np.percentile(y, self.focus_quantile))
-            if not self._focused:
-                self._focused = True
+            if self._crossfit_at < self.focus_after:  # the last cross-fit saw the unfocused target
                 full = True  # residuals and calibration must describe the focused target, not the old one
         crossfit = self._crossfit_due(n) if full is None else (full or self._model is None)
         if not crossfit:
