@@ -1,20 +1,27 @@
 #!/usr/bin/env bash
-# The checks a lent GPU gets, in the order they are worth the time; each step has its own time limit and
-# writes its log under OUT, so a lease that ends early keeps what finished. Needs kernelscout installed
-# (pip install -e . or a wheel on PYTHONPATH) and a CUDA device; the test suite itself never does.
+# The checks a lent GPU gets; each step has its own time limit and writes its log under OUT, so a lease that
+# ends early keeps what finished. Needs kernelscout installed (pip install -e . or a wheel on PYTHONPATH) and a
+# CUDA device; the test suite itself never does.
 #
-#   OUT=/tmp/gpu-check bash benchmarks/gpu_check.sh [TABLE_SECONDS]
+#   OUT=/tmp/gpu-check [STEPS="gpu adversarial table"] [TABLE_S=420] [SUITE_S=240] bash benchmarks/gpu_check.sh
 #
-# 1. pytest -m gpu: the timer against triton.testing.do_bench, idle pauses, repeatability, side streams,
-#    graph-replay rewrites.
-# 2. tests/test_adversarial.py with KSCOUT_TEST_DEVICE=cuda: every known cheat through the CUDA path.
-# 3. kscout optimize on the Triton examples (benchmarks/optimize_examples.py, budgets 5 and 10, the best
-#    re-measured), run directories kept under OUT/runs, then kscout show on each.
+# Steps, run in the order STEPS names them (default: gpu adversarial table):
+#   gpu          pytest -m gpu: the timer against triton.testing.do_bench, idle pauses, repeatability, side
+#                streams, graph-replay rewrites.
+#   adversarial  tests/test_adversarial.py with KSCOUT_TEST_DEVICE=cuda: every known cheat through the CUDA path.
+#   suite        the whole test suite (-m "not gpu", pytest-xdist with SUITE_WORKERS=4) on the GPU host, where
+#                device "auto" means cuda: what a developer with a GPU workstation sees when they run the tests.
+#                Each failure's traceback goes to OUT/failures.txt as it happens (benchmarks/pytest_failnow.py).
+#                Each sandbox worker uses one thread per core, so many xdist processes oversubscribe the
+#                cores and the harness's own time limits trip (docs/gpu-validation.md, fifth lease).
+#   table        kscout optimize on the Triton examples (benchmarks/optimize_examples.py, TABLE_BUDGETS=5,10, the
+#                best re-measured), run directories kept under OUT/runs, then kscout show on each.
 # Results go to docs/gpu-validation.md and docs/benchmarks.md by hand, with the date and the device.
 set -o pipefail
 R=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-/tmp/gpu-check}; mkdir -p "$OUT"
-TABLE_S=${1:-420}
+TABLE_S=${TABLE_S:-${1:-420}}
+STEPS=${STEPS:-gpu adversarial table}
 export PYTHONUNBUFFERED=1 COLUMNS=${COLUMNS:-200}
 python3 -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" || {
     echo "gpu_check.sh: no CUDA device is visible to torch here; run it on the GPU machine" >&2; exit 2; }
@@ -24,15 +31,29 @@ T0=$(date +%s)
 } 2>&1 | tee "$OUT/env.txt"
 # From outside the checkout, so `import kernelscout` finds the installed package, not the source folder.
 PT="python3 -m pytest -q -p no:cacheprovider -o addopts= -c $R/pyproject.toml --rootdir $R -rs"
-(cd /tmp && timeout 180 $PT -m gpu "$R/tests/test_gpu_timing.py" "$R/tests/test_adversarial.py" "$R/tests/test_rewrites.py") 2>&1 | tee "$OUT/pytest_gpu.log" | tail -5
-echo "pytest -m gpu: $(( $(date +%s) - T0 )) s"
-(cd /tmp && KSCOUT_TEST_DEVICE=cuda timeout 300 $PT "$R/tests/test_adversarial.py") 2>&1 | tee "$OUT/adversarial_cuda.log" | tail -5
-echo "adversarial on cuda: $(( $(date +%s) - T0 )) s"
-rm -rf "$OUT/runs"
-timeout "$TABLE_S" python3 "$R/benchmarks/optimize_examples.py" --device cuda --budgets 5,10 --problems softmax,gated_gelu \
-    --start-triton --one-search --keep "$OUT/runs" --out "$OUT/triton_table.md" 2>&1 | tee "$OUT/table.log" | grep "^|"
-for run in "$OUT"/runs/*; do
-    case "$run" in *-baseline) continue ;; esac
-    (cd /tmp && timeout 60 python3 -m kernelscout show "$run" --top 8) > "$OUT/show_$(basename "$run").txt" 2>&1
+
+step_gpu() {
+    (cd /tmp && timeout 180 $PT -m gpu "$R/tests/test_gpu_timing.py" "$R/tests/test_adversarial.py" "$R/tests/test_rewrites.py") 2>&1 | tee "$OUT/pytest_gpu.log" | tail -5
+}
+step_adversarial() {
+    (cd /tmp && KSCOUT_TEST_DEVICE=cuda timeout 300 $PT "$R/tests/test_adversarial.py") 2>&1 | tee "$OUT/adversarial_cuda.log" | tail -5
+}
+step_suite() {
+    (cd /tmp && PYTHONPATH="$R/benchmarks${PYTHONPATH:+:$PYTHONPATH}" OUT="$OUT" timeout "${SUITE_S:-240}" \
+        $PT -rfE -p pytest_failnow -n "${SUITE_WORKERS:-4}" -m "not gpu" "$R/tests") 2>&1 | tee "$OUT/suite.log" | tail -25
+}
+step_table() {
+    rm -rf "$OUT/runs"
+    timeout "$TABLE_S" python3 "$R/benchmarks/optimize_examples.py" --device cuda --budgets "${TABLE_BUDGETS:-5,10}" \
+        --problems softmax,gated_gelu --start-triton --one-search --keep "$OUT/runs" --out "$OUT/triton_table.md" 2>&1 | tee "$OUT/table.log" | grep "^|"
+    for run in "$OUT"/runs/*; do
+        case "$run" in *-baseline) continue ;; esac
+        (cd /tmp && timeout 60 python3 -m kernelscout show "$run" --top 8) > "$OUT/show_$(basename "$run").txt" 2>&1
+    done
+}
+for step in $STEPS; do
+    declare -F "step_$step" >/dev/null || { echo "gpu_check.sh: no step '$step' (gpu, adversarial, suite, table)" >&2; exit 2; }
+    "step_$step"
+    echo "$step: done at $(( $(date +%s) - T0 )) s"
 done
 echo "all done: $(( $(date +%s) - T0 )) s; logs in $OUT"
