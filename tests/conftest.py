@@ -14,6 +14,24 @@ from kernelscout.sandbox.pool import WorkerPool
 from kernelscout.tools.measure import MeasureRequest, measure
 from kernelscout.tools.schema import Measurement
 
+
+
+def _share_the_cores_under_xdist() -> None:
+    """Under pytest-xdist (`pytest -n 8`), each test process takes its own share of the cores, and so do the
+    sandbox workers it starts, which size their torch thread pools to the cores they may use. Without it every
+    sandbox worker ran one thread per core of the machine (15 test processes on a 16-core GPU host: about 240
+    threads), and the harness's own time limits tripped, most likely for that (a correct candidate "took longer
+    than 20 s"; docs/gpu-validation.md, fifth lease). One process, as CI runs the suite, keeps every core."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    i = int(worker[2:])
+    os.sched_setaffinity(0, cores[i::count] or [cores[i % len(cores)]])
+
+
+_share_the_cores_under_xdist()
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 
