@@ -12,8 +12,9 @@
 #   suite        the whole test suite (-m "not gpu", pytest-xdist with SUITE_WORKERS=4) on the GPU host, where
 #                device "auto" means cuda: what a developer with a GPU workstation sees when they run the tests.
 #                Each failure's traceback goes to OUT/failures.txt as it happens (benchmarks/pytest_failnow.py).
-#                Each sandbox worker uses one thread per core, so many xdist processes oversubscribe the
-#                cores and the harness's own time limits trip (docs/gpu-validation.md, fifth lease).
+#                tests/conftest.py gives each xdist process its share of the cores: before it, every sandbox
+#                worker used all of them and the harness's own time limits tripped under load
+#                (docs/gpu-validation.md, fifth lease). Without pytest-xdist the step runs in one process.
 #   table        kscout optimize on the Triton examples (benchmarks/optimize_examples.py, TABLE_BUDGETS=5,10, the
 #                best re-measured), run directories kept under OUT/runs, then kscout show on each.
 # Results go to docs/gpu-validation.md and docs/benchmarks.md by hand, with the date and the device.
@@ -39,8 +40,10 @@ step_adversarial() {
     (cd /tmp && KSCOUT_TEST_DEVICE=cuda timeout 300 $PT "$R/tests/test_adversarial.py") 2>&1 | tee "$OUT/adversarial_cuda.log" | tail -5
 }
 step_suite() {
+    local parallel=""
+    python3 -c "import xdist" 2>/dev/null && parallel="-n ${SUITE_WORKERS:-4}"
     (cd /tmp && PYTHONPATH="$R/benchmarks${PYTHONPATH:+:$PYTHONPATH}" OUT="$OUT" timeout "${SUITE_S:-240}" \
-        $PT -rfE -p pytest_failnow -n "${SUITE_WORKERS:-4}" -m "not gpu" "$R/tests") 2>&1 | tee "$OUT/suite.log" | tail -25
+        $PT -rfE -p pytest_failnow -p no:benchmark $parallel -m "not gpu" "$R/tests") 2>&1 | tee "$OUT/suite.log" | tail -25
 }
 step_table() {
     rm -rf "$OUT/runs"
