@@ -44,9 +44,10 @@ def seed_range(text: str) -> list[int]:
 
 
 def one_run(label: str, space_path: str, seed: int, budgets: list[int]) -> dict:
-    from kernelscout.agent.bench import _space, best_after, frac_of_opt, kernelscout_trace
+    from kernelscout.agent.bench import best_after, frac_of_opt, kernelscout_trace
+    from kernelscout.sandbox.replay import ReplaySpace
 
-    space = _space(space_path)
+    space = ReplaySpace.load(space_path)
     optimum = float(min(t for t in space.times if math.isfinite(t)))
     with tempfile.TemporaryDirectory(prefix="kscout-paired-") as tmp:
         t0 = time.process_time()
