@@ -44,11 +44,13 @@ def seed_range(text: str) -> list[int]:
 
 
 def one_run(label: str, space_path: str, seed: int, budgets: list[int]) -> dict:
-    from kernelscout.agent.bench import best_after, frac_of_opt, kernelscout_trace
-    from kernelscout.sandbox.replay import ReplaySpace
+    import numpy as np
 
-    space = ReplaySpace.load(space_path)
-    optimum = float(min(t for t in space.times if math.isfinite(t)))
+    # the benchmark's own cached loader (kernelscout_trace reads the same object) and its optimum
+    from kernelscout.agent.bench import _space, best_after, frac_of_opt, kernelscout_trace
+
+    space = _space(space_path)
+    optimum = float(np.nanmin(space.times))
     with tempfile.TemporaryDirectory(prefix="kscout-paired-") as tmp:
         t0 = time.process_time()
         trace = kernelscout_trace(space_path, "learned", seed, max(budgets), str(Path(tmp) / "run"))
@@ -61,7 +63,7 @@ def one_run(label: str, space_path: str, seed: int, budgets: list[int]) -> dict:
 
 
 def run(args: argparse.Namespace) -> None:
-    from kernelscout.sandbox.replay import resolve_space
+    from kernelscout.sandbox.replay import resolve_space, space_name
 
     budgets = sorted({int(b) for b in args.budgets.split(",")})
     out = Path(args.out)
@@ -74,8 +76,7 @@ def run(args: argparse.Namespace) -> None:
     tasks = []
     for name in args.spaces.split(","):
         path = str(resolve_space(name.strip()))
-        space_name = Path(path).name.split(".json")[0]
-        tasks += [(path, s) for s in seed_range(args.seeds) if (space_name, s) not in done]
+        tasks += [(path, s) for s in seed_range(args.seeds) if (space_name(path), s) not in done]
     print(f"{len(tasks)} runs to do ({len(done)} already in {out})", file=sys.stderr)
     # spawned, as the benchmark's own pool does: a forked process can run a search another way (docs/search_experiments.md)
     with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:

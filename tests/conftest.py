@@ -15,7 +15,6 @@ from kernelscout.tools.measure import MeasureRequest, measure
 from kernelscout.tools.schema import Measurement
 
 
-
 def _share_the_cores_under_xdist() -> None:
     """Under pytest-xdist (`pytest -n 8`), each test process takes its own share of the cores, and so do the
     sandbox workers it starts, which size their torch thread pools to the cores they may use. Without it every
