@@ -63,7 +63,7 @@ def one_run(label: str, space_path: str, seed: int, budgets: list[int]) -> dict:
 
 
 def run(args: argparse.Namespace) -> None:
-    from kernelscout.sandbox.replay import resolve_space, space_name
+    from kernelscout.sandbox.replay import resolve_space, space_hint, space_name
 
     budgets = sorted({int(b) for b in args.budgets.split(",")})
     out = Path(args.out)
@@ -76,6 +76,8 @@ def run(args: argparse.Namespace) -> None:
     tasks = []
     for name in args.spaces.split(","):
         path = str(resolve_space(name.strip()))
+        if not Path(path).is_file():  # before any worker starts, as `kscout bench search` says it
+            raise SystemExit(f"{name.strip()}: no such recorded space{space_hint(name.strip())}")
         tasks += [(path, s) for s in seed_range(args.seeds) if (space_name(path), s) not in done]
     print(f"{len(tasks)} runs to do ({len(done)} already in {out})", file=sys.stderr)
     # spawned, as the benchmark's own pool does: a forked process can run a search another way (docs/search_experiments.md)
@@ -91,6 +93,8 @@ def run(args: argparse.Namespace) -> None:
 
 def load(path: str) -> tuple[str, list[int], dict[tuple[str, int], list[float]]]:
     runs, labels, budgets = {}, set(), None
+    if not Path(path).is_file():
+        raise SystemExit(f"{path}: no such file; give the JSON-lines files that `run --out` wrote")
     for line in Path(path).read_text().splitlines():
         r = json.loads(line)
         labels.add(r["label"])

@@ -40,3 +40,19 @@ def test_files_with_no_run_in_common_are_refused(tmp_path):
     new = _runs(tmp_path / "new.jsonl", "new", {("a", 1): [0.5, 0.8]})
     with pytest.raises(SystemExit, match="run both arms on the same spaces and seeds"):
         paired_search.main(["pair", old, new])
+
+
+def test_a_missing_runs_file_is_named(tmp_path):
+    new = _runs(tmp_path / "new.jsonl", "new", {("a", 0): [0.5, 0.8]})
+    with pytest.raises(SystemExit, match="no such file; give the JSON-lines files"):
+        paired_search.main(["pair", str(tmp_path / "missing.jsonl"), new])
+
+
+def test_an_unknown_space_is_refused_before_any_run(tmp_path, monkeypatch):
+    (tmp_path / "hub").mkdir()
+    (tmp_path / "hub" / "convolution_A100.json").write_text("{}")
+    monkeypatch.setenv("KSCOUT_BENCHMARK_HUB", str(tmp_path / "hub"))
+    out = tmp_path / "runs.jsonl"
+    with pytest.raises(SystemExit, match="convolution_A10: no such recorded space; did you mean convolution_A100"):
+        paired_search.main(["run", "--label", "x", "--out", str(out), "--spaces", "convolution_A10", "--seeds", "0"])
+    assert not out.exists()
