@@ -107,20 +107,41 @@ def _entries(label: str, obj: Any) -> dict[str, Any]:
     return out
 
 
+_CUDA_STARTED = "\0cuda initialized"  # torch.cuda's entry: whether CUDA had been initialised at the snapshot
+# What torch.cuda's own lazy initialisation replaces. On a GPU host a CPU measurement starts with CUDA
+# uninitialised, and torch.compile (inductor queries the GPU) initialises it from inside a correct
+# candidate: seen on an H200 on 2026-11-27, where every CPU torch.compile rewrite was judged tampering.
+_LAZY_CUDA_STATE = ("default_generators",)
+
+
 def snapshot() -> dict[str, dict[str, Any]]:
-    return {label: _entries(label, obj) for label, obj in _watched()}
+    snap = {label: _entries(label, obj) for label, obj in _watched()}
+    snap.setdefault("torch.cuda", {})[_CUDA_STARTED] = torch.cuda.is_initialized()
+    return snap
+
+
+def _lazily_set(entries: dict[str, Any]) -> frozenset[str]:
+    """torch.cuda names that CUDA's first use replaced since the snapshot. They are let pass only when
+    CUDA started after it: the device measured on is then the CPU, which neither the CUDA generators
+    nor anything else set by the initialisation takes part in. On a CUDA device CUDA is running before
+    the snapshot, so a candidate that swaps these is still caught."""
+    if entries.get(_CUDA_STARTED, True) or not torch.cuda.is_initialized():
+        return frozenset()
+    return frozenset(_LAZY_CUDA_STATE)
 
 
 def changed_since(before: dict[str, dict[str, Any]]) -> list[str]:
     """Names whose object was replaced since the snapshot (new names, such as lazily imported
     submodules, are not tampering). The worker installs torch.compile's own patches before any
-    snapshot (see `install_library_patches`), so every replacement seen here is the candidate's."""
+    snapshot (see `install_library_patches`), so every replacement seen here is the candidate's, bar what
+    CUDA's own lazy start replaces during a CPU measurement (`_lazily_set`)."""
     after = snapshot()
     changes = []
     for label, entries in before.items():
         now = after.get(label, {})
+        allowed = _lazily_set(entries) if label == "torch.cuda" else frozenset()
         for name, ident in entries.items():
-            if name == _INHERITED:
+            if name in (_INHERITED, _CUDA_STARTED) or name in allowed:
                 continue
             if name in now and now[name] != ident:
                 changes.append(f"{label}.{name}")
