@@ -17,9 +17,9 @@ geometric schedule, when the data have grown by `refit_growth` (25 %) since they
 (`LogTimeEnsemble.refresh`) and keeps the residuals and calibration map of the last cross-fit.
 Those come from models fitted on 80 % of fewer points, so they overstate the current error
 slightly: the intervals stay conservative rather than becoming too narrow. Measured on a stream of
-100 measurements (benchmarks/surrogate_update_speed.py): a full pipeline takes about 0.3 s of CPU, a
-refresh about 25 ms, about 50 ms per measurement on average, against about 3.5 s when everything
-was redone after every measurement.
+100 measurements (benchmarks/surrogate_update_speed.py, convolution_A100): a cross-fit takes about
+0.15 s of CPU, a refresh about 50 ms (it regrows every tree), about 60 ms per measurement on average,
+against about 3.5 s when everything was redone after every measurement.
 
 With fewer than `min_points` timed configurations it forecasts nothing and says so (cold start).
 
