@@ -28,8 +28,9 @@ re-optimising the GP's hyperparameters each time costs about a second on the sha
 `refresh` instead refits the GP with its hyperparameters kept (one Cholesky factorisation, a few ms) and
 regrows the trees on all the data, so every measurement is seen by the whole model at once. Until the
 thirtieth session it regrew only the oldest tenth of the trees (`REFRESH_SHARE = 0.1`), and a new
-measurement reached the whole forest only after ten updates. Regrowing all of them costs 3-5 s more
-CPU over a 100-measurement search on the recorded spaces and gains a little early: paired over 120
+measurement reached the whole forest only after ten updates. Regrowing all of them costs about 3 s more
+CPU over a stream of 100 measurements (benchmarks/surrogate_update_speed.py; in the search benchmark's
+runs the difference did not show) and gains a little early: paired over 120
 seeds on the four hardest spaces, +0.011 of the optimum at 20 measurements, +0.007 at 50 and +0.003 at
 100, level on the other four (docs/search_experiments.md). Trees are grown with `n_jobs=1`: at this
 size a tree takes about a millisecond and joblib's start-up would cost more than it saves.
