@@ -2,16 +2,22 @@
 
     python benchmarks/paired_search.py run --label new --out new.jsonl [--spaces convolution_A100,gemm_RTX_3090]
                                            [--seeds 0-29] [--budgets 20,50,100] [--jobs 2]
+                                           [--method kernelscout|kernel_tuner:STRATEGY]
     python benchmarks/paired_search.py pair old.jsonl new.jsonl
+    python benchmarks/paired_search.py compare [NAME=]ours.jsonl[,more.jsonl] [NAME=]theirs.jsonl ...
 
 `run` searches each recorded space once per seed with the installed kernelscout, through the benchmark's own
 runner (`agent.bench.kernelscout_trace`, the search of `kscout optimize --space NAME --budget B --seed S`), and
 appends one JSON line per run: the fraction of the optimum after each budget, candidates considered per
-measurement, CPU seconds. A file that already holds a run of that label, space and seed skips it, so a run cut
+measurement, CPU seconds. With `--method kernel_tuner:STRATEGY` it runs that Kernel Tuner strategy instead, as
+`kscout bench search` does (`agent.bench.kernel_tuner_trace`), so the published table's comparison can be
+checked on more seeds than its 10. A file that already holds a run of that label, space and seed skips it, so a run cut
 short goes on where it stopped. To compare two commits, install each in turn (`pip install -e WORKTREE`) and
 run both with the same spaces and seeds.
 
-`pair` matches runs by space and seed and prints each space's means, the mean over spaces, and the mean
+`compare` lays several arms side by side (each arm one or more files, comma-separated), on the spaces and seeds
+every arm has, and lists each cell where the first arm's mean is below another's with the paired difference's
+standard error. `pair` matches runs by space and seed and prints each space's means, the mean over spaces, and the mean
 paired difference with its standard error. Why paired: one run of a search on a space ends anywhere between
 0.6 and 1.0 of the optimum depending on its seed, so two arms on different seeds differ by more than most
 changes do; the same seed removes that part of the spread (docs/search_experiments.md, which reports every
@@ -21,9 +27,12 @@ change tried this way).
 from __future__ import annotations
 
 import argparse
+import atexit
+import functools
 import json
 import math
 import multiprocessing
+import shutil
 import sys
 import tempfile
 import time
@@ -32,6 +41,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 HARD = "convolution_A100,convolution_A4000,convolution_MI250X,gemm_RTX_3090"
+KT_STRATEGIES = ("random_sample", "genetic_algorithm", "bayes_opt", "dual_annealing")
 
 
 def seed_range(text: str) -> list[int]:
@@ -43,17 +53,29 @@ def seed_range(text: str) -> list[int]:
     return seeds
 
 
-def one_run(label: str, space_path: str, seed: int, budgets: list[int]) -> dict:
+@functools.cache
+def _kt_workdir() -> str:
+    """One folder per process for Kernel Tuner's copies of the caches: the benchmark keeps a copy per process
+    and space, and finds it again by path on the next run."""
+    path = tempfile.mkdtemp(prefix="kscout-paired-kt-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+def one_run(label: str, space_path: str, seed: int, budgets: list[int], method: str = "kernelscout") -> dict:
     import numpy as np
 
     # the benchmark's own cached loader (kernelscout_trace reads the same object) and its optimum
-    from kernelscout.agent.bench import _space, best_after, frac_of_opt, kernelscout_trace
+    from kernelscout.agent.bench import _space, best_after, frac_of_opt, kernel_tuner_trace, kernelscout_trace
 
     space = _space(space_path)
     optimum = float(np.nanmin(space.times))
     with tempfile.TemporaryDirectory(prefix="kscout-paired-") as tmp:
         t0 = time.process_time()
-        trace = kernelscout_trace(space_path, "learned", seed, max(budgets), str(Path(tmp) / "run"))
+        if method.startswith("kernel_tuner:"):
+            trace = kernel_tuner_trace(space_path, method.partition(":")[2], seed, max(budgets), _kt_workdir())
+        else:
+            trace = kernelscout_trace(space_path, "learned", seed, max(budgets), str(Path(tmp) / "run"))
         cpu = time.process_time() - t0
     considered = [c for c in trace.considered if c is not None]
     return {"label": label, "space": space.name, "seed": seed, "budgets": budgets,
@@ -82,7 +104,7 @@ def run(args: argparse.Namespace) -> None:
     print(f"{len(tasks)} runs to do ({len(done)} already in {out})", file=sys.stderr)
     # spawned, as the benchmark's own pool does: a forked process can run a search another way (docs/search_experiments.md)
     with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(one_run, args.label, p, s, budgets) for p, s in tasks]
+        futures = [pool.submit(one_run, args.label, p, s, budgets, args.method) for p, s in tasks]
         for i, fut in enumerate(as_completed(futures), 1):
             r = fut.result()
             with out.open("a") as f:
@@ -140,6 +162,61 @@ def pair(args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+def _mean_se(values: list[float]) -> tuple[float, float]:
+    m = sum(values) / len(values)
+    se = math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1) / len(values)) if len(values) > 1 else float("nan")
+    return m, se
+
+
+def compare(args: argparse.Namespace) -> str:
+    """Several arms on the spaces and seeds they all have: each arm's mean (standard error over seeds) per space
+    and budget, and every cell where the first arm is behind another, with the paired difference."""
+    arms = []
+    for spec in args.arms:
+        name, _, files = spec.rpartition("=")
+        label, budgets, runs = name, None, {}
+        for path in files.split(","):
+            lab, b, r = load(path)
+            if budgets is not None and b != budgets:
+                raise SystemExit(f"{path}: budgets {b}, not {budgets} as the arm's other files")
+            label, budgets = label or lab, b
+            runs.update(r)
+        arms.append((label, budgets, runs))
+    if len({tuple(b or []) for _, b, _ in arms}) != 1:
+        raise SystemExit("the arms were run with different budget lists; compare runs of one budget list")
+    budgets = arms[0][1] or []
+    keys = sorted(set.intersection(*(set(r) for _, _, r in arms)))
+    if not keys:
+        raise SystemExit("no space and seed is in every arm; run the arms on the same spaces and seeds")
+    spaces = sorted({s for s, _ in keys})
+    width = max(len(label) for label, _, _ in arms)
+    seeds = sorted({seed for _, seed in keys})
+    lines = [f"budgets {' / '.join(map(str, budgets))}; {len(seeds)} seeds ({seeds[0]}-{seeds[-1]}) on each of {len(spaces)} spaces"]
+    behind = []
+    for space in spaces + ["mean over spaces"]:
+        lines.append(space)
+        if space == "mean over spaces":  # per seed, the mean over spaces; seeds missing a space are left out
+            full = [seed for seed in seeds if all((s, seed) in keys for s in spaces)]
+            rows = {label: [[sum(r[(s, seed)][j] for s in spaces) / len(spaces) for seed in full] for j in range(len(budgets))]
+                    for label, _, r in arms}
+        else:
+            ks = [k for k in keys if k[0] == space]
+            rows = {label: [[r[k][j] for k in ks] for j in range(len(budgets))] for label, _, r in arms}
+        for label, _, _ in arms:
+            cells = [_mean_se(col) for col in rows[label]]
+            lines.append(f"  {label:{width}s}  " + " | ".join(f"{m:.3f} ±{se:.3f}" for m, se in cells))
+        first = arms[0][0]
+        for label, _, _ in arms[1:]:
+            for j, b in enumerate(budgets):
+                diff = [x - y for x, y in zip(rows[first][j], rows[label][j])]
+                m, se = _mean_se(diff)
+                if m < -1e-9:  # level within rounding is not behind
+                    beyond = "beyond" if -m > 2 * se else "within"
+                    behind.append(f"  @{b} {space}: behind {label} by {-m:.3f} (paired standard error {se:.3f}, {beyond} 2)")
+    lines.append(f"where {arms[0][0]} is behind:" if behind else f"{arms[0][0]} is behind no other arm in any cell")
+    return "\n".join(lines + behind)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -150,12 +227,18 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--seeds", default="0-29")
     r.add_argument("--budgets", default="20,50,100")
     r.add_argument("--jobs", type=int, default=2)
+    r.add_argument("--method", default="kernelscout", choices=["kernelscout", *(f"kernel_tuner:{s}" for s in KT_STRATEGIES)],
+                   help="the installed kernelscout's search, or a Kernel Tuner strategy as the benchmark runs it")
     p = sub.add_parser("pair", help="paired difference between two files of runs")
     p.add_argument("base")
     p.add_argument("new")
+    c = sub.add_parser("compare", help="several arms side by side, and where the first is behind another")
+    c.add_argument("arms", nargs="+", help="one arm per argument: [NAME=]its files, comma-separated (NAME: the files' label)")
     args = parser.parse_args(argv)
     if args.cmd == "run":
         run(args)
+    elif args.cmd == "compare":
+        print(compare(args))
     else:
         print(pair(args))
 

@@ -56,3 +56,31 @@ def test_an_unknown_space_is_refused_before_any_run(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="convolution_A10: no such recorded space; did you mean convolution_A100"):
         paired_search.main(["run", "--label", "x", "--out", str(out), "--spaces", "convolution_A10", "--seeds", "0"])
     assert not out.exists()
+
+
+def test_a_kernel_tuner_arm_runs_the_strategy_as_the_benchmark_does(tmp_path, monkeypatch):
+    """So the published table's 10-seed comparison with Kernel Tuner can be checked on more seeds."""
+    pytest.importorskip("kernel_tuner")
+    from kernelscout.agent.bench import best_after, frac_of_opt, kernel_tuner_trace
+    from test_bench_metrics import OPTIMUM, write_tiny_space
+
+    tiny = str(write_tiny_space(tmp_path))
+    row = paired_search.one_run("kt", tiny, 3, [2, 7], method="kernel_tuner:random_sample")
+    trace = kernel_tuner_trace(tiny, "random_sample", 3, 7, str(tmp_path))
+    assert row["frac_of_opt"] == [round(frac_of_opt(OPTIMUM, best_after(trace.times, b)), 6) for b in (2, 7)]
+    assert row["frac_of_opt"][1] == 1.0  # seven unique configurations are the whole space
+
+
+def test_compare_lays_arms_side_by_side_and_names_where_the_first_is_behind(tmp_path, capsys):
+    ours_a = _runs(tmp_path / "a.jsonl", "ks", {("a", 0): [0.5, 0.8], ("b", 0): [0.9, 1.0]})
+    ours_b = _runs(tmp_path / "b.jsonl", "ks", {("a", 1): [0.7, 1.0], ("b", 1): [0.9, 1.0]})
+    theirs = _runs(tmp_path / "t.jsonl", "kt", {("a", 0): [0.6, 0.7], ("a", 1): [0.8, 0.7], ("b", 0): [0.8, 0.9], ("b", 1): [0.8, 0.9],
+                                                ("b", 2): [1.0, 1.0]})  # seed 2 only here: left out
+    paired_search.main(["compare", f"ours={ours_a},{ours_b}", theirs])
+    out = capsys.readouterr().out
+    assert "2 seeds (0-1) on each of 2 spaces" in out
+    assert "  ours  0.600 ±0.100 | 0.900 ±0.100" in out  # space a: (0.5, 0.7) and (0.8, 1.0)
+    assert "  kt    0.700 ±0.100 | 0.700 ±0.000" in out
+    # space a at 20: differences -0.1 and -0.1, so behind by 0.100 with no spread; b and the mean are ahead at 20
+    assert "@20 a: behind kt by 0.100 (paired standard error 0.000, beyond 2)" in out
+    assert "@50 a" not in out and "@20 b" not in out and "@20 mean over spaces" not in out
