@@ -2,7 +2,7 @@
 
     python benchmarks/paired_search.py run --label new --out new.jsonl [--spaces convolution_A100,gemm_RTX_3090]
                                            [--seeds 0-29] [--budgets 20,50,100] [--jobs 2]
-                                           [--method kernelscout|kernel_tuner:STRATEGY]
+                                           [--method kernelscout|kernelscout:none|kernel_tuner:STRATEGY]
     python benchmarks/paired_search.py pair old.jsonl new.jsonl
     python benchmarks/paired_search.py compare [NAME=]ours.jsonl[,more.jsonl] [NAME=]theirs.jsonl ...
 
@@ -10,8 +10,8 @@
 runner (`agent.bench.kernelscout_trace`, the search of `kscout optimize --space NAME --budget B --seed S`), and
 appends one JSON line per run: the fraction of the optimum after each budget, candidates considered per
 measurement, CPU seconds. With `--method kernel_tuner:STRATEGY` it runs that Kernel Tuner strategy instead, as
-`kscout bench search` does (`agent.bench.kernel_tuner_trace`), so the published table's comparison can be
-checked on more seeds than its 10. A file that already holds a run of that label, space and seed skips it, so a run cut
+`kscout bench search` does (`agent.bench.kernel_tuner_trace`), and with `--method kernelscout:none` the search
+under `--surrogate none`, so the published table's comparisons can be checked on more seeds than its 10. A file that already holds a run of that label, space and seed skips it, so a run cut
 short goes on where it stopped. To compare two commits, install each in turn (`pip install -e WORKTREE`) and
 run both with the same spaces and seeds.
 
@@ -75,7 +75,8 @@ def one_run(label: str, space_path: str, seed: int, budgets: list[int], method: 
         if method.startswith("kernel_tuner:"):
             trace = kernel_tuner_trace(space_path, method.partition(":")[2], seed, max(budgets), _kt_workdir())
         else:
-            trace = kernelscout_trace(space_path, "learned", seed, max(budgets), str(Path(tmp) / "run"))
+            surrogate = "none" if method == "kernelscout:none" else "learned"
+            trace = kernelscout_trace(space_path, surrogate, seed, max(budgets), str(Path(tmp) / "run"))
         cpu = time.process_time() - t0
     considered = [c for c in trace.considered if c is not None]
     return {"label": label, "space": space.name, "seed": seed, "budgets": budgets,
@@ -227,8 +228,9 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--seeds", default="0-29")
     r.add_argument("--budgets", default="20,50,100")
     r.add_argument("--jobs", type=int, default=2)
-    r.add_argument("--method", default="kernelscout", choices=["kernelscout", *(f"kernel_tuner:{s}" for s in KT_STRATEGIES)],
-                   help="the installed kernelscout's search, or a Kernel Tuner strategy as the benchmark runs it")
+    r.add_argument("--method", default="kernelscout", choices=["kernelscout", "kernelscout:none", *(f"kernel_tuner:{s}" for s in KT_STRATEGIES)],
+                   help="the installed kernelscout's search (kernelscout:none: with --surrogate none, measuring "
+                        "whatever the policy proposes), or a Kernel Tuner strategy as the benchmark runs it")
     p = sub.add_parser("pair", help="paired difference between two files of runs")
     p.add_argument("base")
     p.add_argument("new")
