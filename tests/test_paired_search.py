@@ -84,3 +84,14 @@ def test_compare_lays_arms_side_by_side_and_names_where_the_first_is_behind(tmp_
     # space a at 20: differences -0.1 and -0.1, so behind by 0.100 with no spread; b and the mean are ahead at 20
     assert "@20 a: behind kt by 0.100 (paired standard error 0.000, beyond 2)" in out
     assert "@50 a" not in out and "@20 b" not in out and "@20 mean over spaces" not in out
+
+
+def test_a_surrogate_none_arm_is_the_search_that_measures_what_the_policy_proposes(tmp_path):
+    from kernelscout.agent.bench import best_after, frac_of_opt, kernelscout_trace
+    from test_bench_metrics import OPTIMUM, write_tiny_space
+
+    tiny = str(write_tiny_space(tmp_path))
+    row = paired_search.one_run("none", tiny, 1, [2, 4], method="kernelscout:none")
+    trace = kernelscout_trace(tiny, "none", 1, 4, str(tmp_path / "run"))
+    assert row["frac_of_opt"] == [round(frac_of_opt(OPTIMUM, best_after(trace.times, b)), 6) for b in (2, 4)]
+    assert row["considered_per_measurement"] is not None and row["considered_per_measurement"] <= 1.5  # measures nearly all it considers
