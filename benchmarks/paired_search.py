@@ -4,7 +4,7 @@
                                            [--seeds 0-29] [--budgets 20,50,100] [--jobs 2]
                                            [--method kernelscout|kernelscout:none|kernel_tuner:STRATEGY]
     python benchmarks/paired_search.py pair old.jsonl new.jsonl
-    python benchmarks/paired_search.py compare [NAME=]ours.jsonl[,more.jsonl] [NAME=]theirs.jsonl ...
+    python benchmarks/paired_search.py compare [--plot P.png] [NAME=]ours.jsonl[,more.jsonl] [NAME=]theirs.jsonl ...
 
 `run` searches each recorded space once per seed with the installed kernelscout, through the benchmark's own
 runner (`agent.bench.kernelscout_trace`, the search of `kscout optimize --space NAME --budget B --seed S`), and
@@ -39,6 +39,7 @@ import time
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
+from types import SimpleNamespace
 
 HARD = "convolution_A100,convolution_A4000,convolution_MI250X,gemm_RTX_3090"
 KT_STRATEGIES = ("random_sample", "genetic_algorithm", "bayes_opt", "dual_annealing")
@@ -194,6 +195,7 @@ def compare(args: argparse.Namespace) -> str:
     seeds = sorted({seed for _, seed in keys})
     lines = [f"budgets {' / '.join(map(str, budgets))}; {len(seeds)} seeds ({seeds[0]}-{seeds[-1]}) on each of {len(spaces)} spaces"]
     behind = []
+    panels: dict[str, dict[str, dict[str, SimpleNamespace]]] = {}  # for the plot: space -> arm -> budget -> cell
     for space in spaces + ["mean over spaces"]:
         lines.append(space)
         if space == "mean over spaces":  # per seed, the mean over spaces; seeds missing a space are left out
@@ -205,6 +207,7 @@ def compare(args: argparse.Namespace) -> str:
             rows = {label: [[r[k][j] for k in ks] for j in range(len(budgets))] for label, _, r in arms}
         for label, _, _ in arms:
             cells = [_mean_se(col) for col in rows[label]]
+            panels.setdefault(space, {})[label] = {str(b): SimpleNamespace(frac_of_opt=m, stderr=se) for b, (m, se) in zip(budgets, cells)}
             lines.append(f"  {label:{width}s}  " + " | ".join(f"{m:.3f} ±{se:.3f}" for m, se in cells))
         first = arms[0][0]
         for label, _, _ in arms[1:]:
@@ -215,6 +218,13 @@ def compare(args: argparse.Namespace) -> str:
                     beyond = "beyond" if -m > 2 * se else "within"
                     behind.append(f"  @{b} {space}: behind {label} by {-m:.3f} (paired standard error {se:.3f}, {beyond} 2)")
     lines.append(f"where {arms[0][0]} is behind:" if behind else f"{arms[0][0]} is behind no other arm in any cell")
+    if getattr(args, "plot", None):
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bench_search import plot  # the published table's figure, drawn the same way
+
+        mean = panels.pop("mean over spaces")
+        plot(SimpleNamespace(budgets=budgets, mean=mean, spaces=panels), Path(args.plot))
+        behind.append(f"plot: {args.plot}")
     return "\n".join(lines + behind)
 
 
@@ -235,6 +245,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("base")
     p.add_argument("new")
     c = sub.add_parser("compare", help="several arms side by side, and where the first is behind another")
+    c.add_argument("--plot", help="also draw fraction of the optimum against budget, one panel per space, to this PNG")
     c.add_argument("arms", nargs="+", help="one arm per argument: [NAME=]its files, comma-separated (NAME: the files' label)")
     args = parser.parse_args(argv)
     if args.cmd == "run":

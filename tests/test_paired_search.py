@@ -95,3 +95,12 @@ def test_a_surrogate_none_arm_is_the_search_that_measures_what_the_policy_propos
     trace = kernelscout_trace(tiny, "none", 1, 4, str(tmp_path / "run"))
     assert row["frac_of_opt"] == [round(frac_of_opt(OPTIMUM, best_after(trace.times, b)), 6) for b in (2, 4)]
     assert row["considered_per_measurement"] is not None and row["considered_per_measurement"] <= 1.5  # measures nearly all it considers
+
+
+def test_compare_draws_the_arms_as_the_published_figure_does(tmp_path, capsys):
+    ours = _runs(tmp_path / "a.jsonl", "ks", {("a", 0): [0.5, 0.8], ("a", 1): [0.7, 1.0]})
+    theirs = _runs(tmp_path / "t.jsonl", "kt", {("a", 0): [0.6, 0.7], ("a", 1): [0.8, 0.7]})
+    png = tmp_path / "arms.png"
+    paired_search.main(["compare", "--plot", str(png), ours, theirs])
+    assert capsys.readouterr().out.rstrip().endswith(f"plot: {png}")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
