@@ -296,6 +296,9 @@ def kernel_tuner_trace(space_path: str, strategy: str, seed: int, budget: int, w
         options["popsize"] = min(len(space), max(2, len(space) // 2))  # its initial sample (20) cannot exceed a tiny space
     with contextlib.suppress(ImportError):  # imported before seeding: an import that draws from the global
         importlib.import_module(f"kernel_tuner.strategies.{strategy}")  # generators must not shift the run's draws
+    # and so is bayes_opt's module, whatever the strategy: the patches below import it (and scikit-learn with it),
+    # which used to shift the draws of the first run in a process (genetic_algorithm, convolution_A100, seed 0)
+    _bayes_opt_module()
     random.seed(seed)
     np.random.seed(seed)
     t0 = time.perf_counter()
