@@ -216,6 +216,7 @@ def main() -> None:
         raw = Path(args.out) / "bench_search_result.json"
         raw.write_text(json.dumps({"result": result.model_dump(), "wall_s": wall, "command": command}, indent=1))
         print(f"raw result: {raw}", file=sys.stderr)
+    docs.mkdir(parents=True, exist_ok=True)  # a scratch --docs folder, so that a 15-minute run is not lost at its last line
     plot(result, docs / "bench_search.png")
     write_section(docs / "benchmarks.md", markdown(result, command, wall, args.jobs, args.note))
     print(json.dumps(result.as_json(), indent=1))

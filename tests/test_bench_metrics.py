@@ -388,3 +388,21 @@ def test_a_kernel_tuner_run_does_not_depend_on_being_the_first_in_its_process(tm
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as fresh:
         first, later = fresh.submit(_same_run_twice, str(space), "genetic_algorithm", 0, 50, str(tmp_path)).result()
     assert len(first) == 50 and first == later
+
+
+def test_the_table_script_renders_a_saved_result_into_a_folder_that_does_not_exist_yet(tiny: Path, tmp_path: Path, monkeypatch) -> None:
+    # a scratch --docs folder used to end a 15-minute run with FileNotFoundError at its last line
+    import importlib.util
+    import sys
+
+    result = run_bench(BenchRequest(spaces=[str(tiny)], budgets=[2], seeds=1, baselines=[], no_predict=False, jobs=1))
+    saved = tmp_path / "bench_search_result.json"
+    saved.write_text(json.dumps({"result": result.model_dump(), "wall_s": 1.0, "command": "python benchmarks/bench_search.py"}))
+    spec = importlib.util.spec_from_file_location("bench_search", Path(__file__).resolve().parents[1] / "benchmarks" / "bench_search.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    docs = tmp_path / "scratch" / "docs"
+    monkeypatch.setattr(sys, "argv", ["bench_search.py", "--from-json", str(saved), "--docs", str(docs)])
+    script.main()
+    assert (docs / "bench_search.png").stat().st_size > 0
+    assert "\n## Search against Kernel Tuner\n" in (docs / "benchmarks.md").read_text()
