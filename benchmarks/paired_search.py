@@ -10,9 +10,11 @@
 runner (`agent.bench.kernelscout_trace`, the search of `kscout optimize --space NAME --budget B --seed S`), and
 appends one JSON line per run: the fraction of the optimum after each budget, candidates considered per
 measurement, CPU seconds. With `--method kernel_tuner:STRATEGY` it runs that Kernel Tuner strategy instead, as
-`kscout bench search` does (`agent.bench.kernel_tuner_trace`), and with `--method kernelscout:none` the search
-under `--surrogate none`, so the published table's comparisons can be checked on more seeds than its 10. A file that already holds a run of that label, space and seed skips it, so a run cut
-short goes on where it stopped. To compare two commits, install each in turn (`pip install -e WORKTREE`) and
+`kscout bench search` does (`agent.bench.kernel_tuner_trace`; bayes_opt in the worker's process, where the table
+gives each run a fresh one: on seeds 0-9 of the 8 recorded spaces both give the table's cells), and with `--method
+kernelscout:none` the search under `--surrogate none`, so the published table's comparisons can be checked on more
+seeds than its 10. A file that already holds a run of that label, space and seed skips it, so a run cut short goes
+on where it stopped. To compare two commits, install each in turn (`pip install -e WORKTREE`) and
 run both with the same spaces and seeds.
 
 `compare` lays several arms side by side (each arm one or more files, comma-separated), on the spaces and seeds
