@@ -131,6 +131,13 @@ def load(path: str) -> tuple[str, list[int], dict[tuple[str, int], list[float]]]
     return "+".join(sorted(labels)), budgets or [], runs
 
 
+def _mean_se(values: list[float]) -> tuple[float, float]:
+    """Mean and its standard error (nan for one value)."""
+    m = sum(values) / len(values)
+    se = math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1) / len(values)) if len(values) > 1 else float("nan")
+    return m, se
+
+
 def pair(args: argparse.Namespace) -> str:
     la, ba, a = load(args.base)
     lb, bb, b = load(args.new)
@@ -154,22 +161,12 @@ def pair(args: argparse.Namespace) -> str:
     over_b = mean([mean([b[k] for k in ks]) for ks in by_space.values()])
     lines.append(f"{'mean over spaces':22s} n={len(keys):3d}  {fmt(over_a)}  ->  {fmt(over_b)}")
     diffs = [[y - x for x, y in zip(a[k], b[k])] for k in keys]
-    cells = []
-    for col in zip(*diffs):
-        m = sum(col) / len(col)
-        se = math.sqrt(sum((d - m) ** 2 for d in col) / (len(col) - 1) / len(col)) if len(col) > 1 else float("nan")
-        cells.append(f"{m:+.3f} ({se:.3f})")
-    lines.append("paired difference (standard error): " + " / ".join(cells))
+    cells = [_mean_se(list(col)) for col in zip(*diffs)]
+    lines.append("paired difference (standard error): " + " / ".join(f"{m:+.3f} ({se:.3f})" for m, se in cells))
     missing = len(set(a) ^ set(b))
     if missing:
         lines.append(f"note: {missing} run(s) are in one file only and were left out")
     return "\n".join(lines)
-
-
-def _mean_se(values: list[float]) -> tuple[float, float]:
-    m = sum(values) / len(values)
-    se = math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1) / len(values)) if len(values) > 1 else float("nan")
-    return m, se
 
 
 def compare(args: argparse.Namespace) -> str:

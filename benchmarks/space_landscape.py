@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 
 import numpy as np
 
@@ -70,9 +69,7 @@ def main(argv: list[str] | None = None) -> None:
         if not path.is_file():
             raise SystemExit(f"{name}: no such recorded space{space_hint(name)}")
         space = ReplaySpace.load(str(path))
-        values = np.array([[space.config(i)[p] for p in space.param_names] for i in range(len(space))], dtype=object)
-        times = np.array([t if t is not None and math.isfinite(t) else np.nan for t in space.times], dtype=float)
-        out[space.name] = landscape(times, values, args.top)
+        out[space.name] = landscape(np.asarray(space.times, dtype=float), np.array(space.configs, dtype=object), args.top)
     if args.json:
         print(json.dumps(out, indent=1))
         return
