@@ -224,6 +224,12 @@ def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float) -> Meas
             costly = measured >= max(config.min_rounds, 100) and elapsed - timed_s > config.loop_overhead_s
             if enough or slow or costly:
                 break
+        if rounds == config.warmup_rounds:
+            # a process of the candidate's alive now may take CPU from the reference's calls and be gone
+            # by the end-of-run check; one started from here on is the worker's to report (its `unfair` reply)
+            strays = worker.stray_processes()
+            if strays:
+                leaks.append(f"the candidate had {len(strays)} process(es) running when timing began ({', '.join(sorted(set(strays)))})")
         reply = worker.request("prep", _left(deadline), seed=_seed(), baseline_threads=(rounds == config.warmup_rounds))
         if reply["status"] != "ok":
             return _fail(reply)
@@ -240,7 +246,9 @@ def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float) -> Meas
             (ref_w if side == "ref" else cand_w).append(wall_ms)
             timed_s += reply["timer_ms"] / 1e3
             if reply.get("thread_leak"):
-                leaks.append(reply["thread_leak"])
+                leaks.append("the candidate left work running after returning: " + reply["thread_leak"])
+            if reply.get("unfair"):
+                leaks.append(reply["unfair"])
         # decided only now, after both calls returned: the candidate cannot learn during its call
         # whether this round's output will be compared
         if not warm and _recheck(measured, config, rng):
@@ -267,7 +275,7 @@ def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float) -> Meas
     )
     reason = wall_clock_disagreement(ref_t, cand_t, ref_w, cand_w)
     if leaks:
-        reason = "the candidate left work running after returning: " + leaks[0]
+        reason = leaks[0]
     if cand.median_ms <= 0:
         reason = "the candidate's per-call time was zero"
     if reason:

@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 import types
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +27,27 @@ cuda_synchronize = torch.cuda.synchronize
 cuda_event = torch.cuda.Event
 event_record = torch.cuda.Event.record
 event_elapsed = torch.cuda.Event.elapsed_time
+process_times = os.times
+get_num_threads, set_num_threads = torch.get_num_threads, torch.set_num_threads
+get_default_dtype, set_default_dtype = torch.get_default_dtype, torch.set_default_dtype
+deterministic_enabled = torch.are_deterministic_algorithms_enabled
+deterministic_warn_only = torch.is_deterministic_algorithms_warn_only_enabled
+use_deterministic = torch.use_deterministic_algorithms
+_pread = os.pread
+
+
+def _open_last_pid() -> Optional[int]:
+    """The PID namespace's allocation counter, opened before any candidate loads. Only in a namespace
+    of the worker's own: in the host's, every process on the machine moves it."""
+    if os.environ.get("KSCOUT_SANDBOX_PIDS") != "isolated":
+        return None
+    try:
+        return os.open("/proc/sys/kernel/ns_last_pid", os.O_RDONLY)
+    except OSError:
+        return None
+
+
+_LAST_PID_FD = _open_last_pid()
 
 
 _HARNESS_PREFIX = "kernelscout.sandbox"
@@ -189,6 +210,23 @@ def thread_cpu_ms(ident: int) -> Optional[float]:
         return None
 
 
+def last_pid() -> Optional[int]:
+    """The last process id handed out in the worker's PID namespace (None where that cannot be read).
+    Any process started in it, even one that has already exited and been reaped, moves it."""
+    if _LAST_PID_FD is None:
+        return None
+    try:
+        return int(_pread(_LAST_PID_FD, 32, 0))
+    except (OSError, ValueError):
+        return None
+
+
+def children_cpu_s() -> float:
+    """CPU seconds used by the worker's child processes that have exited and been waited for."""
+    t = process_times()
+    return t.children_user + t.children_system
+
+
 def os_thread_count() -> int:
     try:
         return len(os.listdir("/proc/self/task"))
@@ -204,6 +242,56 @@ def precision_flags() -> dict[str, Any]:
         "matmul.allow_fp16_reduced_precision_reduction": torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
         "matmul.allow_bf16_reduced_precision_reduction": torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
     }
+
+
+def _flag(obj: Any, name: str) -> tuple[Callable[[], Any], Callable[[Any], None]]:
+    return (lambda: getattr(obj, name)), (lambda value: setattr(obj, name, value))
+
+
+def _deterministic() -> tuple[bool, bool]:
+    return deterministic_enabled(), deterministic_warn_only()
+
+
+def _set_deterministic(value: tuple[bool, bool]) -> None:
+    use_deterministic(value[0], warn_only=value[1])
+
+
+_cuda = torch.backends.cuda
+# name -> (getter, setter), captured before any candidate loads
+_SHARED_SETTINGS: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {
+    "torch threads": (get_num_threads, set_num_threads),
+    "default dtype": (get_default_dtype, set_default_dtype),
+    "deterministic algorithms": (_deterministic, _set_deterministic),
+    "cudnn.benchmark": _flag(torch.backends.cudnn, "benchmark"),
+    "cudnn.deterministic": _flag(torch.backends.cudnn, "deterministic"),
+    "cudnn.enabled": _flag(torch.backends.cudnn, "enabled"),
+    "mkldnn.enabled": _flag(torch.backends.mkldnn, "enabled"),
+    # scaled_dot_product_attention's backends, on the CPU too: with flash attention switched off, a
+    # 4x8x512x64 attention took 135 ms instead of 31 on this project's 2-core machine
+    "flash SDP": (_cuda.flash_sdp_enabled, _cuda.enable_flash_sdp),
+    "memory-efficient SDP": (_cuda.mem_efficient_sdp_enabled, _cuda.enable_mem_efficient_sdp),
+    "math SDP": (_cuda.math_sdp_enabled, _cuda.enable_math_sdp),
+    "cuDNN SDP": (_cuda.cudnn_sdp_enabled, _cuda.enable_cudnn_sdp),
+    "preferred BLAS library": (_cuda.preferred_blas_library, _cuda.preferred_blas_library),
+    "preferred linalg library": (_cuda.preferred_linalg_library, _cuda.preferred_linalg_library),
+}
+
+
+def shared_settings() -> dict[str, Any]:
+    """Process-wide torch settings that both sides run under and that change how fast the reference
+    runs: a candidate that sets them one way after its own call and back at the start of the next
+    (one thread for the reference, every core for itself) makes an unchanged kernel look faster."""
+    return {name: get() for name, (get, _) in _SHARED_SETTINGS.items()}
+
+
+def restore_settings(settings: dict[str, Any]) -> None:
+    """Put back what `shared_settings` returned, only what differs (setting the thread count is not free)."""
+    for name, (get, put) in _SHARED_SETTINGS.items():
+        if name in settings and get() != settings[name]:
+            try:
+                put(settings[name])
+            except (RuntimeError, ValueError, TypeError):  # the candidate's call is flagged for the change anyway
+                pass
 
 
 def pin_precision() -> None:

@@ -192,6 +192,7 @@ class Worker:
             torch.set_num_threads(threads)
         integrity.pin_precision()
         integrity.install_library_patches()
+        self.initial_settings = integrity.shared_settings()  # each candidate is loaded under these
         self.memory_limit = int(os.environ.get("KSCOUT_WORKER_MEMORY_BYTES", "0"))
         self.timer = CallTimer(self.device)
         self.problem = None
@@ -206,6 +207,8 @@ class Worker:
         self.thread_baseline: Optional[int] = None
         self.thread_cpu_at_timing: Optional[dict[int, Optional[float]]] = None
         self.timed_candidate_ms = 0.0
+        self.processes_at_timing: Optional[tuple[Optional[int], float]] = None  # (last pid, children's CPU s)
+        self.settings_at_load: Optional[dict[str, Any]] = None  # integrity.shared_settings() once both models are built
         self.round: dict[str, Any] = {}
         self.built: Optional[tuple] = None  # (reference, candidate, timer) as load_candidate made them
         self.reference_print: tuple = ()  # _module_fingerprint of the reference as built: (structure, weights)
@@ -310,12 +313,15 @@ class Worker:
         if self.problem is None:
             raise Failure("crashed", "load_problem must come first")
         path = msg["path"]
+        integrity.restore_settings(self.initial_settings)  # as the last candidate in this worker may have left them
         self.snapshot = integrity.snapshot()
         self.global_hooks = _global_module_hooks()
         self.threads_before_candidate = {t.ident for t in integrity.list_threads()}
         self.thread_baseline = None
         self.thread_cpu_at_timing = None
         self.timed_candidate_ms = 0.0
+        self.processes_at_timing = None
+        self.settings_at_load = None
         name = f"kscout_candidate_{msg['sha'][:16]}_{os.getpid()}"
         try:
             module = _import_file(path, name)
@@ -336,6 +342,9 @@ class Worker:
         self.reference_print = _module_fingerprint(self.reference)
         self.candidate = self._build(module.ModelNew, self.init_inputs, seed, path, "ModelNew")
         self.built = (self.reference, self.candidate, self.timer)
+        # after the candidate's import and constructor, before its first call: a setting it chose there
+        # (cudnn.benchmark, say) holds for both sides alike; one its calls flip would not
+        self.settings_at_load = integrity.shared_settings()
         tampered = integrity.changed_since(self.snapshot) + self._reference_tampering()
         return {"status": "ok", "tampered": tampered, "triton": "triton" in sys.modules}
 
@@ -432,7 +441,33 @@ class Worker:
         if msg.get("baseline_threads"):
             self.thread_baseline = integrity.os_thread_count()
             self.thread_cpu_at_timing = {t.ident: integrity.thread_cpu_ms(t.ident) for t in self._candidate_threads()}
+            self.processes_at_timing = (integrity.last_pid(), integrity.children_cpu_s())
         return {"status": "ok"}
+
+    def _settings_changed(self) -> Optional[str]:
+        """Shared settings the candidate's call left other than they were once it was built (they are
+        put back before each reference call, so the reference is timed as it was set up)."""
+        if self.settings_at_load is None:
+            return None
+        now = integrity.shared_settings()
+        changed = [f"{k} from {v} to {now[k]}" for k, v in self.settings_at_load.items() if now.get(k) != v]
+        return "the candidate changed settings the reference also runs under: " + ", ".join(changed) if changed else None
+
+    def _process_leak(self) -> Optional[str]:
+        """A process started, or one that ran and was reaped, since timing began. Either may have taken
+        CPU (or GPU) time from the other side's calls, and the supervisor's end-of-run check sees only
+        what is still alive: a helper that burns while the reference runs and is reaped before the end
+        (seen: an unchanged softmax timed at 1.67x) would pass it."""
+        if self.processes_at_timing is None:
+            return None
+        pid_then, cpu_then = self.processes_at_timing
+        pid_now = integrity.last_pid()
+        if pid_then is not None and pid_now is not None and pid_now != pid_then:
+            return "a process was started while the candidate was being timed"
+        used = integrity.children_cpu_s() - cpu_then
+        if used > 0:
+            return f"child processes that ran while the candidate was being timed used {used * 1e3:.0f} ms of CPU"
+        return None
 
     def _candidate_threads(self) -> list:
         return [t for t in integrity.list_threads() if t.ident not in self.threads_before_candidate]
@@ -500,6 +535,8 @@ class Worker:
         py_threads = integrity.thread_count()
         if side == "ref":
             integrity.pin_precision()
+            if self.settings_at_load is not None:
+                integrity.restore_settings(self.settings_at_load)
             model = self.reference
         else:
             model = self.candidate
@@ -525,6 +562,9 @@ class Worker:
                 reply["thread_leak"] = f"{integrity.os_thread_count() - self.thread_baseline} new OS thread(s) after the warm-up"
         else:
             outputs = correctness.flatten_outputs(out, "reference")
+        unfair = self._process_leak() or (self._settings_changed() if side == "cand" else None)
+        if unfair:
+            reply["unfair"] = unfair
         self.round["out"][side] = outputs
         return reply
 

@@ -201,6 +201,104 @@ threading.Thread(target=_spin, args=(time.monotonic() + 60.0,), daemon=True).sta
     assert "thread" in (m.timing_invalid_reason or "")
 
 
+# A helper process that burns CPU while the reference is timed slows the reference, so an unchanged
+# kernel looks faster (a softmax identical to its reference was timed at 1.67x that way). Reaped before
+# the run ends, it escapes a check for processes left running; these are the checks that catch it.
+_BURN_IN_A_CHILD = """import os, time
+def _burn_in_a_child(ms):
+    pid = os.fork()
+    if pid == 0:
+        end = time.process_time() + ms / 1e3
+        while time.process_time() < end:
+            pass
+        os._exit(0)
+    os.waitpid(pid, 0)"""
+
+
+def test_a_process_started_and_reaped_while_timed_invalidates_the_timing(measure_source):
+    body = """        _burn_in_a_child(30)
+        return torch.relu(x * self.scale + y) + 0.5 * x"""
+    m = measure_source(_model(body, _BURN_IN_A_CHILD))
+    assert _caught(m), m
+    assert "process" in (m.timing_invalid_reason or ""), m.timing_invalid_reason
+
+
+def test_without_a_pid_namespace_a_reaped_processs_cpu_time_still_gives_it_away(tmp_path, write, monkeypatch):
+    # KSCOUT_SANDBOX_PIDS=shared: the namespace's pid counter is the host's and is not read; the CPU
+    # time the worker's reaped children used is
+    from conftest import QUICK, SMALL_PROBLEM
+
+    from kernelscout.sandbox.pool import WorkerPool
+    from kernelscout.tools.measure import MeasureRequest, measure
+
+    monkeypatch.setenv("KSCOUT_SANDBOX_PIDS", "shared")
+    body = """        _burn_in_a_child(30)
+        return torch.relu(x * self.scale + y) + 0.5 * x"""
+    problem, cand = write("problem.py", SMALL_PROBLEM), write("candidate.py", _model(body, _BURN_IN_A_CHILD))
+    with WorkerPool() as own:
+        m = measure(MeasureRequest(problem=str(problem), candidate=str(cand), device="cpu", run_dir=str(tmp_path / "run"),
+                                   harness=QUICK), pool=own)
+    assert _caught(m), m
+    assert "child processes" in (m.timing_invalid_reason or ""), m.timing_invalid_reason
+
+
+def test_a_process_alive_when_timing_begins_invalidates_the_timing_even_if_reaped_before_the_end(measure_source):
+    # Started at import, stopped and reaped after a few timed calls: nothing is left for the end-of-run check.
+    header = """import os, signal
+_HELPER = os.fork()
+if _HELPER == 0:
+    while True:
+        pass
+_CALLS = [0]"""
+    body = """        _CALLS[0] += 1
+        if _CALLS[0] == 12:
+            os.kill(_HELPER, signal.SIGKILL)
+            os.waitpid(_HELPER, 0)
+        return torch.relu(x * self.scale + y) + 0.5 * x"""
+    m = measure_source(_model(body, header))
+    assert _caught(m), m
+    assert "when timing began" in (m.timing_invalid_reason or ""), m.timing_invalid_reason
+
+
+def test_leaving_the_reference_fewer_threads_is_caught(measure_source):
+    # Every core for itself, one thread (or at least another count) for the reference that runs next:
+    # an unchanged softmax was timed at 1.53x that way on 2 cores.
+    header = "_N = torch.get_num_threads()\n_OTHER = 1 if _N > 1 else 2"
+    body = """        torch.set_num_threads(_N)
+        out = torch.relu(x * self.scale + y) + 0.5 * x
+        torch.set_num_threads(_OTHER)
+        return out"""
+    m = measure_source(_model(body, header))
+    assert _caught(m), m
+    assert "torch threads" in (m.timing_invalid_reason or ""), m.timing_invalid_reason
+
+
+def test_switching_attention_backends_off_for_the_reference_is_caught(measure_source):
+    # scaled_dot_product_attention without flash attention was 4x slower on the CPU
+    body = """        torch.backends.cuda.enable_flash_sdp(True)
+        out = torch.relu(x * self.scale + y) + 0.5 * x
+        torch.backends.cuda.enable_flash_sdp(False)
+        return out"""
+    m = measure_source(_model(body))
+    assert _caught(m), m
+    assert "flash SDP from True to False" in (m.timing_invalid_reason or ""), m.timing_invalid_reason
+
+
+def test_a_setting_chosen_at_import_holds_for_both_sides_and_is_fair(measure_source):
+    header = "torch.backends.cudnn.benchmark = True\ntorch.set_num_threads(1)"
+    m = measure_source(_model(_HONEST, header))
+    assert m.status == MeasureStatus.ok and m.timing_valid, m.message
+
+
+def test_the_next_candidate_in_a_warm_worker_starts_from_the_workers_own_settings(measure_source, tmp_path):
+    seen = [tmp_path / "first.txt", tmp_path / "second.txt"]
+    first = f"open({str(seen[0])!r}, 'w').write(str(torch.get_num_threads()))\ntorch.set_num_threads(1 if torch.get_num_threads() > 1 else 2)"
+    second = f"open({str(seen[1])!r}, 'w').write(str(torch.get_num_threads()))"
+    for header in (first, second):
+        assert measure_source(_model(_HONEST, header)).status == MeasureStatus.ok
+    assert seen[0].read_text() == seen[1].read_text()
+
+
 def test_an_idle_worker_pool_left_by_the_candidate_does_not_void_the_timing(measure_source):
     # The kind of thread torch.compile leaves behind (on CUDA, or on CPU with compile_threads > 1):
     # a pool worker waiting on its queue. It does no work while the candidate is timed.
