@@ -166,6 +166,8 @@ def _finish(worker: WorkerProcess, m: Measurement) -> tuple[Measurement, bool]:
     problems = []
     if reply.get("tampered"):
         problems.append("the candidate tampered with the harness or the reference: " + ", ".join(reply["tampered"]))
+    if reply.get("hooks"):  # the worker is retired with them (see the caller)
+        problems.append("the candidate left code set up to run inside later calls: " + ", ".join(reply["hooks"]))
     if reply.get("extra_threads"):
         problems.append(f"the candidate left {reply['extra_threads']} thread(s) running")
     idle = "" if not reply.get("idle_threads") else (

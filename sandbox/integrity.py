@@ -7,7 +7,9 @@ afterwards changes a name, not the functions held here, and the snapshot diff na
 
 from __future__ import annotations
 
+import gc
 import os
+import signal
 import sys
 import threading
 import time
@@ -261,6 +263,7 @@ _cuda = torch.backends.cuda
 _SHARED_SETTINGS: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {
     "torch threads": (get_num_threads, set_num_threads),
     "default dtype": (get_default_dtype, set_default_dtype),
+    "default device": (torch.get_default_device, torch.set_default_device),
     "deterministic algorithms": (_deterministic, _set_deterministic),
     "cudnn.benchmark": _flag(torch.backends.cudnn, "benchmark"),
     "cudnn.deterministic": _flag(torch.backends.cudnn, "deterministic"),
@@ -292,6 +295,85 @@ def restore_settings(settings: dict[str, Any]) -> None:
                 put(settings[name])
             except (RuntimeError, ValueError, TypeError):  # the candidate's call is flagged for the change anyway
                 pass
+
+
+_get_itimer, _get_signal = signal.getitimer, signal.getsignal
+_gettrace, _getprofile, _settrace, _setprofile = sys.gettrace, sys.getprofile, sys.settrace, sys.setprofile
+try:
+    from torch.overrides import _get_current_function_mode_stack as _function_mode_stack
+    from torch.utils._device import DeviceContext as _DeviceContext
+except ImportError:  # an older torch: count every mode
+    _function_mode_stack, _DeviceContext = None, ()
+
+
+def _function_modes() -> int:
+    """Torch function modes in force, bar the one `torch.set_default_device` pushes (a shared setting)."""
+    if _function_mode_stack is None:
+        return getattr(torch._C, "_len_torch_function_stack", lambda: 0)()
+    return sum(1 for mode in _function_mode_stack() if not isinstance(mode, _DeviceContext))
+
+
+_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
+_monitoring = getattr(sys, "monitoring", None)  # Python 3.12+
+
+
+def _handler_key(handler: Any) -> Any:
+    return handler if handler is None or isinstance(handler, int) else id(handler)
+
+
+def code_hooks() -> dict[str, Any]:
+    """What makes code run in the worker's main thread without being called: a timer signal's
+    handler, a trace or profile function, a torch function or dispatch mode, a monitoring tool. Set up
+    by a candidate, any of these runs inside the reference's calls too, where it can burn time only
+    there (a SIGALRM handler every millisecond, idle while the candidate's own call ran, made an
+    unchanged softmax look 1.80x faster). Unlike the shared settings, none is fair at import: a kernel
+    has no use for them, so they are compared with the worker's state before any candidate loaded."""
+    hooks: dict[str, Any] = {
+        "interval timers": tuple(_get_itimer(t) != (0.0, 0.0) for t in (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF)),
+        "signal handlers": tuple((sig, _handler_key(_get_signal(sig))) for sig in _SIGNALS),
+        "sys.settrace": id(_gettrace()),
+        "sys.setprofile": id(_getprofile()),
+        "torch function modes": _function_modes(),
+        "torch dispatch modes": _dispatch_modes(),
+    }
+    if _monitoring is not None:
+        hooks["sys.monitoring tools"] = tuple(_monitoring.get_tool(i) for i in range(6))
+    return hooks
+
+
+def _readable_signals() -> tuple[int, ...]:
+    out = []
+    for sig in sorted(signal.valid_signals()):
+        try:
+            _get_signal(sig)
+            out.append(int(sig))
+        except (ValueError, OSError):
+            pass
+    return tuple(out)
+
+
+_SIGNALS = _readable_signals()
+
+
+def hooks_changed(initial: dict[str, Any]) -> list[str]:
+    now = code_hooks()
+    changed = [name for name, value in initial.items() if now.get(name) != value]
+    if "signal handlers" in changed:  # name the signals
+        before = dict(initial["signal handlers"])
+        sigs = [signal.Signals(s).name for s, h in now["signal handlers"] if before.get(s) != h and s in signal.Signals._value2member_map_]
+        changed[changed.index("signal handlers")] = "signal handlers (" + ", ".join(sigs) + ")"
+    return changed
+
+
+def clear_trace_hooks() -> None:
+    """No trace or profile function in the reference's calls (the worker itself sets none)."""
+    if _gettrace() is not None:
+        _settrace(None)
+    if _getprofile() is not None:
+        _setprofile(None)
+
+
+gc_isenabled, gc_enable, gc_disable = gc.isenabled, gc.enable, gc.disable
 
 
 def pin_precision() -> None:

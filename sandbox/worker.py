@@ -193,6 +193,7 @@ class Worker:
         integrity.pin_precision()
         integrity.install_library_patches()
         self.initial_settings = integrity.shared_settings()  # each candidate is loaded under these
+        self.initial_hooks = integrity.code_hooks()  # and none of these may differ from here on
         self.memory_limit = int(os.environ.get("KSCOUT_WORKER_MEMORY_BYTES", "0"))
         self.timer = CallTimer(self.device)
         self.problem = None
@@ -402,6 +403,9 @@ class Worker:
 
     def _run_reference(self, inputs: list[Any]) -> list[torch.Tensor]:
         integrity.pin_precision()
+        hooked = self._hooks_changed()
+        if hooked:  # a function mode or a profile hook could rewrite what the reference computes
+            raise Failure("incorrect", hooked)
         with torch.no_grad():
             out = self.reference(*inputs)
         return correctness.flatten_outputs(out, "reference")
@@ -452,6 +456,10 @@ class Worker:
         now = integrity.shared_settings()
         changed = [f"{k} from {v} to {now[k]}" for k, v in self.settings_at_load.items() if now.get(k) != v]
         return "the candidate changed settings the reference also runs under: " + ", ".join(changed) if changed else None
+
+    def _hooks_changed(self) -> Optional[str]:
+        changed = integrity.hooks_changed(self.initial_hooks)
+        return "the candidate set up code that runs inside the other side's calls: " + ", ".join(changed) if changed else None
 
     def _process_leak(self) -> Optional[str]:
         """A process started, or one that ran and was reaped, since timing began. Either may have taken
@@ -537,6 +545,7 @@ class Worker:
             integrity.pin_precision()
             if self.settings_at_load is not None:
                 integrity.restore_settings(self.settings_at_load)
+            integrity.clear_trace_hooks()
             model = self.reference
         else:
             model = self.candidate
@@ -545,12 +554,19 @@ class Worker:
             with torch.no_grad():
                 return model(*inputs)
 
+        collecting = integrity.gc_isenabled()
+        # as timeit does: no garbage collection inside a timed call, where it would run whatever
+        # finalisers the other side's garbage carries
+        integrity.gc_disable()
         try:
             out, timer_ms, host_ms = self.timer(run)
         except Exception as exc:
             if side == "ref":
                 raise Failure("invalid_problem", f"the reference failed during timing: {_short_error(exc)}")
             raise Failure("runtime_error", self._runtime_message(exc))
+        finally:
+            if collecting:
+                integrity.gc_enable()
         reply: dict[str, Any] = {"status": "ok", "timer_ms": timer_ms, "host_ms": host_ms}
         if side == "cand":
             if self.thread_cpu_at_timing is not None:
@@ -562,7 +578,7 @@ class Worker:
                 reply["thread_leak"] = f"{integrity.os_thread_count() - self.thread_baseline} new OS thread(s) after the warm-up"
         else:
             outputs = correctness.flatten_outputs(out, "reference")
-        unfair = self._process_leak() or (self._settings_changed() if side == "cand" else None)
+        unfair = self._process_leak() or self._hooks_changed() or (self._settings_changed() if side == "cand" else None)
         if unfair:
             reply["unfair"] = unfair
         self.round["out"][side] = outputs
@@ -596,7 +612,8 @@ class Worker:
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        return {"status": "ok", "tampered": tampered, "extra_threads": busy_threads, "idle_threads": idle_threads}
+        hooks = integrity.hooks_changed(self.initial_hooks)  # left in this process, they would run in the next measurement
+        return {"status": "ok", "tampered": tampered, "extra_threads": busy_threads, "idle_threads": idle_threads, "hooks": hooks}
 
     def hello(self, msg: dict) -> dict:
         name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from kernelscout.tools.schema import MeasureStatus
+from conftest import TEST_DEVICE
 
 
 def _caught(m) -> bool:
@@ -282,6 +283,74 @@ def test_switching_attention_backends_off_for_the_reference_is_caught(measure_so
     m = measure_source(_model(body))
     assert _caught(m), m
     assert "flash SDP from True to False" in (m.timing_invalid_reason or ""), m.timing_invalid_reason
+
+
+def test_a_timer_signal_that_burns_only_in_the_references_calls_is_caught(measure_source):
+    # SIGALRM every millisecond, idle while the candidate's own call runs: 1.80x for an unchanged softmax
+    header = """import signal, time
+_MINE = [False]
+def _burn(sig, frame):
+    if not _MINE[0]:
+        end = time.perf_counter() + 0.0005
+        while time.perf_counter() < end:
+            pass
+signal.signal(signal.SIGALRM, _burn)
+signal.setitimer(signal.ITIMER_REAL, 0.001, 0.001)"""
+    body = """        _MINE[0] = True
+        out = torch.relu(x * self.scale + y) + 0.5 * x
+        _MINE[0] = False
+        return out"""
+    m = measure_source(_model(body, header))
+    assert _caught(m), m
+    assert "SIGALRM" in m.message, m.message
+
+
+@pytest.mark.parametrize("hook", [
+    "sys.setprofile(lambda *a: None)",
+    "type('Mode', (__import__('torch').overrides.TorchFunctionMode,), "
+    "{'__torch_function__': lambda self, f, t, a=(), k=None: f(*a, **(k or {}))})().__enter__()",
+])
+def test_code_left_to_run_inside_the_references_calls_is_caught(measure_source, hook):
+    # a profile hook or a torch function mode pushed at the end of the candidate's call runs inside the
+    # reference's: it can slow it, or rewrite what it computes
+    body = f"""        out = torch.relu(x * self.scale + y) + 0.5 * x
+        import sys
+        {hook}
+        return out"""
+    m = measure_source(_model(body))
+    assert _caught(m), m
+    assert "runs inside the other side's calls" in m.message, m.message
+    assert any("left code set up to run inside later calls" in w for w in m.warnings), m.warnings  # and its worker retired
+
+
+def test_the_default_device_is_a_shared_setting_not_a_hook(measure_source):
+    # torch.set_default_device pushes a torch function mode of its own; chosen at import it is fair
+    m = measure_source(_model(_HONEST, f"torch.set_default_device({TEST_DEVICE!r})"))
+    assert m.status == MeasureStatus.ok and m.timing_valid, m.message
+
+
+def test_garbage_the_candidate_leaves_is_not_collected_inside_the_references_timed_call(measure_source, tmp_path):
+    # Cycles with finalisers, left just under the collector's threshold, so that the reference's own
+    # allocations set off the collection and the finalisers run inside the reference's call.
+    seen = tmp_path / "finalised_inside_the_reference.txt"
+    header = f"""import gc, sys
+class _Junk:
+    def __init__(self):
+        self.me = self
+    def __del__(self):
+        owners, f = set(), sys._getframe(1)
+        while f is not None:
+            owners.add(type(f.f_locals.get("self")).__name__)
+            f = f.f_back
+        if {{"Model", "CallTimer"}} <= owners:  # inside the reference's timed call
+            open({str(seen)!r}, "a").write("x")"""
+    body = """        out = torch.relu(x * self.scale + y) + 0.5 * x
+        while gc.get_count()[0] < gc.get_threshold()[0] - 3:
+            _Junk()
+        return out"""
+    m = measure_source(_model(body, header))
+    assert m.status == MeasureStatus.ok, m.message
+    assert not seen.exists()
 
 
 def test_a_setting_chosen_at_import_holds_for_both_sides_and_is_fair(measure_source):
