@@ -107,6 +107,15 @@ def clean_env(device: str, threads: int, memory_bytes: int, workdir: Path) -> di
         env["KSCOUT_SANDBOX_NETWORK"] = "allow"
     if os.environ.get("KSCOUT_SANDBOX_PIDS") == "shared":  # a system where a PID namespace breaks something
         env["KSCOUT_SANDBOX_PIDS"] = "shared"
+    if os.environ.get("KSCOUT_SANDBOX_FILES") == "open":  # a kernel that must write somewhere else
+        env["KSCOUT_SANDBOX_FILES"] = "open"
+    # where the worker may still write once the launcher has restricted it (see restrict_writes there)
+    try:
+        CACHE_DIR.mkdir(parents=True, exist_ok=True)  # a folder that does not exist cannot be allowed
+    except OSError:
+        pass
+    extra = [p for p in os.environ.get("KSCOUT_SANDBOX_WRITE", "").split(os.pathsep) if p]  # the user's own additions
+    env["KSCOUT_SANDBOX_WRITABLE"] = os.pathsep.join([str(workdir), str(CACHE_DIR), "/dev", *extra])
     if device.startswith("cpu"):
         env["TRITON_INTERPRET"] = "1"  # the only way a Triton kernel runs without a GPU
     return env
@@ -232,6 +241,42 @@ if pids == "isolated":
 # PR_SET_CHILD_SUBREAPER: a process the candidate orphans (double fork, daemon) is re-parented to the
 # worker instead of init, so it stays in the worker's process tree, where the supervisor finds it.
 prctl(36, 1, 0, 0, 0)
+
+def restrict_writes():
+    # Landlock (Linux 5.13+, unprivileged, inherited by every child): from here on the worker can create,
+    # change or delete files only below the folders the supervisor names (its scratch folder, the compile
+    # caches, /dev). Reading and running stay open (imports, compilers). Without it a candidate could
+    # find the run directory and rewrite its SQLite files: forge a measurement, or hand back budget.
+    if os.environ.get("KSCOUT_SANDBOX_FILES") == "open":
+        return "open (KSCOUT_SANDBOX_FILES=open)"
+    call = libc.syscall
+    call.restype = ctypes.c_long
+    abi = call(ctypes.c_long(444), None, ctypes.c_size_t(0), ctypes.c_uint32(1))  # LANDLOCK_CREATE_RULESET_VERSION
+    if abi < 1:
+        return "open (no Landlock: " + os.strerror(ctypes.get_errno()) + ")"
+    handled = (1 << 1) | (1 << 4) | (1 << 5) | sum(1 << bit for bit in range(6, 13))  # write, remove, make
+    handled |= (1 << 13 if abi >= 2 else 0) | (1 << 14 if abi >= 3 else 0)  # refer (rename/link across), truncate
+    attr = ctypes.c_uint64(handled)
+    ruleset = call(ctypes.c_long(444), ctypes.byref(attr), ctypes.c_size_t(8), ctypes.c_uint32(0))
+    if ruleset < 0:
+        return "open (Landlock refused a ruleset: " + os.strerror(ctypes.get_errno()) + ")"
+    allowed = []
+    for path in os.environ.get("KSCOUT_SANDBOX_WRITABLE", "").split(os.pathsep):
+        try:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            continue
+        rule = ctypes.create_string_buffer(handled.to_bytes(8, sys.byteorder) + fd.to_bytes(4, sys.byteorder, signed=True))
+        if call(ctypes.c_long(445), ctypes.c_int(ruleset), ctypes.c_int(1), rule, ctypes.c_uint32(0)) == 0:
+            allowed.append(path)
+        os.close(fd)
+    if call(ctypes.c_long(446), ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
+        return "open (Landlock refused: " + os.strerror(ctypes.get_errno()) + ")"
+    os.close(ruleset)
+    return "writes only below " + ", ".join(allowed) + " (Landlock ABI " + str(abi) + ")"
+
+os.environ["KSCOUT_SANDBOX_FILES"] = restrict_writes()
+os.environ.pop("KSCOUT_SANDBOX_WRITABLE", None)
 os.execv(sys.executable, [sys.executable, "-m", "kernelscout.sandbox.worker"] + sys.argv[1:])
 """
 

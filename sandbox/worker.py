@@ -620,7 +620,8 @@ class Worker:
         return {"status": "ok", "pid": os.getpid(), "torch": torch.__version__, "device_name": name, "threads": torch.get_num_threads(),
                 "network": os.environ.get("KSCOUT_SANDBOX_NETWORK", "open (no network namespace on this platform)"),
                 "pids": os.environ.get("KSCOUT_SANDBOX_PIDS", "shared (no PID namespace on this platform)"),
-                "proc": os.environ.get("KSCOUT_SANDBOX_PROC", "host")}
+                "proc": os.environ.get("KSCOUT_SANDBOX_PROC", "host"),
+                "files": os.environ.get("KSCOUT_SANDBOX_FILES", "open (no Landlock on this platform)")}
 
 
 def main() -> None:

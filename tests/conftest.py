@@ -81,8 +81,24 @@ def _no_user_config(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.getbasetemp() / "no-user-config"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _workers_may_write_test_reports(tmp_path_factory):
+    """Sandbox workers write only below their scratch folder and the caches (Landlock), yet many tests
+    have a candidate or problem report back through a file in the test's tmp_path: those folders are
+    added, as a user adds a folder a kernel must write to. A test of the restriction itself keeps its
+    run directory elsewhere."""
+    base = str(tmp_path_factory.getbasetemp())
+    before = os.environ.get("KSCOUT_SANDBOX_WRITE")
+    os.environ["KSCOUT_SANDBOX_WRITE"] = base
+    yield base
+    if before is None:
+        os.environ.pop("KSCOUT_SANDBOX_WRITE", None)
+    else:
+        os.environ["KSCOUT_SANDBOX_WRITE"] = before
+
+
 @pytest.fixture(scope="session")
-def pool():
+def pool(_workers_may_write_test_reports):
     with WorkerPool() as p:
         yield p
 

@@ -229,6 +229,66 @@ def test_kscout_sandbox_network_allow_opens_it_again(tmp_path, write, monkeypatc
         assert connected()
 
 
+# -- files ----------------------------------------------------------------------------------------
+
+def forge_the_run(run_dir: Path) -> str:
+    """What a cheat would do once it has found the run directory: add a table to its SQLite file (a
+    forged measurement, or budget handed back, is one INSERT or DELETE away) and drop a file beside it."""
+    return (f"import sqlite3\n"
+            f"try:\n    c = sqlite3.connect({str(run_dir / 'run.db')!r}); c.execute('create table forged(x)'); c.commit()\n"
+            f"except Exception:\n    pass\n"
+            f"try:\n    open({str(run_dir / 'forged.txt')!r}, 'w').write('x')\n"
+            f"except Exception:\n    pass")
+
+
+def tables(db: Path) -> set[str]:
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(db)) as c:
+        return {row[0] for row in c.execute("select name from sqlite_master where type='table'")}
+
+
+@contextlib.contextmanager
+def run_dir_outside_the_tests_folders():
+    """The test folders are writable for the workers (conftest); a real run directory is not."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="kscout-run-"))
+    try:
+        yield path / "run"
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_candidate_cannot_write_into_the_run_directory(tmp_path, write, pool):
+    with borrowed_worker(pool) as worker:
+        files = worker.info["files"]
+    if files.startswith("open"):
+        pytest.skip(f"this kernel gives the sandbox no write restriction: the worker reports {files!r}")
+    problem = write("problem.py", SMALL_PROBLEM)
+    with run_dir_outside_the_tests_folders() as run:
+        cand = write("candidate.py", candidate(init=forge_the_run(run)))
+        m = measure(MeasureRequest(problem=str(problem), candidate=str(cand), device="cpu", run_dir=str(run), harness=QUICK), pool=pool)
+        assert m.status == MeasureStatus.ok and m.correct, m.message
+        assert "forged" not in tables(run / "run.db")
+        assert not (run / "forged.txt").exists()
+
+
+def test_kscout_sandbox_files_open_lifts_it_and_the_forgery_goes_through(tmp_path, write, monkeypatch):
+    # For a kernel that must write elsewhere; also shows that the probe above would see a forgery.
+    monkeypatch.setenv("KSCOUT_SANDBOX_FILES", "open")
+    problem = write("problem.py", SMALL_PROBLEM)
+    with run_dir_outside_the_tests_folders() as run, WorkerPool() as own:
+        cand = write("candidate.py", candidate(init=forge_the_run(run)))
+        m = measure(MeasureRequest(problem=str(problem), candidate=str(cand), device="cpu", run_dir=str(run), harness=QUICK), pool=own)
+        with borrowed_worker(own) as worker:
+            assert worker.info["files"] == "open (KSCOUT_SANDBOX_FILES=open)"
+        assert m.status == MeasureStatus.ok, m.message
+        assert "forged" in tables(run / "run.db")
+        assert (run / "forged.txt").exists()
+
+
 # -- processes a candidate leaves behind ----------------------------------------------------------
 def with_marker(marker: str) -> list[int]:
     """Live processes on this machine whose command line holds `marker`. A candidate runs in a PID
