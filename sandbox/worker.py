@@ -107,6 +107,10 @@ def _refill(buffers: Optional[list[Any]], fresh: list[Any]) -> list[Any]:
     return [_refill_one(old, new) for old, new in zip(buffers, fresh)]
 
 
+def _layout(buffers: list[Any]) -> list[tuple]:
+    return [(t.data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype, t.device) for t in tensors_in(buffers)]
+
+
 def _refill_one(old: Any, new: Any) -> Any:
     if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor) and old.shape == new.shape and old.dtype == new.dtype and old.device == new.device:
         old.copy_(new)
@@ -436,11 +440,16 @@ class Worker:
         """Fresh inputs for one timing round, so a result cached by input identity never matches."""
         fresh = self._fresh_inputs(msg["seed"])
         previous = self.round or {}
+        if previous.get("ref") is not None and _layout(previous["ref"]) != previous.get("ref_layout"):
+            # the candidate reached the reference's own input tensors (gc) and re-strided or moved them:
+            # same values, so no check would see it, only a reference that runs slower
+            raise Failure("incorrect", "the candidate changed the layout or storage of the reference's input tensors")
         self.round = {
             "ref": _refill(previous.get("ref"), fresh),
             "cand": _refill(previous.get("cand"), fresh),
             "out": {},
         }
+        self.round["ref_layout"] = _layout(self.round["ref"])
         _sync(self.device)
         if msg.get("baseline_threads"):
             self.thread_baseline = integrity.os_thread_count()

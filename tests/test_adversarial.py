@@ -427,6 +427,26 @@ def test_swapping_the_workers_reference_through_gc_is_incorrect(measure_source):
     assert "reference object was replaced" in m.message or "differs from the reference" in m.message
 
 
+def test_re_striding_the_references_own_input_tensors_is_incorrect(measure_source):
+    # Same values in a strided layout: every check passes and the reference runs slower
+    # (an op-by-op softmax from 4.5 ms to 17 ms; 12.5x for a candidate worth 3.4x).
+    header = """import gc
+gc.unfreeze()
+def _restride(worker):
+    for t in (getattr(worker, "round", None) or {}).get("ref") or []:
+        if isinstance(t, torch.Tensor) and t.is_contiguous() and t.dim() >= 1:
+            wide = torch.empty(*t.shape[:-1], t.shape[-1] * 4, dtype=t.dtype, device=t.device)[..., ::4]
+            wide.copy_(t)
+            t.set_(wide.untyped_storage(), wide.storage_offset(), wide.shape, wide.stride())"""
+    body = """        for obj in gc.get_objects():
+            if type(obj).__name__ == "Worker":
+                _restride(obj)
+        return torch.relu(x * self.scale + y) + 0.5 * x"""
+    m = measure_source(_model(body, header))
+    assert m.status == MeasureStatus.incorrect, m
+    assert "layout or storage of the reference's input tensors" in m.message
+
+
 def test_the_recheck_cannot_be_foreseen_from_inside_the_call(measure_source):
     """A cheat that looks for the round's re-check flag and computes only when it is set: the flag
     is drawn after both calls return, so such a cheat skips the work in checked rounds too."""
