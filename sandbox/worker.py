@@ -444,12 +444,17 @@ class Worker:
             # the candidate reached the reference's own input tensors (gc) and re-strided or moved them:
             # same values, so no check would see it, only a reference that runs slower
             raise Failure("incorrect", "the candidate changed the layout or storage of the reference's input tensors")
+        if previous.get("cand") is not None and _layout(previous["cand"]) != previous.get("cand_layout"):
+            # its own: re-strided once (to channels-last, say), the next rounds' inputs would arrive in
+            # that layout, converted by this refill, outside the timed call
+            raise Failure("incorrect", "the candidate changed the layout or storage of its input tensors, so the harness "
+                                       "would convert later inputs for it outside the timed call")
         self.round = {
             "ref": _refill(previous.get("ref"), fresh),
             "cand": _refill(previous.get("cand"), fresh),
             "out": {},
         }
-        self.round["ref_layout"] = _layout(self.round["ref"])
+        self.round["ref_layout"], self.round["cand_layout"] = _layout(self.round["ref"]), _layout(self.round["cand"])
         _sync(self.device)
         if msg.get("baseline_threads"):
             self.thread_baseline = integrity.os_thread_count()

@@ -447,6 +447,20 @@ def _restride(worker):
     assert "layout or storage of the reference's input tensors" in m.message
 
 
+def test_re_striding_its_own_input_tensors_so_later_rounds_arrive_converted_is_incorrect(measure_source):
+    # channels-last (or any layout) set once on its own inputs: every later round's refill would do the
+    # conversion for it, untimed
+    body = """        for t in (x, y):
+            if t.is_contiguous() and t.dim() >= 1:
+                wide = torch.empty(*t.shape[:-1], t.shape[-1] * 2, dtype=t.dtype, device=t.device)[..., ::2]
+                wide.copy_(t)
+                t.set_(wide.untyped_storage(), wide.storage_offset(), wide.shape, wide.stride())
+        return torch.relu(x * self.scale + y) + 0.5 * x"""
+    m = measure_source(_model(body))
+    assert m.status == MeasureStatus.incorrect, m
+    assert "layout or storage of its input tensors" in m.message
+
+
 def test_the_recheck_cannot_be_foreseen_from_inside_the_call(measure_source):
     """A cheat that looks for the round's re-check flag and computes only when it is set: the flag
     is drawn after both calls return, so such a cheat skips the work in checked rounds too."""
