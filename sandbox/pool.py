@@ -256,8 +256,12 @@ def restrict_writes():
         return "open (no Landlock: " + os.strerror(ctypes.get_errno()) + ")"
     handled = (1 << 1) | (1 << 4) | (1 << 5) | sum(1 << bit for bit in range(6, 13))  # write, remove, make
     handled |= (1 << 13 if abi >= 2 else 0) | (1 << 14 if abi >= 3 else 0)  # refer (rename/link across), truncate
-    attr = ctypes.c_uint64(handled)
-    ruleset = call(ctypes.c_long(444), ctypes.byref(attr), ctypes.c_size_t(8), ctypes.c_uint32(0))
+    # ABI 6+: signals and abstract UNIX sockets scoped to the worker's own processes, so that where the
+    # PID namespace is off (refused, or KSCOUT_SANDBOX_PIDS=shared) a candidate still cannot SIGSTOP the
+    # supervisor or kill(-1) the user's session
+    scoped = 3 if abi >= 6 else 0
+    attr = (ctypes.c_uint64 * 3)(handled, 0, scoped)
+    ruleset = call(ctypes.c_long(444), attr, ctypes.c_size_t(24 if scoped else 8), ctypes.c_uint32(0))
     if ruleset < 0:
         return "open (Landlock refused a ruleset: " + os.strerror(ctypes.get_errno()) + ")"
     allowed = []
@@ -273,7 +277,8 @@ def restrict_writes():
     if call(ctypes.c_long(446), ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
         return "open (Landlock refused: " + os.strerror(ctypes.get_errno()) + ")"
     os.close(ruleset)
-    return "writes only below " + ", ".join(allowed) + " (Landlock ABI " + str(abi) + ")"
+    return "writes only below " + ", ".join(allowed) + " (Landlock ABI " + str(abi) + (
+        "; signals and abstract sockets scoped to the worker)" if scoped else ")")
 
 os.environ["KSCOUT_SANDBOX_FILES"] = restrict_writes()
 os.environ.pop("KSCOUT_SANDBOX_WRITABLE", None)
