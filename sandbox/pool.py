@@ -482,6 +482,20 @@ def _warn_if_namespaces_refused(network: str, pids: str = "") -> None:
                     " and ".join(refused), network if network.startswith("open (no") else pids)
 
 
+_WARNED_FILES = False
+
+
+def _warn_if_writes_unconfined(files: str) -> None:
+    """Once per process: a Linux worker the kernel would not confine (no Landlock, before 5.13), so a
+    candidate could rewrite the run directory. Not when the user lifted it (KSCOUT_SANDBOX_FILES=open)."""
+    global _WARNED_FILES
+    refused = files.startswith("open (no Landlock") or files.startswith("open (Landlock refused")
+    if _LINUX and refused and not _WARNED_FILES:
+        _WARNED_FILES = True
+        log.warning("sandbox workers can write wherever this user can, the run directory included: %s. "
+                    "A kernel with Landlock (Linux 5.13+, enabled in the lsm= boot list) confines them.", files)
+
+
 def _describe_exit(code: Optional[int]) -> str:
     if code is None:
         return "is still running"
@@ -565,6 +579,7 @@ class WorkerProcess:
     def start(self, timeout: float = 120.0) -> dict[str, Any]:
         self.info = self.request("hello", timeout)
         _warn_if_namespaces_refused(self.info.get("network", ""), self.info.get("pids", ""))
+        _warn_if_writes_unconfined(self.info.get("files", ""))
         if self.info.get("pids") == "isolated" and _LINUX:
             # the namespace's init and the worker run under the launcher: part of the sandbox, not strays.
             # At hello no candidate code has run, so the launcher's tree is exactly those processes.

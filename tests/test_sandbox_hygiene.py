@@ -484,6 +484,21 @@ def test_a_system_that_refuses_the_namespaces_is_warned_about_once(monkeypatch, 
     assert "reach the network and the user's other processes" in warnings[0] and "Operation not permitted" in warnings[0]
 
 
+def test_a_kernel_without_landlock_is_warned_about_once_and_an_opt_out_is_not(monkeypatch, caplog):
+    from kernelscout.sandbox import pool as pool_module
+
+    monkeypatch.setattr(pool_module, "_WARNED_FILES", False)
+    with caplog.at_level("WARNING", logger="kernelscout.sandbox.pool"):
+        pool_module._warn_if_writes_unconfined("writes only below /w, /c, /dev (Landlock ABI 7)")
+        pool_module._warn_if_writes_unconfined("open (KSCOUT_SANDBOX_FILES=open)")
+        assert not caplog.records
+        pool_module._warn_if_writes_unconfined("open (no Landlock: Function not implemented)")
+        pool_module._warn_if_writes_unconfined("open (no Landlock: Function not implemented)")
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1
+    assert "the run directory included" in warnings[0] and "Function not implemented" in warnings[0]
+
+
 def test_workers_share_inductors_precompiled_headers_through_the_cache(tmp_path, monkeypatch):
     # Inductor keeps them under $TMPDIR whatever TORCHINDUCTOR_CACHE_DIR says, and each worker has a TMPDIR of
     # its own: without the link every worker rebuilt 147 MB of headers before its first compiled CPU candidate.
