@@ -196,8 +196,10 @@ class Worker:
             torch.set_num_threads(threads)
         integrity.pin_precision()
         integrity.install_library_patches()
-        self.initial_settings = integrity.shared_settings()  # each candidate is loaded under these
-        self.initial_hooks = integrity.code_hooks()  # and none of these may differ from here on
+        self.own_settings = integrity.shared_settings()  # the worker's own, put back before a problem loads
+        # what each candidate is loaded under, and the hooks it may not change: the worker's own, plus
+        # what the problem file chose at import (load_problem), so a problem's choice is not the candidate's
+        self.initial_settings, self.initial_hooks = self.own_settings, integrity.code_hooks()
         self.memory_limit = int(os.environ.get("KSCOUT_WORKER_MEMORY_BYTES", "0"))
         self.timer = CallTimer(self.device)
         self.problem = None
@@ -224,6 +226,7 @@ class Worker:
         path, sha = msg["path"], msg["sha"]
         if self.problem_sha == sha:
             return {"status": "ok", "cached": True}
+        integrity.restore_settings(self.own_settings)  # not what a candidate of another problem left
         try:
             module = _import_file(path, f"kscout_problem_{sha[:16]}")
         except Exception as exc:
@@ -257,6 +260,7 @@ class Worker:
             raise Failure("invalid_problem", f"{path}: too weak to check candidates: {weak}")
         self.problem, self.problem_path, self.problem_sha = module, path, sha
         self.init_inputs = list(init_inputs)
+        self.initial_settings, self.initial_hooks = integrity.shared_settings(), integrity.code_hooks()
         return {
             "status": "ok",
             "outputs": [[list(o.shape), str(o.dtype)] for o in per_seed_outputs[0]],

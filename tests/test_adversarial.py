@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kernelscout.tools.schema import MeasureStatus
-from conftest import TEST_DEVICE
+from conftest import SMALL_PROBLEM, TEST_DEVICE
 
 
 def _caught(m) -> bool:
@@ -326,6 +326,12 @@ def test_code_left_to_run_inside_the_references_calls_is_caught(measure_source, 
 def test_the_default_device_is_a_shared_setting_not_a_hook(measure_source):
     # torch.set_default_device pushes a torch function mode of its own; chosen at import it is fair
     m = measure_source(_model(_HONEST, f"torch.set_default_device({TEST_DEVICE!r})"))
+    assert m.status == MeasureStatus.ok and m.timing_valid, m.message
+
+
+def test_a_hook_the_problem_file_installs_is_not_blamed_on_the_candidate(measure_source):
+    problem = SMALL_PROBLEM + "\nimport signal\nsignal.signal(signal.SIGUSR2, lambda *a: None)\ntorch.set_num_threads(1)\n"
+    m = measure_source(_model(_HONEST), problem=problem)
     assert m.status == MeasureStatus.ok and m.timing_valid, m.message
 
 
