@@ -35,21 +35,8 @@ get_default_dtype, set_default_dtype = torch.get_default_dtype, torch.set_defaul
 deterministic_enabled = torch.are_deterministic_algorithms_enabled
 deterministic_warn_only = torch.is_deterministic_algorithms_warn_only_enabled
 use_deterministic = torch.use_deterministic_algorithms
-_pread = os.pread
 
 
-def _open_last_pid() -> Optional[int]:
-    """The PID namespace's allocation counter, opened before any candidate loads. Only in a namespace
-    of the worker's own: in the host's, every process on the machine moves it."""
-    if os.environ.get("KSCOUT_SANDBOX_PIDS") != "isolated":
-        return None
-    try:
-        return os.open("/proc/sys/kernel/ns_last_pid", os.O_RDONLY)
-    except OSError:
-        return None
-
-
-_LAST_PID_FD = _open_last_pid()
 
 
 _HARNESS_PREFIX = "kernelscout.sandbox"
@@ -212,17 +199,6 @@ def thread_cpu_ms(ident: int) -> Optional[float]:
         return None
 
 
-def last_pid() -> Optional[int]:
-    """The last process id handed out in the worker's PID namespace (None where that cannot be read).
-    Any process started in it, even one that has already exited and been reaped, moves it."""
-    if _LAST_PID_FD is None:
-        return None
-    try:
-        return int(_pread(_LAST_PID_FD, 32, 0))
-    except (OSError, ValueError):
-        return None
-
-
 def children_cpu_s() -> float:
     """CPU seconds used by the worker's child processes that have exited and been waited for."""
     t = process_times()
@@ -327,7 +303,8 @@ def code_hooks() -> dict[str, Any]:
     by a candidate, any of these runs inside the reference's calls too, where it can burn time only
     there (a SIGALRM handler every millisecond, idle while the candidate's own call ran, made an
     unchanged softmax look 1.80x faster). Unlike the shared settings, none is fair at import: a kernel
-    has no use for them, so they are compared with the worker's state before any candidate loaded."""
+    has no use for them, so they are compared with the worker's state before any candidate loaded (once
+    the problem file is imported: what it sets up is not the candidate's doing)."""
     hooks: dict[str, Any] = {
         "interval timers": tuple(_get_itimer(t) != (0.0, 0.0) for t in (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF)),
         "signal handlers": tuple((sig, _handler_key(_get_signal(sig))) for sig in _SIGNALS),
