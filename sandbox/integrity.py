@@ -37,8 +37,6 @@ deterministic_warn_only = torch.is_deterministic_algorithms_warn_only_enabled
 use_deterministic = torch.use_deterministic_algorithms
 
 
-
-
 _HARNESS_PREFIX = "kernelscout.sandbox"
 _PROBLEM_PREFIX = "kscout_problem_"
 
@@ -293,6 +291,20 @@ _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
 _monitoring = getattr(sys, "monitoring", None)  # Python 3.12+
 
 
+def _readable_signals() -> tuple[int, ...]:
+    out = []
+    for sig in sorted(signal.valid_signals()):
+        try:
+            _get_signal(sig)
+            out.append(int(sig))
+        except (ValueError, OSError):
+            pass
+    return tuple(out)
+
+
+_SIGNALS = _readable_signals()
+
+
 def _handler_key(handler: Any) -> Any:
     return handler if handler is None or isinstance(handler, int) else id(handler)
 
@@ -318,28 +330,21 @@ def code_hooks() -> dict[str, Any]:
     return hooks
 
 
-def _readable_signals() -> tuple[int, ...]:
-    out = []
-    for sig in sorted(signal.valid_signals()):
-        try:
-            _get_signal(sig)
-            out.append(int(sig))
-        except (ValueError, OSError):
-            pass
-    return tuple(out)
-
-
-_SIGNALS = _readable_signals()
-
-
 def hooks_changed(initial: dict[str, Any]) -> list[str]:
     now = code_hooks()
     changed = [name for name, value in initial.items() if now.get(name) != value]
     if "signal handlers" in changed:  # name the signals
         before = dict(initial["signal handlers"])
-        sigs = [signal.Signals(s).name for s, h in now["signal handlers"] if before.get(s) != h and s in signal.Signals._value2member_map_]
+        sigs = [_signal_name(s) for s, h in now["signal handlers"] if before.get(s) != h]
         changed[changed.index("signal handlers")] = "signal handlers (" + ", ".join(sigs) + ")"
     return changed
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:  # a real-time signal has no name of its own
+        return f"signal {sig}"
 
 
 def clear_trace_hooks() -> None:

@@ -214,7 +214,7 @@ class Worker:
         self.thread_baseline: Optional[int] = None
         self.thread_cpu_at_timing: Optional[dict[int, Optional[float]]] = None
         self.timed_candidate_ms = 0.0
-        self.processes_at_timing: Optional[float] = None  # CPU seconds of reaped children when timing began
+        self.children_cpu_at_timing: Optional[float] = None  # CPU seconds of reaped children when timing began
         self.settings_at_load: Optional[dict[str, Any]] = None  # integrity.shared_settings() once both models are built
         self.round: dict[str, Any] = {}
         self.built: Optional[tuple] = None  # (reference, candidate, timer) as load_candidate made them
@@ -329,7 +329,7 @@ class Worker:
         self.thread_baseline = None
         self.thread_cpu_at_timing = None
         self.timed_candidate_ms = 0.0
-        self.processes_at_timing = None
+        self.children_cpu_at_timing = None
         self.settings_at_load = None
         name = f"kscout_candidate_{msg['sha'][:16]}_{os.getpid()}"
         try:
@@ -463,7 +463,7 @@ class Worker:
         if msg.get("baseline_threads"):
             self.thread_baseline = integrity.os_thread_count()
             self.thread_cpu_at_timing = {t.ident: integrity.thread_cpu_ms(t.ident) for t in self._candidate_threads()}
-            self.processes_at_timing = integrity.children_cpu_s()
+            self.children_cpu_at_timing = integrity.children_cpu_s()
         return {"status": "ok"}
 
     def _settings_changed(self) -> Optional[str]:
@@ -484,12 +484,10 @@ class Worker:
         time from the other side's calls, and the supervisor's checks see only what is alive when timing
         begins and ends: a helper that burns while the reference runs and is reaped before the end
         (seen: an unchanged softmax timed at 1.67x) would pass them."""
-        if self.processes_at_timing is None:
+        if self.children_cpu_at_timing is None:
             return None
-        # (not the PID namespace's last-pid counter: threads take ids from it too, and a thread started
-        # and joined inside a call is fair)
-        cpu_then = self.processes_at_timing
-        used = integrity.children_cpu_s() - cpu_then
+        # (not the PID namespace's last-pid counter: threads take ids from it too)
+        used = integrity.children_cpu_s() - self.children_cpu_at_timing
         if used > 0:
             return f"child processes that ran while the candidate was being timed used {used * 1e3:.0f} ms of CPU"
         return None
