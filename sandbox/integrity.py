@@ -210,6 +210,19 @@ def os_thread_count() -> int:
         return thread_count()
 
 
+def os_threads_beyond(baseline: int, settle_s: float = 0.05) -> int:
+    """OS threads above `baseline` that are still alive once exiting ones have had `settle_s` to go.
+
+    A thread that a call started and joined is not gone when join returns: Python releases the join
+    once the thread's Python state is done, and OpenMP's team for that thread is torn down after it,
+    so /proc/self/task still lists them for a moment. A thread still there after the wait was left
+    running. The wait is outside every timed call, so work done in it slows nothing that is timed."""
+    deadline = time.monotonic() + settle_s
+    while (extra := os_thread_count() - baseline) > 0 and time.monotonic() < deadline:
+        time.sleep(5e-5)  # a teardown takes about 0.1 ms; a coarser poll would bill the wait to the candidate's wall time
+    return max(extra, 0)
+
+
 def precision_flags() -> dict[str, Any]:
     return {
         "matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,

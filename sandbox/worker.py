@@ -589,8 +589,8 @@ class Worker:
             outputs = self._validate_candidate_output(out, inputs)
             if integrity.thread_count() > py_threads:
                 reply["thread_leak"] = f"{integrity.thread_count() - py_threads} Python thread(s) still running after the call returned"
-            elif self.thread_baseline is not None and integrity.os_thread_count() > self.thread_baseline:
-                reply["thread_leak"] = f"{integrity.os_thread_count() - self.thread_baseline} new OS thread(s) after the warm-up"
+            elif self.thread_baseline is not None and (extra := integrity.os_threads_beyond(self.thread_baseline)):
+                reply["thread_leak"] = f"{extra} new OS thread(s) after the warm-up"
         else:
             outputs = correctness.flatten_outputs(out, "reference")
         unfair = self._process_leak() or self._hooks_changed() or (self._settings_changed() if side == "cand" else None)

@@ -7,6 +7,7 @@ timing_valid false with a reason. None may come back as a valid speedup.
 import pytest
 import torch
 
+from kernelscout.sandbox import integrity
 from kernelscout.tools.schema import MeasureStatus
 from conftest import SMALL_PROBLEM, TEST_DEVICE
 
@@ -187,6 +188,32 @@ def test_work_left_running_on_a_thread_invalidates_the_timing(measure_source):
     m = measure_source(_model(body, header))
     assert _caught(m), m
     assert "thread" in (m.timing_invalid_reason or "")
+
+
+def test_a_thread_started_and_joined_inside_the_call_is_fair(measure_source):
+    # Fork-join parallelism is honest: all of its work is inside the timed call. The joined thread
+    # (and OpenMP's team for it) is still listed by the OS for a moment after join returns.
+    header = "import threading"
+    body = """        out = {}
+        def work():
+            out["y"] = torch.relu(x * self.scale + y) + 0.5 * x
+        t = threading.Thread(target=work)
+        t.start()
+        t.join()
+        return out["y"]"""
+    m = measure_source(_model(body, header))
+    assert m.status == MeasureStatus.ok and m.timing_valid, m.timing_invalid_reason
+
+
+def test_a_thread_that_is_exiting_is_given_time_to_go(monkeypatch):
+    counts = iter([5, 5, 4])
+    monkeypatch.setattr(integrity, "os_thread_count", lambda: next(counts, 4))
+    assert integrity.os_threads_beyond(4, settle_s=1.0) == 0
+
+
+def test_a_thread_still_alive_after_the_wait_is_counted(monkeypatch):
+    monkeypatch.setattr(integrity, "os_thread_count", lambda: 6)
+    assert integrity.os_threads_beyond(4, settle_s=0.01) == 2
 
 
 def test_a_thread_busy_while_the_candidate_is_timed_invalidates_the_timing(measure_source):
