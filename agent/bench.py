@@ -525,6 +525,10 @@ def run_bench(req: BenchRequest, progress: Optional[Callable[[int, int, Trace], 
                              "name; rename one of them (e.g. add the GPU to the file name)")
         spaces[s.name] = s
     top = budgets[-1]
+    smallest = min(spaces.values(), key=len)
+    if top > len(smallest):
+        raise BenchError(f"--budgets {top} is more than the {len(smallest)} configurations of {smallest.name}, where a "
+                         f"budget of {len(smallest)} already measures every one; give budgets up to {len(smallest)}")
     tasks = []
     for p in paths:
         for seed in range(req.seeds):

@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kernelscout import __version__
-from kernelscout.agent.cli_errors import fail
+from kernelscout.agent.cli_errors import fail, validation_message
 from kernelscout.agent.search_config import help_default, search_config
 
 app = typer.Typer(
@@ -45,7 +45,7 @@ def measure(
     candidate: str = typer.Argument(..., help="candidate module defining class ModelNew"),
     device: Optional[str] = typer.Option(None, help=f"auto, cpu, cuda or cuda:N {help_default('device')}"),
     run_dir: Optional[str] = typer.Option(None, "--run-dir", help="run directory holding the budget ledger \\[default: runs/scratch]"),
-    budget: Optional[int] = typer.Option(None, help="measurement cap for the run directory"),
+    budget: Optional[int] = typer.Option(None, min=1, help="measurement cap for the run directory"),
     again: bool = typer.Option(False, "--again", help="measure even if this exact candidate was already measured in the run"),
     timeout: float = typer.Option(120.0, help="seconds allowed for running the candidate (checks and timing)"),
     compile_timeout: float = typer.Option(
@@ -54,14 +54,19 @@ def measure(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Check a candidate against its problem and time both in one sandboxed session."""
+    from pydantic import ValidationError
+
     from kernelscout.sandbox.harness import HarnessConfig
     from kernelscout.tools.measure import MeasureRequest, measure as run_measure
 
     device = search_config(as_json).pick("device", device)
-    request = MeasureRequest(
-        problem=problem, candidate=candidate, device=device, run_dir=run_dir, budget=budget, again=again,
-        harness=HarnessConfig(timeout_s=timeout, compile_timeout_s=compile_timeout, timing_budget_s=timing_budget),
-    )
+    try:
+        request = MeasureRequest(
+            problem=problem, candidate=candidate, device=device, run_dir=run_dir, budget=budget, again=again,
+            harness=HarnessConfig(timeout_s=timeout, compile_timeout_s=compile_timeout, timing_budget_s=timing_budget),
+        )
+    except ValidationError as exc:
+        fail(validation_message(exc, _MEASURE_FLAGS), as_json)
     if not as_json:
         err.print(f"[dim]measuring {candidate} against {problem} ...[/dim]", soft_wrap=True)
     result = run_measure(request)
@@ -70,6 +75,10 @@ def measure(
     else:
         _print_measurement(result)
     raise typer.Exit(EXIT_CODES.get(result.status.value, 1))
+
+
+_MEASURE_FLAGS = {"timeout_s": "--timeout", "compile_timeout_s": "--compile-timeout", "timing_budget_s": "--timing-budget",
+                  "budget": "--budget"}
 
 
 def _print_measurement(m) -> None:
@@ -115,6 +124,10 @@ def budget(
     if created and not as_json:
         err.print(f"created run directory {escape(run_dir)}")
     if set_cap is not None:
+        used = ledger.status().used
+        if set_cap < used:
+            fail(f"--set {set_cap} is below the {used} measurements already used; --set {used} stops any further "
+                 "measurement, a larger cap allows more", as_json)
         ledger.set_cap(set_cap)
     status = ledger.status()
     if as_json:
@@ -208,10 +221,16 @@ def _interrupted(exc, as_json: bool) -> None:
 def _finish_search(result, as_json: bool) -> None:
     if as_json:
         print(result.model_dump_json())
-        return
+    else:
+        _print_search(result)
+    if result.status == "failed":  # the problem itself could not be measured: unusable input
+        raise typer.Exit(2)
+
+
+def _print_search(result) -> None:
     table = Table(show_header=False, box=None, pad_edge=False)
-    table.add_row("result", result.message)
-    table.add_row("stopped because", result.stop_reason or "-")
+    table.add_row("result", escape(result.message) if result.status == "finished" else f"[red]{escape(result.message)}[/red]")
+    table.add_row("stopped because", escape(result.stop_reason or "-"))
     table.add_row("measurements", str(result.measurements_used))
     table.add_row("considered", f"{result.candidates_considered} ({result.considered_per_measurement:.1f} per measurement)")
     if result.best_path:

@@ -81,6 +81,9 @@ def resolve_problem(problem: Optional[str], run_dir: Optional[str]) -> tuple[Pat
     run_path = Path(run_dir) if run_dir else None
     remembered = RunDir(run_path).get_meta(PROBLEM_META) if run_path and (run_path / "run.db").exists() else None
     if problem is None:
+        if remembered is None and run_path is not None:
+            raise ChatSetupError(f"{run_dir} holds no earlier chat to continue; give a problem too (a KernelBench .py file "
+                                 "or a folder with problem.py) to start one there")
         if remembered is None:
             raise ChatSetupError("give a problem (a KernelBench .py file or a folder with problem.py), or --run-dir of an "
                                  "earlier chat to continue it")
@@ -134,7 +137,14 @@ def open_chat(problem: Optional[str], run_dir: Optional[str] = None, *, device: 
     from kernelscout.agent.chat_tools import ChatToolbox
     from kernelscout.tools.mcp_server import ensure_cap
 
+    from kernelscout.sandbox.problem import InputFileError
+    from kernelscout.tools.measure import resolve_device
+
     path, run_path = resolve_problem(problem, run_dir)
+    try:
+        device = resolve_device(device)  # the header and every tool name the device that measures, not "auto"
+    except InputFileError as exc:
+        raise ChatSetupError(f"--device {exc}") from None
     run = RunDir(run_path)
     ensure_cap(str(run_path), budget, default_more=DEFAULT_CHAT_BUDGET)
     reason = ""

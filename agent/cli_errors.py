@@ -8,16 +8,21 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
+from rich.markup import escape
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 
 def fail(message: str, as_json: bool, code: int = 2) -> None:
     if as_json:
         typer.echo(json.dumps({"status": "failed", "message": message}))
     else:
-        Console(stderr=True).print(f"[red]error:[/red] {message}", soft_wrap=True, highlight=False)
+        Console(stderr=True).print(f"[red]error:[/red] {escape(message)}", soft_wrap=True, highlight=False)  # "[search]" is text
     raise typer.Exit(code)
 
 
@@ -32,3 +37,8 @@ def json_errors(as_json: bool) -> Iterator[None]:
             raise
         hint = exc.param_hint if isinstance(exc.param_hint, str) else None
         fail(f"{hint}: {exc.message}" if hint else exc.message, as_json)
+
+
+def validation_message(exc: "ValidationError", flags: dict[str, str]) -> str:
+    """A pydantic error as the flags the person typed: `--timeout: input should be greater than 0`."""
+    return "; ".join(f"{flags.get(str(e['loc'][-1]), e['loc'][-1])}: {e['msg'].lower()}" for e in exc.errors())

@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kernelscout.agent.cli_errors import fail
+from kernelscout.agent.cli_errors import fail, validation_message
 from kernelscout.agent.search_config import help_default, search_config
 
 err = Console(stderr=True)
@@ -55,10 +55,12 @@ def print_summary(summary, console: Optional[Console] = None) -> None:
 
 
 def _run(headless, as_json: bool) -> None:
-    from kernelscout.agent.headless import RunProgress
+    from kernelscout.agent.headless import HeadlessError, RunProgress
 
     try:
         summary = headless.run(quiet=as_json, progress=RunProgress(len(headless.manifest.problems)))
+    except HeadlessError as exc:
+        fail(str(exc), as_json)
     except KeyboardInterrupt:
         err.print(f"interrupted; nothing measured is lost. Continue with: kscout resume {headless.path}", soft_wrap=True, highlight=False)
         raise typer.Exit(130)
@@ -126,6 +128,12 @@ def register(app: typer.Typer) -> None:
         history = cfg.pick("history", history or None)
         if policy not in ("auto", "tuner", "llm") or surrogate not in ("auto", "learned", "llm", "none"):
             fail("--policy takes auto, tuner or llm; --surrogate takes auto, learned, llm or none", as_json)
+        from kernelscout.agent.runner import OptimizeError, check_llm
+
+        try:
+            check_llm(policy, surrogate)  # before the night starts, not once per problem
+        except OptimizeError as exc:
+            fail(str(exc), as_json)
         path = run_dir or str(Path("runs") / f"run-{time.strftime('%Y%m%d-%H%M%S')}")
         try:
             folders = run_history(history, path)
@@ -137,7 +145,7 @@ def register(app: typer.Typer) -> None:
         except HeadlessError as exc:
             fail(str(exc), as_json)
         except ValidationError as exc:
-            fail("; ".join(f"{FLAGS.get(str(e['loc'][-1]), e['loc'][-1])}: {e['msg'].lower()}" for e in exc.errors()), as_json)
+            fail(validation_message(exc, FLAGS), as_json)
         if not as_json:
             err.print(f"[dim]{len(refs)} problems, budget {budget} each; run directory {headless.path}[/dim]", soft_wrap=True, highlight=False)
         _run(headless, as_json)

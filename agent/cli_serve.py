@@ -39,7 +39,7 @@ def register(app: typer.Typer) -> None:
             None, help=f"HTTP: bearer token every request must carry (prefer the {TOKEN_ENV} environment variable: a flag shows in ps)"
         ),
         timeout: float = typer.Option(120.0, help="seconds allowed for running a candidate (checks and timing)"),
-        timing_budget: float = typer.Option(2.0, "--timing-budget", help="timed seconds per side to aim for"),
+        timing_budget: float = typer.Option(2.0, "--timing-budget", help="timed seconds to aim for, both sides together"),
         log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING or ERROR (logs go to stderr)"),
     ) -> None:
         """Serve measure, predict, budget_status, sol_bounds, list_candidates, best_candidate and forecast_check over MCP (stdio by default)."""
@@ -57,7 +57,8 @@ def run(run_dir: Optional[str] = None, budget: Optional[int] = None, device: str
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2)
     from kernelscout.sandbox.harness import HarnessConfig
-    from kernelscout.tools.measure import DEFAULT_RUN_DIR
+    from kernelscout.sandbox.problem import InputFileError
+    from kernelscout.tools.measure import DEFAULT_RUN_DIR, resolve_device
 
     mcp_server.configure_logging(log_level.upper())
     log = mcp_server.log
@@ -69,6 +70,11 @@ def run(run_dir: Optional[str] = None, budget: Optional[int] = None, device: str
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2)
     directory = str(run_dir or DEFAULT_RUN_DIR)
+    try:
+        resolve_device(device)  # a device this machine lacks is said now, not at the client's first tool call
+    except InputFileError as exc:
+        typer.echo(f"error: --device {exc}", err=True)
+        raise typer.Exit(2)
     try:
         status = mcp_server.ensure_cap(directory, budget)
         harness = HarnessConfig(timeout_s=timeout, timing_budget_s=timing_budget)

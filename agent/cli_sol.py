@@ -33,7 +33,9 @@ def render_bounds(bounds: SolBounds) -> str:
         ("problem", bounds.problem),
         ("device", f"{bounds.device} [{bounds.device_key}]"),
         ("precision", precision),
-        ("FLOPs", format_si(bounds.flops, "FLOP") + (f" (counted on real {bounds.counted_on} tensors)" if bounds.counted_on != "meta" else "")),
+        ("FLOPs", format_si(bounds.flops, "FLOP") + (f" (counted on real {bounds.counted_on} tensors)" if bounds.counted_on != "meta" else "")
+         # torch.utils.flop_counter counts matrix products, convolutions and attention; a bound can ignore the rest
+         + ("" if bounds.flops else " of matmul, convolution or attention; element-wise work is not counted")),
         ("min bytes", (
             f"{format_si(bounds.min_bytes, 'B')} (inputs {format_si(bounds.input_bytes, 'B')}, "
             f"outputs {format_si(bounds.output_bytes, 'B')}, parameters {format_si(bounds.param_bytes, 'B')})"

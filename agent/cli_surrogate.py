@@ -12,6 +12,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich import box
 from rich.table import Table
 
 from typing import TYPE_CHECKING
@@ -23,7 +24,7 @@ _COLUMNS = (
     ("pairwise_accuracy", "pair acc", "{:.3f}"),
     ("direction_accuracy", "dir acc", "{:.3f}"),
     ("spearman", "spearman", "{:.3f}"),
-    ("brier", "brier", "{:.3f}"),
+    ("brier", "brier (bins)", "{:.3f}"),  # over the ordinal bins; `kscout show`'s Brier is of P(faster) alone
     ("rps", "rps", "{:.3f}"),
     ("ece_p_faster", "ECE", "{:.3f}"),
     ("aurc", "AURC", "{:.3f}"),
@@ -36,10 +37,10 @@ def _table(report: EvalReport) -> Table:
     title = f"{s.surrogate}, {s.train} timed training configs, {s.seeds} seeds" + (
         ", warm start" if s.warm_start else ""
     )
-    table = Table(title=title)
-    table.add_column("space")
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("space", no_wrap=True, min_width=max(len(n) for n in [*report.spaces, "mean"]))  # convolution_A100 vs _A4000
     for _, head, _ in _COLUMNS:
-        table.add_column(head, justify="right")
+        table.add_column(head, justify="right", min_width=5)
     for name, res in report.spaces.items():
         table.add_row(name, *[fmt.format(getattr(res, key)) for key, _, fmt in _COLUMNS])
     table.add_row("mean", *[fmt.format(report.mean[key]) for key, _, fmt in _COLUMNS], style="bold")
@@ -122,6 +123,9 @@ def _eval_surrogate(spaces: list[Path], train: int, seeds: int, surrogate: str, 
         for s in loaded:
             if int(s.ok_mask.sum()) < 2:
                 err.print(f"[dim]note: {s.path}: fewer than two timed configurations, so not used as a --warm-start prior[/dim]")
+            elif not any(o.path != s.path and o.same_kernel(s) for o in loaded):
+                err.print(f"[yellow]note:[/yellow] {s.name}: no other given space records the same kernel, so --warm-start "
+                          "gives it no prior (give the same kernel recorded on other devices)", highlight=False)
 
     def progress(res: SpaceResult) -> None:
         err.print(
@@ -141,7 +145,11 @@ def _eval_surrogate(spaces: list[Path], train: int, seeds: int, surrogate: str, 
     if as_json:
         sys.stdout.write(report.model_dump_json(indent=2) + "\n")
     else:
-        Console().print(_table(report))
+        table = _table(report)
+        console = Console()
+        if not console.is_terminal:  # a pipe or a file has no width to respect: never cut a digit or a space name
+            console = Console(width=max(console.width, Console(width=400).measure(table).maximum))
+        console.print(table)
     for p in written:
         err.print(f"wrote {p}")
 

@@ -65,6 +65,9 @@ class SearchSettings(BaseModel):
 
 
 BUDGET_SPENT = "measurement budget spent"
+PROBLEM_UNUSABLE = "the problem cannot be measured"
+"""Stop reason (followed by the measurement's message) when a measurement blames the problem, not the
+candidate: a reference that raises fails every candidate the same way, so searching on wastes the run."""
 
 
 class LoopState(TypedDict, total=False):
@@ -195,6 +198,8 @@ class SearchLoop:
                         self._emit("budget_exhausted", candidate=rec.id)
                         stop, queue = BUDGET_SPENT, []
                         continue
+                    if m.status == MeasureStatus.invalid_problem and stop is None:
+                        stop, queue = f"{PROBLEM_UNUSABLE}: {m.message}", []
                     repaired = self._record(rec, m, progress, state["iteration"])
                     if repaired is not None and stop is None:
                         queue.insert(0, repaired)

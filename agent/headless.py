@@ -435,6 +435,8 @@ class HeadlessRun:
     def create(cls, path: Path | str, manifest: RunManifest) -> "HeadlessRun":
         """Start a run, or continue the one already in `path` if it was started with the same manifest."""
         path = Path(path)
+        if path.exists() and not path.is_dir():
+            raise HeadlessError(f"{path} is a file, not a folder; give --run-dir a folder (new or earlier)")
         if (path / "run.db").exists() and not is_headless_run(path):
             raise HeadlessError(f"{path} holds a single search; use `kscout resume {path}` or a new --run-dir")
         if is_headless_run(path):
@@ -489,8 +491,17 @@ class HeadlessRun:
 
     # running --------------------------------------------------------------------------------------
     def run(self, quiet: bool = False, progress: Optional[RunProgress] = None) -> RunSummary:
-        """Run every problem not yet finished or failed; an interrupted one resumes where it stopped."""
-        progress = progress or RunProgress(len(self.manifest.problems))
+        """Run every problem not yet finished or failed; an interrupted one resumes where it stopped.
+        HeadlessError while another process is running this run (tools/runlock.py)."""
+        from kernelscout.tools.runlock import RunBusy, exclusive
+
+        try:
+            with exclusive(self.path, "kscout run"):
+                return self._run_all(quiet, progress or RunProgress(len(self.manifest.problems)))
+        except RunBusy as exc:
+            raise HeadlessError(str(exc)) from None
+
+    def _run_all(self, quiet: bool, progress: RunProgress) -> RunSummary:
         before, t0 = self.state.elapsed(), time.monotonic()
         self._event("session_start", problems=len(self.manifest.problems))
         try:

@@ -19,6 +19,7 @@ from kernelscout.tools.budget import Budget
 from kernelscout.tools.forecast_check import ForecastCheck, check_forecasts, deciding_forecasts
 from kernelscout.tools.measure import MeasuredFile, measured_files
 from kernelscout.tools.rundir import RunDir
+from kernelscout.tools.runlock import holder
 from kernelscout.tools.schema import BudgetStatus
 
 
@@ -49,7 +50,8 @@ class RunView(BaseModel):
     device: Optional[str] = None
     policy: Optional[str] = None
     surrogate: Optional[str] = None
-    status: str = Field(description="finished, unfinished (interrupted, or still running), or no search")
+    status: str = Field(description="finished, running (a live process holds the run), unfinished (interrupted), or no search")
+    running: Optional[str] = Field(None, description="the process searching in the run now, when one is")
     stop_reason: Optional[str] = None
     budget: BudgetStatus
     states: dict[str, int] = Field(default_factory=dict, description="candidates by state")
@@ -127,12 +129,14 @@ def view_run(path: str | Path, top: int = 10) -> RunView:
     rows = sorted((_row(archive, c, deciding) for c in measured), key=lambda r: (-(r.speedup or 0.0), r.id))
     best = archive.reported_best()
     finished = _finished_event(run)
+    live = holder(run.path)  # a resume in progress may follow an earlier `finished` event
     best_file = next((str(run.path / n) for n in ("best.py", "best.json") if (run.path / n).is_file()), None)
     used = status.used
     considered = len({f["candidate_id"] for f in forecasts})
     return RunView(
         run_dir=str(run.path), kind=spec.kind, target=spec.path, device=spec.device, policy=spec.policy, surrogate=spec.surrogate,
-        status="finished" if finished else "unfinished", stop_reason=(finished or {}).get("stop_reason"), budget=status,
+        status="running" if live else "finished" if finished else "unfinished", running=live,
+        stop_reason=None if live else (finished or {}).get("stop_reason"), budget=status,
         states=archive.counts(), considered=considered, considered_per_measurement=round(considered / used, 2) if used else 0.0,
         best=_row(archive, best, deciding) if best else None, best_file=best_file if best else None, top=rows[:top],
         forecast_check=check_forecasts(archive),

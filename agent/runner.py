@@ -26,9 +26,11 @@ class SearchInterrupted(KeyboardInterrupt):
     `kscout resume` adopts one that was in flight, so the message says where the run stands. Still a
     KeyboardInterrupt, so that callers that stop on one (a `kscout run` of many problems) still do."""
 
-    def __init__(self, run_dir: Path, used: int, cap: Optional[int]) -> None:
+    def __init__(self, run_dir: Path, used: int, cap: Optional[int], in_flight: int = 0) -> None:
         of = f" of {cap}" if cap is not None else ""
-        super().__init__(f"interrupted after {used}{of} measurements; nothing measured is lost. "
+        done = used - in_flight
+        flight = f" and {in_flight} in flight, which a resume takes up where it stopped" if in_flight else ""
+        super().__init__(f"interrupted after {done}{of} measurements{flight}; nothing measured is lost. "
                          f"Continue with: kscout resume {run_dir}")
         self.run_dir, self.used, self.cap = run_dir, used, cap
 
@@ -118,6 +120,8 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
         raise OptimizeError("--budget must be at least 1")
     if workers is not None and workers < 1:
         raise OptimizeError("--workers must be at least 1")
+    check_limits(proposals=proposals, patience=patience, max_wall=max_wall, max_device_s=max_device_s, max_usd=max_usd,
+                 max_llm_tokens=max_llm_tokens)
     confirm = default_confirm(budget, space is not None) if confirm is None else confirm
     if confirm < 0:
         raise OptimizeError("--confirm must be 0 or more")
@@ -154,24 +158,77 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
             device = _cluster_device(device, ray) if ray else resolve_device(device)
         except InputFileError as exc:
             raise OptimizeError(str(exc)) from None
+        check_llm(policy, surrogate)
         spec = SearchSpec(kind="problem", path=str(path), device=device, policy=policy, surrogate=surrogate, settings=settings,
                           start=_check_start(start or [], budget), history=_check_history(history))
         name = problem_name(path)
-    run = RunDir(run_dir or Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    try:
-        save_spec(run, spec)
-    except ValueError as exc:
-        raise OptimizeError(str(exc)) from None
-    ledger = Budget(run)
-    if ledger.cap is None:
-        ledger.set_cap(budget)
-    run.set_meta(SCALING_KEY, scaling.model_dump_json())
-    _archive_start(run, spec)
-    if note and not quiet:
-        from rich.console import Console
+    run = _open_run(run_dir or Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    with _searching(run):
+        try:
+            save_spec(run, spec)
+        except ValueError as exc:
+            raise OptimizeError(str(exc)) from None
+        ledger = Budget(run)
+        used = ledger.status().used
+        notice = None
+        if ledger.cap is None:
+            ledger.set_cap(budget)
+            if used:
+                notice = f"{run.path} already holds {used} measurement(s), which count against --budget {budget}"
+        elif ledger.cap != budget:
+            notice = (f"{run.path} already has a budget of {ledger.cap} measurements ({used} used), which --budget {budget} "
+                      f"does not change; `kscout budget {run.path} --set N` does")
+        if notice and not quiet:
+            from rich.console import Console
+            from rich.markup import escape
 
-        Console(stderr=True).print(f"[dim]{note}[/dim]")
-    return _run(run, spec, resume=False, quiet=quiet, report=report)
+            Console(stderr=True).print(f"[yellow]note:[/yellow] {escape(notice)}", soft_wrap=True, highlight=False)
+        run.set_meta(SCALING_KEY, scaling.model_dump_json())
+        _archive_start(run, spec)
+        if note and not quiet:
+            from rich.console import Console
+
+            Console(stderr=True).print(f"[dim]{note}[/dim]")
+        return _run(run, spec, resume=False, quiet=quiet, report=report)
+
+
+def _open_run(path: Path | str) -> RunDir:
+    from kernelscout.tools.rundir import RunDirError
+
+    try:
+        return RunDir(path)
+    except RunDirError as exc:
+        raise OptimizeError(str(exc)) from None
+
+
+@contextlib.contextmanager
+def _searching(run: RunDir):
+    """One search at a time in a run directory (tools/runlock.py)."""
+    from kernelscout.tools.runlock import RunBusy, exclusive
+
+    try:
+        with exclusive(run.path, "kscout search"):
+            yield
+    except RunBusy as exc:
+        raise OptimizeError(str(exc)) from None
+
+
+_LIMIT_FLAGS = {"proposals": "--proposals", "patience": "--patience", "max_wall": "--max-wall",
+                "max_device_s": "--max-device-seconds", "max_usd": "--max-usd", "max_llm_tokens": "--max-tokens"}
+
+
+def check_limits(**values: Any) -> None:
+    """A cap of zero or less would stop a search at once (after spending what was in flight) and then
+    blame the cap; say so before anything runs."""
+    for name, value in values.items():
+        if value is None:
+            continue
+        flag = _LIMIT_FLAGS[name]
+        if name == "patience" and value < 0:
+            raise OptimizeError(f"{flag} must be 0 (never stop early) or more, not {value}")
+        if name != "patience" and value <= 0:
+            raise OptimizeError(f"{flag} must be more than 0, not {value}; leave it out for no limit" if name != "proposals"
+                                else f"{flag} must be at least 1, not {value}")
 
 
 def default_confirm(budget: int, space: bool) -> int:
@@ -276,12 +333,21 @@ def _check_space(path: str, warm_start: list[str], surrogate: str) -> None:
             raise OptimizeError(f"{prior_path}: only {timed} of its configurations ran; a --warm-start prior needs at least "
                                 "two timed configurations, so leave this one out")
     if surrogate == "llm":
-        from kernelscout.agent.llm import require_chat_model
+        check_llm(policy="tuner", surrogate=surrogate)
 
-        try:
-            require_chat_model(None, "the llm surrogate")
-        except ValueError as exc:  # LLMConfigError too: a provider asked for but not usable as configured
-            raise OptimizeError(f"{exc} (or use --surrogate learned)") from None
+
+def check_llm(policy: str, surrogate: str) -> None:
+    """Refuse, before a run directory exists, an LLM policy or surrogate with no usable provider: found
+    only once the loop starts, it left a run that every `kscout resume` failed on the same way."""
+    if "llm" not in (policy, surrogate):
+        return
+    from kernelscout.agent.llm import require_chat_model
+
+    what, instead = ("the llm policy", "--policy tuner") if policy == "llm" else ("the llm surrogate", "--surrogate learned")
+    try:
+        require_chat_model(None, what)
+    except ValueError as exc:  # LLMConfigError too: a provider asked for but not usable as configured
+        raise OptimizeError(f"{exc} (or use {instead})") from None
 
 
 def _cluster_device(device: str, address: str) -> str:
@@ -301,15 +367,18 @@ def _cluster_device(device: str, address: str) -> str:
 def resume_search(run_dir: str, quiet: bool = False) -> OptimizeResult:
     if not (Path(run_dir) / "run.db").exists():
         raise OptimizeError(f"{run_dir}: not a run directory (no run.db)")
-    run = RunDir(run_dir)
+    run = _open_run(run_dir)
     try:
         spec = load_spec(run)
     except ValueError as exc:
         raise OptimizeError(str(exc)) from None
     if spec.kind == "space":
         _check_space(spec.path, spec.warm_start, spec.surrogate)
-    _archive_start(run, spec, resume=True)
-    return _run(run, spec, resume=True, quiet=quiet)
+    else:
+        check_llm(spec.policy, spec.surrogate)
+    with _searching(run):
+        _archive_start(run, spec, resume=True)
+        return _run(run, spec, resume=True, quiet=quiet)
 
 
 def _open_dispatcher(run: RunDir, spec: SearchSpec, quiet: bool):
@@ -344,7 +413,7 @@ def _run(run: RunDir, spec: SearchSpec, resume: bool, quiet: bool, report: bool 
             state = loop.run_to_end(resume=resume)
         except KeyboardInterrupt:
             status = Budget(run).status()
-            raise SearchInterrupted(run.path, status.used, status.cap) from None
+            raise SearchInterrupted(run.path, status.used, status.cap, status.reserved) from None
     result = summarise(run, spec, loop, state)
     if report:  # benchmarks skip it (agent/bench.py): thousands of runs, nobody reads their reports
         from kernelscout.agent.report import write_report

@@ -10,7 +10,7 @@ from typing import Any, Callable, Literal, Optional
 
 from pydantic import BaseModel, Field
 
-from kernelscout.agent.graph import SearchLoop, SearchSettings, considered_count, considered_per_measurement
+from kernelscout.agent.graph import PROBLEM_UNUSABLE, SearchLoop, SearchSettings, considered_count, considered_per_measurement
 from kernelscout.tools.archive import Archive
 from kernelscout.tools.budget import Budget
 from kernelscout.tools.rundir import RunDir
@@ -110,8 +110,12 @@ def summarise(run: RunDir, spec: SearchSpec, loop: SearchLoop, state: dict) -> O
         if challenger is not None and challenger.id != best.id:
             message += (f"; #{challenger.id} measured {challenger.speedup:.3f}x once, not re-measured "
                         "(raise the budget and resume to check it)")
+    stop_reason = state.get("stop_reason") or ""
+    unusable = stop_reason.startswith(PROBLEM_UNUSABLE)
+    if unusable:
+        message = f"{PROBLEM_UNUSABLE} (below); fix the problem file (`kscout measure PROBLEM CANDIDATE` shows the error), then start a new run"
     return OptimizeResult(
-        status="finished", stop_reason=state.get("stop_reason"), best_speedup=speedup, search_speedup=best.speedup if best else None,
+        status="failed" if unusable else "finished", stop_reason=state.get("stop_reason"), best_speedup=speedup, search_speedup=best.speedup if best else None,
         confirmed_speedups=confirmed, best_runtime_ms=best_ms, best_path=best_path,
         measurements_used=used, candidates_considered=considered,
         considered_per_measurement=round(considered_per_measurement(archive, used), 3), run_dir=str(run.path),

@@ -108,3 +108,94 @@ def test_kscout_budget_set_on_a_new_directory_creates_it_with_that_cap(tmp_path)
     assert result.exit_code == 0, result.output
     assert '"cap":20' in result.stdout.replace(" ", "")
     assert Budget(RunDir(new)).status().cap == 20
+
+
+def test_a_live_process_measuring_the_same_candidate_is_waited_for_not_paid_twice(tmp_path, write, pool, monkeypatch):
+    from kernelscout.tools import measure as measure_tool
+
+    problem, cand = write("problem.py", SMALL_PROBLEM), write("c.py", GOOD_CANDIDATE)
+    run_dir = tmp_path / "run"
+    first = measure(MeasureRequest(problem=str(problem), candidate=str(cand), device="cpu", run_dir=str(run_dir), harness=QUICK), pool=pool)
+    run = RunDir(run_dir)
+    # as if another process (the parent of this test, alive) were still measuring it: its reservation
+    # stands while the recorded result is hidden, then it "finishes" during the wait
+    with run.transaction() as db:
+        db.execute("INSERT INTO ledger (key, state, owner_pid, owner_host, created) SELECT key, 'reserved', ?, ?, 0 "
+                   "FROM measurements", (__import__("os").getppid(), __import__("socket").gethostname()))
+    real_find, calls = measure_tool.find_measurement, []
+
+    def find_after_a_while(run_, key):
+        calls.append(key)
+        if len(calls) < 3:
+            return None
+        with run_.transaction() as db:
+            db.execute("UPDATE ledger SET state = 'charged' WHERE state = 'reserved'")
+        return real_find(run_, key)
+
+    monkeypatch.setattr(measure_tool, "find_measurement", find_after_a_while)
+    monkeypatch.setattr(measure_tool, "SAME_KEY_POLL_S", 0.01)
+    second = measure(MeasureRequest(problem=str(problem), candidate=str(cand), device="cpu", run_dir=str(run_dir), harness=QUICK), pool=pool)
+    assert second.status == MeasureStatus.ok and not second.charged
+    assert second.measurement_id == first.measurement_id
+    assert len(calls) == 3
+
+
+def test_a_second_search_in_a_running_searchs_folder_is_refused(tmp_path):
+    from kernelscout.tools.runlock import RunBusy, exclusive, holder
+
+    assert holder(tmp_path) is None
+    with exclusive(tmp_path, "kscout search"):
+        assert "kscout search" in holder(tmp_path)
+        # another process, as `kscout resume` typed in a second terminal
+        probe = subprocess.run([sys.executable, "-c", "from kernelscout.tools.runlock import exclusive\n"
+                                f"with exclusive({str(tmp_path)!r}, 'resume'):\n    pass"], capture_output=True, text=True)
+        assert probe.returncode != 0 and "still running" in probe.stderr
+        with pytest.raises(RunBusy):
+            with exclusive(tmp_path, "again"):
+                pass
+    assert holder(tmp_path) is None  # released with the search, as when its process dies
+
+
+def test_a_killed_search_leaves_its_folder_free(tmp_path):
+    from kernelscout.tools.runlock import holder
+
+    holding = subprocess.Popen([sys.executable, "-c", "import time\nfrom kernelscout.tools.runlock import exclusive\n"
+                                f"with exclusive({str(tmp_path)!r}, 'search'):\n    print('held', flush=True)\n    time.sleep(60)"],
+                               stdout=subprocess.PIPE, text=True)
+    assert holding.stdout.readline().strip() == "held"
+    assert holder(tmp_path) is not None
+    holding.kill()
+    holding.wait()
+    assert holder(tmp_path) is None
+
+
+def test_kscout_budget_will_not_set_a_cap_below_what_is_used(tmp_path):
+    from typer.testing import CliRunner
+
+    from kernelscout.agent.cli import app
+
+    run = RunDir(tmp_path / "run")
+    ledger = Budget(run)
+    for key in ("a", "b", "c"):
+        ledger.reserve(key)
+    result = CliRunner().invoke(app, ["budget", str(run.path), "--set", "1"])
+    assert result.exit_code == 2 and "--set 3 stops any further measurement" in result.output
+    assert ledger.cap is None
+
+
+def test_a_killed_process_not_yet_reaped_is_dead_to_the_ledger(tmp_path):
+    import os
+    import signal
+    import socket
+    import time
+
+    run = RunDir(tmp_path)
+    ledger = Budget(run)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    os.kill(child.pid, signal.SIGKILL)
+    time.sleep(0.3)  # killed, not waited for: a zombie still answers kill(pid, 0)
+    with run.transaction() as db:
+        db.execute("INSERT INTO ledger (key, state, owner_pid, owner_host, created) VALUES ('k', 'reserved', ?, ?, 0)",
+                   (child.pid, socket.gethostname()))
+    assert ledger.reserve("k").adopted  # not waited on as if it were still measuring
+    child.wait()

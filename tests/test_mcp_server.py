@@ -90,6 +90,8 @@ def test_in_process_client_measures_under_the_budget(tmp_path, files, pool):
             forecast = await client.call_tool("predict", {"problem": files["problem"], "candidate": files["b"]})
             f = Forecast.model_validate(forecast.structured_content)
             assert not f.informative and "no LLM provider" in f.rationale  # honest, never made up
+            orphan = await client.call_tool("predict", {"problem": files["problem"], "candidate": files["a"], "parent": files["b"]})
+            assert orphan.is_error and "measure it first" in orphan.content[0].text  # as with a provider (docs/mcp.md)
 
             bad = await client.call_tool("sol_bounds", {"problem": str(tmp_path / "nope.py")})
             assert bad.is_error and "no such file" in bad.content[0].text

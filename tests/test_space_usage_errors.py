@@ -176,7 +176,7 @@ def test_bench_search_gives_kernel_tuner_a_cache_it_can_read(tmp_path: Path) -> 
 def test_a_kernel_tuner_failure_is_a_usage_error_naming_the_strategy(tmp_path: Path) -> None:
     pytest.importorskip("kernel_tuner")
     one = write_cache(tmp_path / "one.json", timed(1))
-    result = kscout("bench", "search", str(one), "--budgets", "2", "--seeds", "1", "--jobs", "1")
+    result = kscout("bench", "search", str(one), "--budgets", "1", "--seeds", "1", "--jobs", "1")
     if result.exit_code != 0:  # Kernel Tuner 1.5 cannot sample a one-point space in bayes_opt
         # (not assert_usage_error: Kernel Tuner's logger, attached to a stream an earlier CliRunner
         # closed, prints logging's own "--- Logging error --- Traceback" into the captured output)

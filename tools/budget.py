@@ -28,6 +28,14 @@ class BudgetExhausted(Exception):
         )
 
 
+class InFlight(Exception):
+    """Another process is measuring the same candidate now; wait for its result rather than pay again."""
+
+    def __init__(self, pid: int, host: str):
+        self.pid, self.host = pid, host
+        super().__init__(f"pid {pid} on {host} is measuring the same candidate")
+
+
 @dataclass(frozen=True)
 class Reservation:
     id: int
@@ -42,7 +50,11 @@ def _pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    try:  # a killed process its parent has not waited for yet still answers kill(0): a zombie is dead
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 class Budget:
@@ -71,7 +83,9 @@ class Budget:
         used = charged + reserved
         return BudgetStatus(cap=cap, used=used, reserved=reserved, remaining=None if cap is None else max(0, cap - used))
 
-    def reserve(self, key: str) -> Reservation:
+    def reserve(self, key: str, share: bool = False) -> Reservation:
+        """Reserve one measurement of `key`. InFlight when another live process is measuring the same key,
+        unless `share` (a measurement asked for again on purpose): its result will be this one's."""
         host = socket.gethostname()
         with self.run.transaction() as db:
             for rid, pid, owner_host in db.execute(
@@ -80,6 +94,8 @@ class Budget:
                 if owner_host == host and not _pid_alive(pid):
                     db.execute("UPDATE ledger SET owner_pid = ? WHERE id = ?", (os.getpid(), rid))
                     return Reservation(rid, key, adopted=True)
+                if not share and pid != os.getpid():
+                    raise InFlight(pid, owner_host)
             status = self._status(db)
             if status.cap is not None and status.used >= status.cap:
                 raise BudgetExhausted(status)

@@ -17,8 +17,8 @@ from pydantic import BaseModel, Field
 from kernelscout.sandbox.harness import HarnessConfig, run_measurement
 from kernelscout.sandbox.pool import WorkerPool
 from kernelscout.sandbox.problem import InputFileError, SourceFile, load_candidate, load_problem
-from kernelscout.tools.budget import Budget, BudgetExhausted
-from kernelscout.tools.rundir import RunDir
+from kernelscout.tools.budget import Budget, BudgetExhausted, InFlight
+from kernelscout.tools.rundir import RunDir, RunDirError
 from kernelscout.tools.schema import Measurement, MeasureStatus
 
 if TYPE_CHECKING:
@@ -89,7 +89,10 @@ def measure(request: MeasureRequest, pool: Optional[WorkerPool] = None,
         candidate = load_candidate(request.candidate)
     except InputFileError as exc:
         return Measurement(status=MeasureStatus(exc.kind), message=str(exc), device=request.device)
-    run = open_run(request.run_dir, request.budget)
+    try:
+        run = open_run(request.run_dir, request.budget)
+    except RunDirError as exc:
+        return Measurement(status=MeasureStatus.invalid_problem, message=str(exc), device=device)
     key = measurement_key(problem.sha, candidate.sha, device, request.repeat)
     run.save_kernel(candidate.sha, candidate.source)
     config = request.harness.model_copy(update={"device": device})
@@ -121,20 +124,35 @@ class MeasurementRecord(BaseModel):
     device: str
 
 
+SAME_KEY_POLL_S = 0.5
+SAME_KEY_WAIT_S = 3600.0  # longer than any one measurement is allowed to take (compile plus run timeouts)
+
+
 def ledgered(run: RunDir, record: MeasurementRecord, do_measure: Callable[[], Measurement], again: bool = False) -> Measurement:
     """Reserve, measure, then settle and store in one transaction: the one path every device goes through."""
-    if not again:
-        previous = find_measurement(run, record.key)
-        if previous is not None:
-            previous.charged = False
-            previous.message = f"already measured in this run (measurement #{previous.measurement_id}); pass --again to spend a new one. {previous.message}"
-            return previous
     ledger = Budget(run)
-    try:
-        reservation = ledger.reserve(record.key)
-    except BudgetExhausted as exc:
-        run.event("budget_exhausted", candidate=record.candidate_path, budget=exc.status.model_dump())
-        return Measurement(status=MeasureStatus.budget_exhausted, message=str(exc), device=record.device, candidate_sha=record.candidate_sha)
+    waited_since, waiting = time.monotonic(), False
+    while True:
+        if not again:
+            previous = find_measurement(run, record.key)
+            if previous is not None:
+                previous.charged = False
+                previous.message = f"already measured in this run (measurement #{previous.measurement_id}); pass --again to spend a new one. {previous.message}"
+                return previous
+        try:
+            # another process measuring the same candidate is waited for, not paid again; but a process that
+            # reuses a dead owner's pid would look busy for ever, so after SAME_KEY_WAIT_S this one pays
+            reservation = ledger.reserve(record.key, share=again or time.monotonic() - waited_since > SAME_KEY_WAIT_S)
+            break
+        except InFlight as exc:
+            if not waiting:
+                run.event("measure_wait", candidate=record.candidate_path, owner_pid=exc.pid)
+                waiting = True
+            time.sleep(SAME_KEY_POLL_S)
+        except BudgetExhausted as exc:
+            run.event("budget_exhausted", candidate=record.candidate_path, budget=exc.status.model_dump())
+            return Measurement(status=MeasureStatus.budget_exhausted, message=str(exc), device=record.device,
+                               candidate_sha=record.candidate_sha)
     run.event("measure_start", candidate=record.candidate_path, problem=record.problem_path, device=record.device,
               reservation=reservation.id, adopted=reservation.adopted)
     # If this raises or the process dies, the reservation stays: it counts as spent and a later

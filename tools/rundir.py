@@ -57,9 +57,15 @@ CREATE INDEX IF NOT EXISTS measurements_key ON measurements(key);
 """
 
 
+class RunDirError(ValueError):
+    """A run directory that cannot be one; the message says what to give instead."""
+
+
 class RunDir:
     def __init__(self, path: Path | str):
         self.path = Path(path)
+        if self.path.exists() and not self.path.is_dir():
+            raise RunDirError(f"{self.path} is a file, not a folder; give the run directory as a folder (new or earlier)")
         self.path.mkdir(parents=True, exist_ok=True)
         (self.path / "kernels").mkdir(exist_ok=True)
         self.db_path = self.path / "run.db"

@@ -1,0 +1,120 @@
+"""Bad input to a search fails before anything is spent: exit 2, a message saying what to do, no traceback,
+and no run directory left behind that `kscout resume` would fail on again."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kernelscout.agent.cli import app
+from conftest import GOOD_CANDIDATE, SMALL_PROBLEM
+from test_space_usage_errors import timed, write_cache
+
+LLM_ENV = ("KSCOUT_PROVIDER", "KSCOUT_MODEL", "KSCOUT_BASE_URL", "KSCOUT_API_KEY", "ANTHROPIC_API_KEY", "OPENAI_API_KEY")
+
+
+def kscout(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def assert_usage_error(result, *phrases: str) -> None:
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    for phrase in phrases:
+        assert phrase in " ".join(result.output.split()), result.output
+
+
+@pytest.fixture
+def problem(tmp_path: Path) -> Path:
+    path = tmp_path / "problem.py"
+    path.write_text(SMALL_PROBLEM)
+    return path
+
+
+@pytest.fixture
+def no_llm(monkeypatch):
+    for name in LLM_ENV:
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.mark.parametrize("flag", ["--policy", "--surrogate"])
+def test_an_llm_asked_for_without_a_provider_is_refused_before_the_run_exists(problem, tmp_path, no_llm, flag):
+    run = tmp_path / "run"
+    result = kscout("optimize", str(problem), "--budget", "3", flag, "llm", "--run-dir", str(run))
+    assert_usage_error(result, "needs a model provider", "KSCOUT_PROVIDER", "[llm]")  # the bracketed section name survives
+    assert not run.exists()
+
+
+def test_kscout_run_checks_the_provider_once_up_front(problem, tmp_path, no_llm):
+    run = tmp_path / "night"
+    assert_usage_error(kscout("run", str(problem), "--policy", "llm", "--run-dir", str(run)), "needs a model provider")
+    assert not run.exists()
+
+
+@pytest.mark.parametrize("args, phrase", [
+    (["--proposals", "0"], "--proposals must be at least 1"),
+    (["--patience", "-2"], "--patience must be 0"),
+    (["--max-wall", "-5"], "--max-wall must be more than 0"),
+    (["--max-device-seconds", "0"], "--max-device-seconds must be more than 0"),
+    (["--max-usd", "-1"], "--max-usd must be more than 0"),
+    (["--max-tokens", "-5"], "--max-tokens must be more than 0"),
+])
+def test_a_limit_that_would_stop_the_search_at_once_is_refused(problem, tmp_path, args, phrase):
+    run = tmp_path / "run"
+    assert_usage_error(kscout("optimize", str(problem), "--run-dir", str(run), *args), phrase)
+    assert not run.exists()
+
+
+def test_a_run_directory_that_is_a_file_is_a_usage_error_everywhere(problem, tmp_path):
+    file = tmp_path / "afile"
+    file.write_text("")
+    candidate = tmp_path / "candidate.py"
+    candidate.write_text(GOOD_CANDIDATE)
+    assert_usage_error(kscout("optimize", str(problem), "--run-dir", str(file)), "is a file, not a folder")
+    assert_usage_error(kscout("run", str(problem), "--run-dir", str(file)), "is a file, not a folder")
+    measured = kscout("measure", str(problem), str(candidate), "--run-dir", str(file), "--json")
+    assert measured.exit_code == 2 and "is a file, not a folder" in json.loads(measured.stdout)["message"]
+
+
+def test_bad_measure_numbers_are_named_by_their_flags(problem, tmp_path):
+    result = kscout("measure", str(problem), str(problem), "--timeout", "-1", "--json")
+    assert result.exit_code == 2
+    assert json.loads(result.stdout) == {"status": "failed", "message": "--timeout: input should be greater than 0"}
+
+
+def test_a_search_on_a_problem_whose_reference_raises_fails_and_says_so(tmp_path):
+    broken = tmp_path / "broken.py"
+    broken.write_text(SMALL_PROBLEM.replace("def forward(self, x, y):", "def forward(self, x, y):\n        raise RuntimeError('reference broken')"))
+    assert "reference broken" in broken.read_text()
+    result = kscout("optimize", str(broken), "--budget", "3", "--run-dir", str(tmp_path / "run"), "--json")
+    assert result.exit_code == 2, result.output
+    out = json.loads(result.stdout)
+    assert out["status"] == "failed" and out["measurements_used"] == 0
+    assert "the problem cannot be measured" in out["stop_reason"] and "reference broken" in out["stop_reason"]
+
+
+def test_a_resume_while_the_search_is_still_running_is_refused(tmp_path):
+    from kernelscout.agent.run_view import view_run
+
+    run = tmp_path / "run"
+    space = write_cache(tmp_path / "k.json", timed(8))
+    assert kscout("optimize", "--space", str(space), "--budget", "3", "--run-dir", str(run), "--json").exit_code == 0
+    before = view_run(run)
+    holding = subprocess.Popen([sys.executable, "-c", "import time\nfrom kernelscout.tools.runlock import exclusive\n"
+                                f"with exclusive({str(run)!r}, 'kscout search'):\n    print('held', flush=True)\n    time.sleep(60)"],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        assert holding.stdout.readline().strip() == "held"
+        assert view_run(run).status == "running"
+        assert_usage_error(kscout("resume", str(run)), "still running", "kscout search")
+        assert_usage_error(kscout("optimize", "--space", str(space), "--budget", "3", "--run-dir", str(run)), "still running")
+    finally:
+        holding.kill()
+        holding.wait()
+    after = view_run(run)  # the refused commands changed nothing, and the folder is free again
+    assert after.status == "finished" and after.budget == before.budget
