@@ -9,24 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from kernelscout.agent.cli import app
 from conftest import GOOD_CANDIDATE, SMALL_PROBLEM
-from test_space_usage_errors import timed, write_cache
+from test_space_usage_errors import assert_usage_error, kscout, timed, write_cache
 
 LLM_ENV = ("KSCOUT_PROVIDER", "KSCOUT_MODEL", "KSCOUT_BASE_URL", "KSCOUT_API_KEY", "ANTHROPIC_API_KEY", "OPENAI_API_KEY")
-
-
-def kscout(*args: str):
-    return CliRunner().invoke(app, list(args))
-
-
-def assert_usage_error(result, *phrases: str) -> None:
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output
-    for phrase in phrases:
-        assert phrase in " ".join(result.output.split()), result.output
 
 
 @pytest.fixture
