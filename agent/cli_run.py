@@ -51,7 +51,9 @@ def print_summary(summary, console: Optional[Console] = None) -> None:
                   highlight=False)
     for note in summary.notes:
         console.print(f"[dim]{note}[/dim]", highlight=False, soft_wrap=True)
-    console.print(f"report: {Path(summary.run_dir) / 'summary.md'}, {Path(summary.run_dir) / 'index.html'}", highlight=False, soft_wrap=True)
+    reports = [p for p in (Path(summary.run_dir) / "summary.md", Path(summary.run_dir) / "index.html") if p.is_file()]
+    if reports:  # written when a session ends; an interrupted first session has none yet
+        console.print(f"report: {', '.join(map(str, reports))}", highlight=False, soft_wrap=True)
 
 
 def _run(headless, as_json: bool) -> None:
@@ -128,10 +130,11 @@ def register(app: typer.Typer) -> None:
         history = cfg.pick("history", history or None)
         if policy not in ("auto", "tuner", "llm") or surrogate not in ("auto", "learned", "llm", "none"):
             fail("--policy takes auto, tuner or llm; --surrogate takes auto, learned, llm or none", as_json)
-        from kernelscout.agent.runner import OptimizeError, check_llm
+        from kernelscout.agent.runner import OptimizeError, check_llm, resolve_choices
 
-        try:
-            check_llm(policy, surrogate)  # before the night starts, not once per problem
+        try:  # before the night starts, not once per problem
+            check_llm(policy, surrogate)
+            resolve_choices(policy, surrogate)  # `auto` with a provider set up wrongly
         except OptimizeError as exc:
             fail(str(exc), as_json)
         path = run_dir or str(Path("runs") / f"run-{time.strftime('%Y%m%d-%H%M%S')}")

@@ -248,7 +248,8 @@ class SearchLoop:
         status = self.budget.status()
         s = self.settings
         reason = None
-        if status.remaining is not None and status.remaining <= self._reserve():
+        remaining = self._remaining()
+        if remaining is not None and remaining <= self._reserve():
             reason = BUDGET_SPENT
         elif s.max_wall_s and time.time() - state.get("started", time.time()) > s.max_wall_s:
             reason = f"wall-clock limit of {s.max_wall_s:g} s reached"
@@ -295,9 +296,15 @@ class SearchLoop:
         return {}
 
     # -- helpers ------------------------------------------------------------------------------
+    def _remaining(self) -> Optional[int]:
+        """The cap less what is spent, counting a measurement a killed run left in flight as not yet spent: it
+        is taken up again without a new charge, and with the cap full it would otherwise never be."""
+        remaining = self.budget.status().remaining
+        return None if remaining is None else remaining + self.budget.adoptable()
+
     def _room(self, in_flight: int = 0) -> Optional[int]:
         """Measurements the search may still start: the cap, less those spent or in flight, less the reserve."""
-        remaining = self.budget.status().remaining
+        remaining = self._remaining()
         return None if remaining is None else max(remaining - in_flight - self._reserve(), 0)
 
     def _reserve(self) -> int:
@@ -308,7 +315,7 @@ class SearchLoop:
 
     def _budget_raised(self, values: dict) -> bool:
         """A finished search that stopped only for want of budget, whose ledger now has room again."""
-        remaining = self.budget.status().remaining
+        remaining = self._remaining()
         return values.get("stop_reason") == BUDGET_SPENT and (remaining is None or remaining > 0)
 
     def _near_sol(self, factor: float) -> bool:

@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field
 
 from kernelscout.sandbox.problem import problem_name
 from kernelscout.tools.atomic import write_text_atomic
+from kernelscout.tools.runlock import holder
 
 MANIFEST = "manifest.json"
 STATE_DB = "headless.db"
@@ -587,6 +588,9 @@ class HeadlessRun:
     def summary(self) -> RunSummary:
         # the numbers are read again from each problem's own run.db, so the summary is what the ledgers hold
         stored = {o.name: o for o in self.state.all()}
+        if holder(self.path) is None:  # "running" left by a session that was stopped: nothing runs it now
+            stored = {n: o.model_copy(update={"status": "pending", "reason": f"interrupted; `kscout resume {self.path}` goes on"})
+                      if o.status == "running" else o for n, o in stored.items()}
         outcomes = [stored[ref.name].model_copy(update=self._numbers(ref)) for ref in self.manifest.problems]
         done = {"finished", "failed", "skipped"}
         # what fast_p and the mean count: a verified kernel's speedup, from the sub run's archive

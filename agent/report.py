@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from kernelscout.tools.archive import ROOT_ID, Archive  # noqa: E402
 from kernelscout.tools.budget import Budget  # noqa: E402
-from kernelscout.tools.forecast_check import ForecastCheck, check_forecasts  # noqa: E402
+from kernelscout.tools.forecast_check import ForecastCheck, check_forecasts, scored_search_forecasts  # noqa: E402
 from kernelscout.tools.rundir import RunDir  # noqa: E402
 
 
@@ -81,19 +81,12 @@ def forecast_plot(pairs: list[tuple[float, float]]) -> str:
     return _png(fig)
 
 
-def calibration_plot(pairs: list[tuple[float, bool]], bins: int = 5) -> str:
+def calibration_plot(reliability: list) -> str:
+    """The reliability bins of `check_forecasts`, so the plot shows the figures printed under it and by `kscout show`."""
     fig, ax = plt.subplots(figsize=(4.2, 3.6))
     ax.plot([0, 1], [0, 1], color="gray", lw=0.8)
-    if pairs:
-        edges = [i / bins for i in range(bins + 1)]
-        xs, ys, ns = [], [], []
-        for lo, hi in zip(edges, edges[1:]):
-            sel = [(p, o) for p, o in pairs if lo <= p < hi or (hi == 1 and p == 1)]
-            if sel:
-                xs.append(sum(p for p, _ in sel) / len(sel))
-                ys.append(sum(o for _, o in sel) / len(sel))
-                ns.append(len(sel))
-        ax.scatter(xs, ys, s=[20 + 10 * n for n in ns])
+    if reliability:
+        ax.scatter([b.forecast for b in reliability], [b.observed for b in reliability], s=[20 + 10 * b.count for b in reliability])
     ax.set_xlabel("forecast P(faster than parent)")
     ax.set_ylabel("observed frequency")
     ax.set_title("calibration in this run")
@@ -113,31 +106,27 @@ def forecast_line(check: ForecastCheck) -> str:
             f"{num(check.spearman)}, 80 % interval held {num(check.interval_80_coverage, '{:.0%}')}; {check.note}.")
 
 
+def _cut(text: str, n: int) -> str:
+    """Cut before escaping, so no HTML entity is split; say that it was cut."""
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
 def write_report(run_dir: Path | str, title: str = "kernelscout run") -> Path:
     run = RunDir(run_dir)
     archive = Archive(run)
     candidates = archive.all()
-    by_id = {c.id: c for c in candidates}
     measurements = _measurements(run)
     charged = [m for m in measurements if m["charged"]]
     speedups = [m.get("speedup") if m.get("correct") and m.get("timing_valid") else None for m in charged]
     with run.connect() as db:
         confirmation_ids = {r[0] for r in db.execute("SELECT measurement_id FROM confirmations")}
     remeasured = [m["id"] in confirmation_ids for m in charged]
-    forecast_pairs, calib = [], []
     forecasts = archive.forecasts()
     last_forecast = {f["candidate_id"]: f for f in forecasts}  # in id order, so the last one wins
-    for f in forecasts:
-        rec = by_id.get(f["candidate_id"])
-        if rec is None or rec.speedup is None:
-            continue
-        parent = 1.0 if rec.parent_id in (None, ROOT_ID) else (by_id[rec.parent_id].speedup or 1.0)
-        ratio = rec.speedup / parent
-        fc = f["forecast"]
-        if fc.get("expected_speedup"):
-            forecast_pairs.append((fc["expected_speedup"], ratio))
-        if fc.get("p_faster") is not None:
-            calib.append((fc["p_faster"], ratio > 1.0))
+    # the forecasts `kscout show` scores: each measured candidate's deciding one, informative ones only
+    forecast_pairs = [(row["forecast"]["expected_speedup"], ratio) for row, ratio in scored_search_forecasts(archive)
+                      if row["forecast"].get("expected_speedup")]
+    check = check_forecasts(archive)
     status = Budget(run).status()
     best = archive.reported_best()
     rows = []
@@ -145,7 +134,7 @@ def write_report(run_dir: Path | str, title: str = "kernelscout run") -> Path:
         decision = last_forecast.get(c.id)
         rows.append(
             f"<tr><td>#{c.id}</td><td>{'ref' if c.parent_id in (None, ROOT_ID) else '#' + str(c.parent_id)}</td>"
-            f"<td>{html.escape(c.origin)}</td><td>{html.escape(json.dumps(c.params, default=str))[:80]}</td><td>{c.state}</td>"
+            f"<td>{html.escape(c.origin)}</td><td>{html.escape(_cut(json.dumps(c.params, default=str), 120))}</td><td>{c.state}</td>"
             f"<td>{'' if c.speedup is None else f'{c.speedup:.3f}x'}</td>"
             f"<td>{html.escape(decision['reason']) if decision else ''}</td></tr>"
         )
@@ -162,8 +151,8 @@ td,th{{border-bottom:1px solid #ddd;padding:3px 8px;text-align:left}}</style></h
 candidates considered: {len([c for c in candidates])}. Every speedup below was measured; forecasts only chose what to measure.</p>
 <img src="data:image/png;base64,{best_so_far_plot(speedups, remeasured)}">
 <img src="data:image/png;base64,{forecast_plot(forecast_pairs)}">
-<img src="data:image/png;base64,{calibration_plot(calib)}">
-<p>{html.escape(forecast_line(check_forecasts(archive)))}</p>
+<img src="data:image/png;base64,{calibration_plot(check.reliability)}">
+<p>{html.escape(forecast_line(check))}</p>
 <h2>Lineage</h2><table><tr><th>id</th><th>parent</th><th>origin</th><th>params</th><th>state</th><th>measured</th><th>last decision</th></tr>
 {''.join(rows)}</table></body></html>"""
     path = run.path / "report.html"

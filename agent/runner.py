@@ -28,10 +28,9 @@ class SearchInterrupted(KeyboardInterrupt):
 
     def __init__(self, run_dir: Path, used: int, cap: Optional[int], in_flight: int = 0) -> None:
         of = f" of {cap}" if cap is not None else ""
-        done = used - in_flight
-        flight = f" and {in_flight} in flight, which a resume takes up where it stopped" if in_flight else ""
-        super().__init__(f"interrupted after {done}{of} measurements{flight}; nothing measured is lost. "
-                         f"Continue with: kscout resume {run_dir}")
+        flight = f" ({in_flight} of them in flight, which the resume takes up without paying again)" if in_flight else ""
+        super().__init__(f"interrupted after {used}{of} measurements; nothing measured is lost. "
+                         f"Continue with: kscout resume {run_dir}{flight}")
         self.run_dir, self.used, self.cap = run_dir, used, cap
 
 
@@ -57,8 +56,8 @@ def _llm_configured() -> bool:
         return False
     try:
         return make_chat_model() is not None
-    except Exception:
-        return False
+    except ValueError as exc:  # LLMConfigError: a provider was asked for (KSCOUT_PROVIDER, [llm]) but cannot work
+        raise OptimizeError(f"{exc} (or --policy tuner to search offline)") from None
 
 
 def resolve_choices(policy: str, surrogate: str, space: bool = False) -> tuple[str, str, str]:
@@ -102,6 +101,9 @@ def optimize(problem: Optional[str] = None, *, space: Optional[str] = None, budg
     kscout.toml's `[search]` table is not read here: a script states its settings, so the same call gives
     the same search on any machine. `search_defaults().pick(name, None)` (kernelscout.agent.search_config) gives a file's value
     where a script wants it."""
+    for name in ("start", "history", "warm_start"):  # one path given bare, as a script naturally writes it
+        if isinstance(options.get(name), (str, Path)):
+            options[name] = [str(options[name])]
     return start_search(problem=problem, space=space, budget=budget, **options)
 
 
@@ -152,6 +154,9 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
         from kernelscout.tools.measure import resolve_device
         from kernelscout.sandbox.problem import InputFileError, load_problem, problem_name
 
+        if warm_start:
+            raise OptimizeError("--warm-start takes recorded spaces of the same kernel on other devices, for --space; for a "
+                                "code problem, --history gives the surrogate earlier runs as a prior")
         path = _problem_file(problem)
         try:
             load_problem(path)
@@ -403,7 +408,9 @@ def _open_dispatcher(run: RunDir, spec: SearchSpec, quiet: bool):
 def _run(run: RunDir, spec: SearchSpec, resume: bool, quiet: bool, report: bool = True) -> OptimizeResult:
     from kernelscout.sandbox.pool import WorkerPool
 
-    title = Path(spec.path).name
+    from kernelscout.sandbox.problem import problem_name
+
+    title = problem_name(spec.path) if spec.kind == "problem" else Path(spec.path).name  # "softmax", not "problem.py"
     with WorkerPool() as pool, _open_dispatcher(run, spec, quiet) as dispatcher, \
             SearchProgress(Budget(run).status().cap or spec.settings.budget, title, live=False if quiet else None) as progress:
         loop = build_loop(run, spec, on_event=None if quiet else progress, pool=pool)

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from kernelscout.agent.llm_config import default_config_files, tomllib
 
@@ -41,14 +41,14 @@ class SearchConfigError(ValueError):
 class SearchDefaults(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    device: Optional[str] = Field(None, description="auto, cpu, cuda or cuda:N")
+    device: Optional[str] = Field(None, pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto, cpu, cuda or cuda:N")
     policy: Optional[Literal["auto", "tuner", "llm"]] = None
     surrogate: Optional[str] = Field(None, description="auto, learned, llm or none")
-    budget: Optional[int] = Field(None, ge=1)
-    confirm: Optional[int] = Field(None, ge=0)
-    workers: Optional[int] = Field(None, ge=1)
-    proposals: Optional[int] = Field(None, ge=1)
-    patience: Optional[int] = Field(None, ge=0)
+    budget: Optional[StrictInt] = Field(None, ge=1)  # strict: `budget = true` is not a budget of 1
+    confirm: Optional[StrictInt] = Field(None, ge=0)
+    workers: Optional[StrictInt] = Field(None, ge=1)
+    proposals: Optional[StrictInt] = Field(None, ge=1)
+    patience: Optional[StrictInt] = Field(None, ge=0)
     history: Optional[list[str]] = Field(None, description="folders of earlier runs for the learned surrogate's prior "
                                          "(relative to the file that names them), or [\"none\"]")
     sources: dict[str, str] = Field(default_factory=dict, exclude=True, description="setting -> the file it came from")

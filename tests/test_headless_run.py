@@ -295,6 +295,9 @@ def test_resume_after_an_interruption_reruns_nothing_finished_and_spends_nothing
     first, second = run_dir / "problems" / "convolution_A100", run_dir / "problems" / "pnpoly_RTX_3090"
     state = {o.name: o.status for o in HeadlessRun.open(run_dir).state.all()}
     assert state == {"convolution_A100": "finished", "pnpoly_RTX_3090": "running"}
+    # nothing runs it now, so a summary read afterwards (`kscout show`) does not call it running
+    shown = {o.name: (o.status, o.reason) for o in HeadlessRun.open(run_dir).summary().problems}
+    assert shown["pnpoly_RTX_3090"] == ("pending", f"interrupted; `kscout resume {run_dir}` goes on")
     first_ids, second_keys = _measurement_ids(first), _charged_keys(second)
     assert len(second_keys) == 3
 

@@ -105,3 +105,31 @@ def test_a_resume_while_the_search_is_still_running_is_refused(tmp_path):
         holding.wait()
     after = view_run(run)  # the refused commands changed nothing, and the folder is free again
     assert after.status == "finished" and after.budget == before.budget
+
+
+def test_warm_start_on_a_code_problem_is_refused_not_ignored(problem, tmp_path):
+    space = write_cache(tmp_path / "k.json", timed(8))
+    assert_usage_error(kscout("optimize", str(problem), "--warm-start", str(space), "--run-dir", str(tmp_path / "run")),
+                       "--warm-start takes recorded spaces", "--history")
+
+
+def test_a_provider_set_up_wrongly_is_not_silently_replaced_by_the_offline_policy(problem, tmp_path, no_llm, monkeypatch):
+    monkeypatch.setenv("KSCOUT_PROVIDER", "anthropic")  # and no ANTHROPIC_API_KEY
+    assert_usage_error(kscout("optimize", str(problem), "--budget", "2", "--run-dir", str(tmp_path / "run")),
+                       "ANTHROPIC_API_KEY", "--policy tuner")
+    assert_usage_error(kscout("run", str(problem), "--budget", "2", "--run-dir", str(tmp_path / "night")), "ANTHROPIC_API_KEY")
+
+
+def test_the_python_api_takes_one_path_where_it_takes_a_list(problem, tmp_path):
+    import kernelscout as ks
+    from kernelscout.agent.runner import OptimizeError
+
+    with pytest.raises(OptimizeError, match="mine.py: no such file"):  # the whole path, not its first letter
+        ks.optimize(str(problem), budget=2, start=str(tmp_path / "mine.py"), run_dir=str(tmp_path / "run"))
+
+
+@pytest.mark.parametrize("line, phrase", [('device = "tpu"', "device"), ("budget = true", "budget")])
+def test_a_bad_kscout_toml_value_is_an_error_naming_the_file(problem, tmp_path, monkeypatch, line, phrase):
+    (tmp_path / "kscout.toml").write_text(f"[search]\n{line}\n")
+    monkeypatch.chdir(tmp_path)
+    assert_usage_error(kscout("optimize", str(problem), "--run-dir", str(tmp_path / "run")), "kscout.toml", phrase)

@@ -217,3 +217,35 @@ def test_unseen_kernelbench_problems_run_to_completion_and_report_honestly(probl
     else:
         assert Path(result.best_path).exists()
         assert f"{result.best_speedup:.3f}x" in result.message
+
+
+def test_a_measurement_killed_while_it_held_the_last_of_the_budget_is_taken_up_on_resume(tmp_path, monkeypatch):
+    from kernelscout.agent.runner import SearchInterrupted
+    from kernelscout.sandbox.replay import ReplayDevice
+    from test_space_usage_errors import timed, write_cache
+
+    space, run_dir = write_cache(tmp_path / "k.json", timed(8)), tmp_path / "run"
+    real, calls = ReplayDevice.measure, []
+
+    def dies_in_the_second(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # reserved, not yet settled: the last unit of the budget is in flight
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(ReplayDevice, "measure", dies_in_the_second)
+    with pytest.raises(SearchInterrupted, match="1 of them in flight"):
+        start_search(problem=None, space=str(space), budget=2, run_dir=str(run_dir), quiet=True)
+    monkeypatch.setattr(ReplayDevice, "measure", real)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    with RunDir(run_dir).transaction() as db:  # as if that process had been killed with it
+        db.execute("UPDATE ledger SET owner_pid = ? WHERE state = 'reserved'", (dead.pid,))
+    assert Budget(RunDir(run_dir)).status().remaining == 0
+
+    result = resume_search(str(run_dir), quiet=True)
+
+    status = Budget(RunDir(run_dir)).status()
+    assert (result.measurements_used, status.used, status.reserved) == (2, 2, 0)
+    with sqlite3.connect(run_dir / "run.db") as db:
+        assert db.execute("SELECT COUNT(*) FROM measurements WHERE charged = 1").fetchone()[0] == 2

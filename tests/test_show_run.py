@@ -161,3 +161,23 @@ def test_show_lists_files_measured_directly_with_their_latest_result(tmp_path):
     assert [(f["candidate"], f["usable"], f["measurement"]["speedup"]) for f in files] == [("a.py", True, 1.9), ("b.py", False, None)]
     text = CliRunner().invoke(app, ["show", str(tmp_path / "run")], env={"COLUMNS": "160"}).output
     assert "1.900x" in text and "ok, incorrect" in text and "softmax" in text and "3 (uncapped)" in text
+
+
+def test_the_reports_plots_judge_the_forecasts_the_scores_judge(tmp_path):
+    from kernelscout.agent.report import write_report
+    from kernelscout.tools.forecast_check import scored_search_forecasts
+
+    archive = Archive(RunDir(tmp_path / "run"))
+    a = _candidate(archive, 1, None, _forecast(0.8, 1.5, (1.1, 2.5), [0.1, 0.2, 0.7]), 2.0)
+    _candidate(archive, 2, a, _forecast(0.3, 0.9, (0.7, 1.2), [0.5, 0.4, 0.1]), 1.0)
+    _candidate(archive, 3, None, _forecast(0.5, 1.0, None, [0.3, 0.4, 0.3], informative=False), 1.2)  # cold start: not judged
+    long = archive.add("sha9", None, None, "test", {f"parameter_{i}": '"quoted"' for i in range(12)}, "", {}, 1)
+
+    pairs = scored_search_forecasts(archive)
+
+    assert sorted(ratio for _, ratio in pairs) == [0.5, 2.0]
+    assert len(pairs) == check_forecasts(archive).scored
+    page = (write_report(tmp_path / "run")).read_text()
+    row = next(r for r in page.split("<tr>") if r.startswith(f"<td>#{long.id}<"))
+    assert "…" in row and "&quot;" in row
+    assert all(cell.count("&") == cell.count(";") for cell in row.split("<td>"))  # no entity cut in half

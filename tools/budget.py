@@ -83,6 +83,14 @@ class Budget:
         used = charged + reserved
         return BudgetStatus(cap=cap, used=used, reserved=reserved, remaining=None if cap is None else max(0, cap - used))
 
+    def adoptable(self) -> int:
+        """Reservations left by a process on this host that has died: in flight when it was killed, each will
+        be taken up by the next request for its key without a new charge, so they are room, not spending."""
+        host = socket.gethostname()
+        with self.run.connect() as db:
+            rows = db.execute("SELECT owner_pid, owner_host FROM ledger WHERE state = 'reserved'").fetchall()
+        return sum(1 for pid, owner_host in rows if owner_host == host and not _pid_alive(pid))
+
     def reserve(self, key: str, share: bool = False) -> Reservation:
         """Reserve one measurement of `key`. InFlight when another live process is measuring the same key,
         unless `share` (a measurement asked for again on purpose): its result will be this one's."""

@@ -92,25 +92,34 @@ def deciding_forecasts(forecasts: list[dict]) -> dict[int, dict]:
     return deciding
 
 
+def scored_search_forecasts(archive: Archive, deciding: Optional[dict[int, dict]] = None) -> list[tuple[dict, float]]:
+    """(deciding forecast row, measured speedup over its parent) for each search candidate that had an
+    informative forecast and then a verified measurement: what the scores, and the report's plots, judge."""
+    deciding = deciding_forecasts(archive.forecasts()) if deciding is None else deciding
+    speedups = {c.id: c.speedup for c in archive.all()}
+    pairs = []
+    for row in deciding.values():
+        if not row["forecast"].get("informative"):  # cold start or --surrogate none: nothing was forecast
+            continue
+        child = row["measured_speedup"]
+        parent = 1.0 if row["parent_id"] in (None, ROOT_ID) else speedups.get(row["parent_id"])
+        if child is None or not parent or row["state"] not in ("measured", "suspect", "unconfirmed"):
+            continue
+        pairs.append((row, child / parent))
+    return pairs
+
+
 def check_forecasts(archive: Archive, bins: int = 5) -> ForecastCheck:
     """Score each measured candidate's deciding forecast (the one it was measured on, else its last)
     against its measured speedup over the parent it was forecast against; and each `predict` tool
     forecast against the first measurement of its file taken after it."""
     forecasts = archive.forecasts()
     deciding = deciding_forecasts(forecasts)
-    speedups = {c.id: c.speedup for c in archive.all()}
-
-    scores, audits, uninformative = _Scores(), 0, 0
-    for row in deciding.values():
-        if not row["forecast"].get("informative"):  # cold start or --surrogate none: nothing was forecast
-            uninformative += 1
-            continue
-        child = row["measured_speedup"]
-        parent = 1.0 if row["parent_id"] in (None, ROOT_ID) else speedups.get(row["parent_id"])
-        if child is None or not parent or row["state"] not in ("measured", "suspect", "unconfirmed"):
-            continue
+    scores, audits = _Scores(), 0
+    for row, ratio in scored_search_forecasts(archive, deciding):
         audits += (row.get("reason") or "").startswith("audit")
-        scores.add(row["forecast"], child / parent)
+        scores.add(row["forecast"], ratio)
+    uninformative = sum(1 for row in deciding.values() if not row["forecast"].get("informative"))
     tool = archive.tool_forecasts()
     from_tools = 0
     for t in tool:

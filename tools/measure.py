@@ -137,7 +137,7 @@ def ledgered(run: RunDir, record: MeasurementRecord, do_measure: Callable[[], Me
             previous = find_measurement(run, record.key)
             if previous is not None:
                 previous.charged = False
-                previous.message = f"already measured in this run (measurement #{previous.measurement_id}); pass --again to spend a new one. {previous.message}"
+                previous.message = f"already measured in this run (measurement #{previous.measurement_id}); ask again (--again, or again=true) to spend a new one. {previous.message}"
                 return previous
         try:
             # another process measuring the same candidate is waited for, not paid again; but a process that
