@@ -165,7 +165,7 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
             raise OptimizeError(str(exc)) from None
         check_llm(policy, surrogate)
         spec = SearchSpec(kind="problem", path=str(path), device=device, policy=policy, surrogate=surrogate, settings=settings,
-                          start=_check_start(start or [], budget), history=_check_history(history))
+                          start=_check_start(start or [], budget, device, quiet), history=_check_history(history))
         name = problem_name(path)
     run = _open_run(run_dir or Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
     with _searching(run):
@@ -257,16 +257,23 @@ def _check_history(folders: Optional[list[str]]) -> Optional[list[str]]:
     return [str(Path(f).expanduser().resolve()) for f in folders]
 
 
-def _check_start(paths: list[str], budget: int) -> list[str]:
+def _check_start(paths: list[str], budget: int, device: str = "cpu", quiet: bool = True) -> list[str]:
     """The --start files, resolved, once each is a candidate module (defines ModelNew) and the budget can measure them all."""
     from kernelscout.sandbox.problem import InputFileError, load_candidate
 
     resolved: list[str] = []
     for p in paths:
         try:
-            load_candidate(p)
+            candidate = load_candidate(p)
         except InputFileError as exc:
             raise OptimizeError(f"--start {exc}") from None
+        if candidate.uses_triton and device.startswith("cpu") and not quiet:
+            from rich.console import Console
+            from rich.markup import escape
+
+            Console(stderr=True).print(
+                f"[yellow]note:[/yellow] {escape(p)} is a Triton kernel: on the CPU it runs in Triton's interpreter, so its "
+                "correctness is checked but its timing is refused, and it still costs a measurement", soft_wrap=True, highlight=False)
         if str(Path(p).resolve()) not in resolved:
             resolved.append(str(Path(p).resolve()))
     if len(resolved) > budget:

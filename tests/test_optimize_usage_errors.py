@@ -133,3 +133,13 @@ def test_a_bad_kscout_toml_value_is_an_error_naming_the_file(problem, tmp_path, 
     (tmp_path / "kscout.toml").write_text(f"[search]\n{line}\n")
     monkeypatch.chdir(tmp_path)
     assert_usage_error(kscout("optimize", str(problem), "--run-dir", str(tmp_path / "run")), "kscout.toml", phrase)
+
+
+def test_a_triton_start_kernel_on_the_cpu_is_flagged_before_it_costs_a_measurement(problem, tmp_path):
+    kernels = []
+    for name in ("a.py", "b.py"):
+        path = tmp_path / name
+        path.write_text("import triton\n" + GOOD_CANDIDATE + f"\n# {name}\n")
+        kernels += ["--start", str(path)]
+    result = kscout("optimize", str(problem), "--device", "cpu", "--budget", "1", *kernels, "--run-dir", str(tmp_path / "run"))
+    assert_usage_error(result, "is a Triton kernel", "timing is refused", "--budget is 1")
