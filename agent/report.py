@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from kernelscout.tools.archive import ROOT_ID, Archive  # noqa: E402
 from kernelscout.tools.budget import Budget  # noqa: E402
-from kernelscout.tools.forecast_check import ForecastCheck, check_forecasts, scored_search_forecasts  # noqa: E402
+from kernelscout.tools.forecast_check import ForecastCheck, check_forecasts, deciding_forecasts, scored_search_forecasts  # noqa: E402
 from kernelscout.tools.rundir import RunDir  # noqa: E402
 
 
@@ -124,7 +124,8 @@ def write_report(run_dir: Path | str, title: str = "kernelscout run") -> Path:
     forecasts = archive.forecasts()
     last_forecast = {f["candidate_id"]: f for f in forecasts}  # in id order, so the last one wins
     # the forecasts `kscout show` scores: each measured candidate's deciding one, informative ones only
-    forecast_pairs = [(row["forecast"]["expected_speedup"], ratio) for row, ratio in scored_search_forecasts(archive)
+    forecast_pairs = [(row["forecast"]["expected_speedup"], ratio)
+                      for row, ratio in scored_search_forecasts(archive, deciding_forecasts(forecasts))
                       if row["forecast"].get("expected_speedup")]
     check = check_forecasts(archive)
     status = Budget(run).status()

@@ -183,17 +183,17 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
         elif ledger.cap != budget:
             notice = (f"{run.path} already has a budget of {ledger.cap} measurements ({used} used), which --budget {budget} "
                       f"does not change; `kscout budget {run.path} --set N` does")
-        if notice and not quiet:
+        run.set_meta(SCALING_KEY, scaling.model_dump_json())
+        _archive_start(run, spec)
+        if not quiet:
             from rich.console import Console
             from rich.markup import escape
 
-            Console(stderr=True).print(f"[yellow]note:[/yellow] {escape(notice)}", soft_wrap=True, highlight=False)
-        run.set_meta(SCALING_KEY, scaling.model_dump_json())
-        _archive_start(run, spec)
-        if note and not quiet:
-            from rich.console import Console
-
-            Console(stderr=True).print(f"[dim]{note}[/dim]")
+            console = Console(stderr=True)
+            if notice:
+                console.print(f"[yellow]note:[/yellow] {escape(notice)}", soft_wrap=True, highlight=False)
+            if note:
+                console.print(f"[dim]{note}[/dim]")
         return _run(run, spec, resume=False, quiet=quiet, report=report)
 
 
@@ -344,8 +344,7 @@ def _check_space(path: str, warm_start: list[str], surrogate: str) -> None:
         if timed < 2:
             raise OptimizeError(f"{prior_path}: only {timed} of its configurations ran; a --warm-start prior needs at least "
                                 "two timed configurations, so leave this one out")
-    if surrogate == "llm":
-        check_llm(policy="tuner", surrogate=surrogate)
+    check_llm(policy="tuner", surrogate=surrogate)
 
 
 def check_llm(policy: str, surrogate: str) -> None:

@@ -43,6 +43,11 @@ class Reservation:
     adopted: bool = False
 
 
+def _owner_gone(pid: int, owner_host: str, host: str) -> bool:
+    """A reservation's owner that has died on this host (one on another host cannot be checked from here)."""
+    return owner_host == host and not _pid_alive(pid)
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -89,7 +94,7 @@ class Budget:
         host = socket.gethostname()
         with self.run.connect() as db:
             rows = db.execute("SELECT owner_pid, owner_host FROM ledger WHERE state = 'reserved'").fetchall()
-        return sum(1 for pid, owner_host in rows if owner_host == host and not _pid_alive(pid))
+        return sum(1 for pid, owner_host in rows if _owner_gone(pid, owner_host, host))
 
     def reserve(self, key: str, share: bool = False) -> Reservation:
         """Reserve one measurement of `key`. InFlight when another live process is measuring the same key,
@@ -99,7 +104,7 @@ class Budget:
             for rid, pid, owner_host in db.execute(
                 "SELECT id, owner_pid, owner_host FROM ledger WHERE key = ? AND state = 'reserved'", (key,)
             ).fetchall():
-                if owner_host == host and not _pid_alive(pid):
+                if _owner_gone(pid, owner_host, host):
                     db.execute("UPDATE ledger SET owner_pid = ? WHERE id = ?", (os.getpid(), rid))
                     return Reservation(rid, key, adopted=True)
                 if not share and pid != os.getpid():

@@ -345,7 +345,8 @@ class KernelScoutMCP(MCPServer):
                                                    forecast.model_dump(), label)
             return forecast
 
-        if par is not None and not self._usable(prob.sha, dev, par.sha):
+        parent_measured = self._usable(prob.sha, dev, par.sha) if par is not None else []
+        if par is not None and not parent_measured:
             raise ToolError(f"parent {parent} has no valid measurement against {problem} on {dev} in this run; measure it "
                             "first, or omit parent to forecast against the problem's reference")
         if model is None:
@@ -361,8 +362,7 @@ class KernelScoutMCP(MCPServer):
         if par is None:
             parent_speedup, parent_source = 1.0, prob.source
         else:
-            measured = self._usable(prob.sha, dev, par.sha)  # not empty: checked above
-            parent_speedup, parent_source = measured[-1].speedup or 1.0, par.source
+            parent_speedup, parent_source = parent_measured[-1].speedup or 1.0, par.source
         best = max((m.speedup or 0.0 for m in done), default=0.0)
         sol = next((b for (sha, d, _), b in self._sol_cache.items() if sha == prob.sha and d in (dev, device or self.device)), None)
         sol_text = f"{sol.time_ms:.4g} ms ({sol.bound}-bound)" if sol else "unknown (not computed; the sol_bounds tool gives it)"
