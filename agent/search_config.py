@@ -26,6 +26,7 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from kernelscout.agent.llm_config import default_config_files, tomllib
+from kernelscout.tools.schema import DEVICE_PATTERN
 
 
 SEARCH_SURROGATES = ("auto", "learned", "llm", "none")  # what `kscout optimize` and `kscout run` accept
@@ -41,7 +42,7 @@ class SearchConfigError(ValueError):
 class SearchDefaults(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    device: Optional[str] = Field(None, pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto, cpu, cuda or cuda:N")
+    device: Optional[str] = Field(None, pattern=DEVICE_PATTERN, description="auto, cpu, cuda or cuda:N")
     policy: Optional[Literal["auto", "tuner", "llm"]] = None
     surrogate: Optional[str] = Field(None, description="auto, learned, llm or none")
     budget: Optional[StrictInt] = Field(None, ge=1)  # strict: `budget = true` is not a budget of 1

@@ -1,5 +1,9 @@
 """`measure` on honest candidates: a correct one is verified and timed in the same session."""
 
+import pytest
+
+from kernelscout.sandbox.problem import InputFileError
+from kernelscout.tools.measure import resolve_device
 from kernelscout.tools.schema import MeasureStatus
 from conftest import GOOD_CANDIDATE
 
@@ -40,3 +44,13 @@ def test_wrong_shape_is_incorrect(measure_source):
     m = measure_source(GOOD_CANDIDATE.replace("+ 0.5 * x", "+ 0.5 * x\n\n    def _unused(self): pass").replace("return torch.relu(x * self.scale + y) + 0.5 * x", "return (torch.relu(x * self.scale + y) + 0.5 * x)[:, :10]"))
     assert m.status == MeasureStatus.incorrect
     assert "shape" in m.message
+
+
+def test_device_names_are_checked_before_anything_runs():
+    assert resolve_device("cpu") == "cpu"
+    assert resolve_device("auto") in ("cpu", "cuda")
+    for name in ("cudax", "cuda:", "cuda:a", "gpu", "CPU"):
+        with pytest.raises(InputFileError, match="unknown device"):
+            resolve_device(name)
+    with pytest.raises(InputFileError, match="CUDA device"):  # none here, or fewer than 99
+        resolve_device("cuda:99")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
@@ -19,7 +20,7 @@ from kernelscout.sandbox.pool import WorkerPool
 from kernelscout.sandbox.problem import InputFileError, SourceFile, load_candidate, load_problem
 from kernelscout.tools.budget import Budget, BudgetExhausted, InFlight
 from kernelscout.tools.rundir import RunDir, RunDirError
-from kernelscout.tools.schema import Measurement, MeasureStatus
+from kernelscout.tools.schema import DEVICE_PATTERN, Measurement, MeasureStatus
 
 if TYPE_CHECKING:
     import numpy as np
@@ -43,14 +44,18 @@ class MeasureRequest(BaseModel):
 
 
 def resolve_device(device: str) -> str:
+    """The device a measurement runs on: `auto` becomes what this machine has; a name it lacks is an error."""
     if device != "auto":
+        if not re.match(DEVICE_PATTERN, device):
+            raise InputFileError(device, "unknown device; use auto, cpu, cuda or cuda:N", "invalid_problem")
         if device.startswith("cuda"):
             import torch
 
             if not torch.cuda.is_available():
                 raise InputFileError(device, "no CUDA device is visible here; use --device cpu or --device auto", "invalid_problem")
-        elif device != "cpu":
-            raise InputFileError(device, "unknown device; use auto, cpu, cuda or cuda:N", "invalid_problem")
+            index, count = int(device.partition(":")[2] or 0), torch.cuda.device_count()
+            if index >= count:
+                raise InputFileError(device, f"this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}", "invalid_problem")
         return device
     try:
         import torch

@@ -10,6 +10,10 @@ from typing import Optional
 
 from pydantic import BaseModel, Field
 
+# The device names every face accepts: kscout.toml checks them with this pattern, `resolve_device` too
+# before it asks the machine what it has.
+DEVICE_PATTERN = r"^(auto|cpu|cuda(:\d+)?)$"
+
 
 class MeasureStatus(str, Enum):
     ok = "ok"
