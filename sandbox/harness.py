@@ -55,10 +55,31 @@ class _Phase:
 
     def __init__(self) -> None:
         self.name = "start"
+        self.staged: dict[str, str] = {}  # copy in the worker's folder -> the user's path, for messages
 
     @property
     def charged(self) -> bool:
         return self.name in ("run", "time")
+
+
+def _stage(worker: WorkerProcess, source: SourceFile, kind: str, phase: _Phase) -> str:
+    """A copy of the file in the worker's own folder, which is what the worker imports: it may not read
+    the user's home folder (pool.readable_paths), where problems and kernels often live. Messages
+    name the user's path again (`_unstage`)."""
+    folder = worker.workdir / kind
+    folder.mkdir(exist_ok=True)
+    copy = folder / source.path.name
+    copy.write_text(source.source)
+    phase.staged[str(copy)] = str(source.path)
+    return str(copy)
+
+
+def _unstage(m: Measurement, phase: _Phase) -> None:
+    for copy, original in phase.staged.items():
+        m.message = m.message.replace(copy, original)
+        m.warnings = [w.replace(copy, original) for w in m.warnings]
+        if m.timing_invalid_reason:
+            m.timing_invalid_reason = m.timing_invalid_reason.replace(copy, original)
 
 
 def run_measurement(
@@ -121,6 +142,7 @@ def _measure_once(pool: WorkerPool, problem: SourceFile, candidate: SourceFile,
     finally:
         if worker is not None:
             pool.release(worker, healthy)
+    _unstage(result, phase)
     return result, phase, worker
 
 
@@ -131,11 +153,13 @@ def _fail(reply: dict) -> Measurement:
 def _drive(worker: WorkerProcess, problem: SourceFile, candidate: SourceFile, config: HarnessConfig, phase: _Phase) -> tuple[Measurement, bool]:
     """Return the measurement and whether the worker must be retired."""
     phase.name = "problem"
-    reply = worker.request("load_problem", config.compile_timeout_s, path=str(problem.path), sha=problem.sha, seeds=[_seed() for _ in range(3)])
+    reply = worker.request("load_problem", config.compile_timeout_s, path=_stage(worker, problem, "problem", phase), sha=problem.sha, seeds=[_seed() for _ in range(3)])
     if reply["status"] != "ok":
         return _fail(reply), False
     phase.name = "import"
-    reply = worker.request("load_candidate", config.compile_timeout_s, path=str(candidate.path), sha=candidate.sha, init_seed=_seed())
+    worker.ran_candidate = True
+    reply = worker.request("load_candidate", config.compile_timeout_s, path=_stage(worker, candidate, "candidate", phase),
+                           sha=candidate.sha, init_seed=_seed())
     if reply["status"] != "ok":
         worker.request("unload", 60.0)
         return _fail(reply), False

@@ -245,10 +245,43 @@ def _set_deterministic(value: tuple[bool, bool]) -> None:
     use_deterministic(value[0], warn_only=value[1])
 
 
+_getaffinity, _setaffinity = getattr(os, "sched_getaffinity", None), getattr(os, "sched_setaffinity", None)
+
+
+def _affinity() -> tuple:
+    """The distinct CPU masks of the process's OS threads. Why a shared setting: a candidate that pins
+    every thread to one core after its call and frees them at the start of its next makes the
+    reference run on one core (found in a review: an unchanged softmax at 5.1x)."""
+    if _getaffinity is None:
+        return ()
+    masks = set()
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        tids = ["0"]
+    for tid in tids:
+        try:
+            masks.add(tuple(sorted(_getaffinity(int(tid)))))
+        except OSError:  # the thread exited meanwhile
+            continue
+    return tuple(sorted(masks))
+
+
+def _set_affinity(masks: tuple) -> None:
+    if _setaffinity is None or len(masks) != 1:  # several masks: no way to tell which thread had which
+        return
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            _setaffinity(int(tid), masks[0])
+        except OSError:
+            continue
+
+
 _cuda = torch.backends.cuda
 # name -> (getter, setter), captured before any candidate loads
 _SHARED_SETTINGS: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {
     "torch threads": (get_num_threads, set_num_threads),
+    "CPU affinity": (_affinity, _set_affinity),
     "default dtype": (get_default_dtype, set_default_dtype),
     "default device": (torch.get_default_device, torch.set_default_device),
     "deterministic algorithms": (_deterministic, _set_deterministic),
@@ -366,6 +399,54 @@ def clear_trace_hooks() -> None:
         _settrace(None)
     if _getprofile() is not None:
         _setprofile(None)
+
+
+_dispatch_dump, _all_op_names = torch._C._dispatch_dump, torch._C._dispatch_get_all_op_names
+try:
+    from torch.utils._python_dispatch import TorchDispatchMode as _TorchDispatchMode
+except ImportError:  # an older torch: no recording, the import-time check still runs
+    _TorchDispatchMode = None
+
+
+def kernel_tables(ops: Optional[list[str]] = None) -> dict[str, int]:
+    """A fingerprint of torch's dispatch table for each operator (all of aten and prims by default).
+
+    Why: `torch.library.Library("aten", "IMPL").impl("exp", ...)` replaces the kernel every caller
+    of `torch.exp` gets, the reference included, and none of the function or namespace checks sees
+    it, because no Python name changes (found in a review: an exact but 5 ms slower exp made an
+    unchanged softmax look 7.7x faster). The table names where each kernel was registered, so a
+    replaced one shows. Meta kernels are left out: torch registers those lazily (shape inference,
+    never run on data), and a candidate's torch.compile imports modules that add some."""
+    names = ops if ops is not None else [n for n in _all_op_names() if n.startswith(("aten::", "prims::"))]
+    tables = {}
+    for name in names:
+        try:
+            text = _dispatch_dump(name)
+        except RuntimeError:  # not registered (any more)
+            text = ""
+        tables[name] = hash(tuple(line for line in text.splitlines() if not line.startswith("Meta")))
+    return tables
+
+
+def kernels_replaced(before: dict[str, int]) -> list[str]:
+    now = kernel_tables(list(before))
+    return sorted(name for name, fingerprint in before.items() if now[name] != fingerprint)
+
+
+if _TorchDispatchMode is not None:
+    class OpRecorder(_TorchDispatchMode):
+        """The operators a model's call reaches, so that their kernels can be checked after every
+        candidate call (all of aten takes ~0.1 s; a reference's few take well under a millisecond)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: set[str] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.add(func._schema.name)
+            return func(*args, **(kwargs or {}))
+else:
+    OpRecorder = None
 
 
 gc_isenabled, gc_enable, gc_disable = gc.isenabled, gc.enable, gc.disable

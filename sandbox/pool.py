@@ -109,16 +109,68 @@ def clean_env(device: str, threads: int, memory_bytes: int, workdir: Path) -> di
         env["KSCOUT_SANDBOX_PIDS"] = "shared"
     if os.environ.get("KSCOUT_SANDBOX_FILES") == "open":  # a kernel that must write somewhere else
         env["KSCOUT_SANDBOX_FILES"] = "open"
-    # where the worker may still write once the launcher has restricted it (see restrict_writes there)
-    try:
-        CACHE_DIR.mkdir(parents=True, exist_ok=True)  # a folder that does not exist cannot be allowed
-    except OSError:
-        pass
+    # where the worker may still write once the launcher has restricted it, and read (restrict_files there)
+    caches = [CACHE_DIR / name for name in COMPILE_CACHES]
+    for folder in caches:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)  # a folder that does not exist cannot be allowed
+        except OSError:
+            pass
     extra = [p for p in os.environ.get("KSCOUT_SANDBOX_WRITE", "").split(os.pathsep) if p]  # the user's own additions
-    env["KSCOUT_SANDBOX_WRITABLE"] = os.pathsep.join([str(workdir), str(CACHE_DIR), "/dev", *extra])
+    env["KSCOUT_SANDBOX_WRITABLE"] = os.pathsep.join([str(workdir), *map(str, caches), *device_files(), *extra])
+    env["KSCOUT_SANDBOX_READABLE"] = os.pathsep.join(readable_paths())
     if device.startswith("cpu"):
         env["TRITON_INTERPRET"] = "1"  # the only way a Triton kernel runs without a GPU
     return env
+
+
+# The compile caches workers share (below CACHE_DIR, which also holds files the supervisor reads, such as
+# the measured CPU peaks that speed-of-light bounds use: a worker may write only these folders of it)
+COMPILE_CACHES = ("torch_extensions", "triton", "inductor", "inductor_precompiled_headers")
+# Device files a kernel may open for writing: the usual character devices, shared memory, and the GPU's
+# (NVIDIA, AMD). Not the rest of /dev: as root, a worker could otherwise write to disks, terminals,
+# /dev/kmsg or /dev/kvm (found in a review).
+_DEVICE_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/shm", "/dev/nvidia*",
+                 "/dev/nvidia-caps", "/dev/dri", "/dev/kfd")
+
+
+def device_files() -> list[str]:
+    import glob
+
+    return sorted({path for pattern in _DEVICE_FILES for path in glob.glob(pattern)})
+
+
+def readable_paths() -> list[str]:
+    """What a worker may read: everything but the user's home folder, and in it only the Python
+    installation, the import path, this package and the compile caches.
+
+    Why: a candidate runs as the user, and the environment is scrubbed of keys, but the files in home
+    were not: a review's candidate read an API key from ~/.config/kscout/config.toml and printed it into
+    the verdict, which the LLM policy then sent to the provider with its repair request. SSH keys, cloud
+    credentials and shell history live there too. Landlock can only allow, so "all but home" is the
+    folders beside each of home's ancestors. Returns [] (no read restriction) when home is / or absent.
+    `KSCOUT_SANDBOX_READ` adds folders."""
+    home = Path.home().resolve()
+    if home == Path(home.anchor) or not home.is_dir():
+        return []
+    allowed: set[str] = set()
+    for parent, step in zip(reversed(home.parents), [*reversed(home.parents)][1:] + [home]):
+        try:
+            allowed.update(str(child) for child in parent.iterdir() if child != step)
+        except OSError:
+            continue
+    import kernelscout
+    import kernelscout.sandbox
+
+    inside = [sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable)), *sys.path,
+              *kernelscout.__path__, *kernelscout.sandbox.__path__, *(str(CACHE_DIR / name) for name in COMPILE_CACHES),
+              *(p for p in os.environ.get("KSCOUT_SANDBOX_READ", "").split(os.pathsep) if p)]
+    for path in inside:
+        if path and os.path.exists(path):
+            real = Path(os.path.realpath(path))
+            if real.is_relative_to(home):
+                allowed.add(str(real))
+    return sorted(allowed)
 
 
 def default_threads() -> int:
@@ -242,11 +294,13 @@ if pids == "isolated":
 # worker instead of init, so it stays in the worker's process tree, where the supervisor finds it.
 prctl(36, 1, 0, 0, 0)
 
-def restrict_writes():
+def restrict_files():
     # Landlock (Linux 5.13+, unprivileged, inherited by every child): from here on the worker can create,
-    # change or delete files only below the folders the supervisor names (its scratch folder, the compile
-    # caches, /dev). Reading and running stay open (imports, compilers). Without it a candidate could
-    # find the run directory and rewrite its SQLite files: forge a measurement, or hand back budget.
+    # change or delete files only below the folders and files the supervisor names (its scratch folder,
+    # the compile caches, the usual device files), and read nothing in the user's home folder but what
+    # the supervisor names (Python, the import path, the caches). Running programs stays open
+    # (compilers). Without it a candidate could find the run directory and rewrite its SQLite files
+    # (forge a measurement, hand back budget), or read the user's keys from their files.
     if os.environ.get("KSCOUT_SANDBOX_FILES") == "open":
         return "open (KSCOUT_SANDBOX_FILES=open)"
     call = libc.syscall
@@ -254,8 +308,11 @@ def restrict_writes():
     abi = call(ctypes.c_long(444), None, ctypes.c_size_t(0), ctypes.c_uint32(1))  # LANDLOCK_CREATE_RULESET_VERSION
     if abi < 1:
         return "open (no Landlock: " + os.strerror(ctypes.get_errno()) + ")"
-    handled = (1 << 1) | (1 << 4) | (1 << 5) | sum(1 << bit for bit in range(6, 13))  # write, remove, make
+    readable = [p for p in os.environ.get("KSCOUT_SANDBOX_READABLE", "").split(os.pathsep) if p]
+    read = (1 << 2) | (1 << 3) if readable else 0  # read file, read dir
+    handled = (1 << 1) | (1 << 4) | (1 << 5) | sum(1 << bit for bit in range(6, 13)) | read  # write, remove, make
     handled |= (1 << 13 if abi >= 2 else 0) | (1 << 14 if abi >= 3 else 0)  # refer (rename/link across), truncate
+    on_files = handled & ((1 << 1) | (1 << 2) | (1 << 14))  # the rights a rule on a file (not a folder) may carry
     # ABI 6+: signals and abstract UNIX sockets scoped to the worker's own processes, so that where the
     # PID namespace is off (refused, or KSCOUT_SANDBOX_PIDS=shared) a candidate still cannot SIGSTOP the
     # supervisor or kill(-1) the user's session
@@ -264,24 +321,66 @@ def restrict_writes():
     ruleset = call(ctypes.c_long(444), attr, ctypes.c_size_t(24 if scoped else 8), ctypes.c_uint32(0))
     if ruleset < 0:
         return "open (Landlock refused a ruleset: " + os.strerror(ctypes.get_errno()) + ")"
-    allowed = []
-    for path in os.environ.get("KSCOUT_SANDBOX_WRITABLE", "").split(os.pathsep):
+
+    def allow(path, rights):
         try:
             fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
         except OSError:
-            continue
-        rule = ctypes.create_string_buffer(handled.to_bytes(8, sys.byteorder) + fd.to_bytes(4, sys.byteorder, signed=True))
-        if call(ctypes.c_long(445), ctypes.c_int(ruleset), ctypes.c_int(1), rule, ctypes.c_uint32(0)) == 0:
-            allowed.append(path)
+            return False
+        if not os.path.isdir(path):
+            rights &= on_files
+        rule = ctypes.create_string_buffer(rights.to_bytes(8, sys.byteorder) + fd.to_bytes(4, sys.byteorder, signed=True))
+        ok = call(ctypes.c_long(445), ctypes.c_int(ruleset), ctypes.c_int(1), rule, ctypes.c_uint32(0)) == 0
         os.close(fd)
+        return ok
+
+    writable = [path for path in os.environ.get("KSCOUT_SANDBOX_WRITABLE", "").split(os.pathsep) if allow(path, handled)]
+    for path in readable:
+        allow(path, read)
     if call(ctypes.c_long(446), ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
         return "open (Landlock refused: " + os.strerror(ctypes.get_errno()) + ")"
     os.close(ruleset)
-    return "writes only below " + ", ".join(allowed) + " (Landlock ABI " + str(abi) + (
+    folders = [p for p in writable if not p.startswith("/dev/")]
+    return "writes only below " + ", ".join(folders) + " and to " + str(len(writable) - len(folders)) + " device files" + (
+        "; no reads in the home folder but Python's and the caches" if read else "") + " (Landlock ABI " + str(abi) + (
         "; signals and abstract sockets scoped to the worker)" if scoped else ")")
 
-os.environ["KSCOUT_SANDBOX_FILES"] = restrict_writes()
+os.environ["KSCOUT_SANDBOX_FILES"] = restrict_files()
+
+def refuse_unix_sockets():
+    # seccomp: socket(AF_UNIX, ...) fails with EACCES from here on, in the worker and all it starts. The
+    # network namespace cuts TCP and abstract sockets, but a socket file on disk is reached by path:
+    # a review's candidate connected to the user's ssh-agent and had it sign data with the user's key;
+    # docker.sock or a Ray node's sockets would answer the same way. The worker talks over pipes.
+    if os.environ.get("KSCOUT_SANDBOX_NETWORK") == "allow":
+        return "open (KSCOUT_SANDBOX_NETWORK=allow)"
+    import platform, struct
+    arch, nr = {"x86_64": (0xC000003E, 41), "aarch64": (0xC00000B7, 198)}.get(platform.machine(), (None, None))
+    if arch is None:
+        return "open (no seccomp filter for " + platform.machine() + ")"
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    program = [
+        (ld, 0, 0, 4),  # the architecture
+        (jeq, 0, 6, arch),  # another one (a 32-bit process): allow
+        (ld, 0, 0, 0),  # the system call's number
+        (jge, 3, 0, 0x40000000),  # x32 numbering: refuse
+        (jeq, 0, 3, nr),  # not socket(): allow
+        (ld, 0, 0, 16),  # its first argument, the address family
+        (jeq, 0, 1, 1),  # AF_UNIX: refuse
+        (ret, 0, 0, 0x00050000 | 13),  # SECCOMP_RET_ERRNO | EACCES
+        (ret, 0, 0, 0x7FFF0000),  # SECCOMP_RET_ALLOW
+    ]
+    code = b"".join(struct.pack("HBBI", *op) for op in program)
+    buf = ctypes.create_string_buffer(code, len(code))
+    fprog = struct.pack("HxxxxxxP", len(program), ctypes.addressof(buf))
+    fbuf = ctypes.create_string_buffer(fprog, len(fprog))
+    if prctl(22, 2, ctypes.c_void_p(ctypes.addressof(fbuf)), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+        return "open (seccomp refused: " + os.strerror(ctypes.get_errno()) + ")"
+    return "UNIX sockets refused (seccomp)"
+
+os.environ["KSCOUT_SANDBOX_SOCKETS"] = refuse_unix_sockets()
 os.environ.pop("KSCOUT_SANDBOX_WRITABLE", None)
+os.environ.pop("KSCOUT_SANDBOX_READABLE", None)
 os.execv(sys.executable, [sys.executable, "-m", "kernelscout.sandbox.worker"] + sys.argv[1:])
 """
 
@@ -549,6 +648,7 @@ class WorkerProcess:
         _LIVE[self.pid] = self
         self.info: dict[str, Any] = {}
         self.measurements = 0
+        self.ran_candidate = False  # set before a candidate is handed over; such a worker is never reused
 
     @property
     def own_pids(self) -> frozenset[int]:
@@ -672,17 +772,62 @@ def _rss_bytes(pids: list[int]) -> int:
     return total
 
 
-class WorkerPool:
-    """Keeps warm workers per device and replaces any that crash, hang or were tampered with."""
+class _Spare(threading.Thread):
+    """A worker being started in the background, to replace one that was retired."""
 
-    def __init__(self, threads: Optional[int] = None, memory_bytes: Optional[int] = None):
+    def __init__(self, device: str, threads: Optional[int], memory_bytes: Optional[int]):
+        super().__init__(name=f"kscout-spare-{device}", daemon=True)
+        self.device, self.threads, self.memory_bytes = device, threads, memory_bytes
+        self.worker: Optional[WorkerProcess] = None
+        self.environ = dict(os.environ)  # what it was started under: a worker takes its settings from it
+
+    def run(self) -> None:
+        try:
+            worker = WorkerProcess(self.device, self.threads, self.memory_bytes)
+        except Exception:  # acquire() starts one in the foreground, where the failure is reported
+            return
+        try:
+            worker.start()
+        except Exception:
+            worker.close()
+            return
+        self.worker = worker
+
+    def take(self) -> Optional[WorkerProcess]:
+        """The started worker, if it started and the environment it was started under still holds."""
+        self.join()
+        worker, self.worker = self.worker, None
+        if worker is not None and self.environ != dict(os.environ):  # KSCOUT_SANDBOX_*, HOME, a thread count...
+            worker.close()
+            return None
+        return worker
+
+
+class WorkerPool:
+    """Keeps a warm worker per device; a worker that has run a candidate is never used again.
+
+    Why retire every worker after its candidate: the candidate runs in the worker's process, so it can
+    reach everything the worker holds, its command channel included. A candidate that takes the
+    channel over (found in a review, docs/harness_hardening.md) answers the supervisor itself; kept
+    warm, that worker would then forge the measurements of every later candidate, honest ones
+    included. A replacement is started in the background as soon as the old worker is closed
+    (`spares`), so a search that does anything between two measurements (forecasting, an LLM call)
+    finds it ready; a one-off measurement (`spares=False`) starts none.
+    """
+
+    def __init__(self, threads: Optional[int] = None, memory_bytes: Optional[int] = None, spares: bool = True):
         self.threads = threads
         self.memory_bytes = memory_bytes
+        self.spares = spares
         self._idle: dict[str, list[WorkerProcess]] = {}
+        self._starting: dict[str, _Spare] = {}
         protect_supervisor()  # again at the first spawn; this call is usually the one on the main thread
 
     def acquire(self, device: str, start_timeout: float = 120.0) -> WorkerProcess:
         idle = self._idle.setdefault(device, [])
+        spare = self._starting.pop(device, None)
+        if spare is not None and (worker := spare.take()) is not None:
+            idle.append(worker)
         while idle:
             worker = idle.pop()
             if worker.alive:
@@ -697,16 +842,26 @@ class WorkerPool:
         return worker
 
     def release(self, worker: WorkerProcess, healthy: bool) -> None:
-        """Keep a healthy worker warm; close one that is not, or that has processes left running under it."""
-        if healthy and worker.alive and not worker.stray_processes():
+        """Keep a healthy worker warm unless it has run a candidate; close one that is not, or that has
+        processes left running under it."""
+        if healthy and not worker.ran_candidate and worker.alive and not worker.stray_processes():
             self._idle.setdefault(worker.device, []).append(worker)
-        else:
-            worker.close()
+            return
+        worker.close()
+        if self.spares and worker.device not in self._starting and not self._idle.get(worker.device):
+            spare = _Spare(worker.device, self.threads, self.memory_bytes)
+            self._starting[worker.device] = spare
+            spare.start()
 
     def prewarm(self, device: str) -> None:
         self.release(self.acquire(device), healthy=True)
 
     def close(self) -> None:
+        for spare in self._starting.values():
+            worker = spare.take()
+            if worker is not None:
+                worker.close()
+        self._starting.clear()
         for workers in self._idle.values():
             for worker in workers:
                 worker.close()

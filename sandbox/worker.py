@@ -9,6 +9,7 @@ result only writes to the log.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib.util
 import os
@@ -220,6 +221,8 @@ class Worker:
         self.built: Optional[tuple] = None  # (reference, candidate, timer) as load_candidate made them
         self.reference_print: tuple = ()  # _module_fingerprint of the reference as built: (structure, weights)
         self.global_hooks: tuple = ()
+        self.kernels: dict[str, int] = {}  # integrity.kernel_tables() once the problem is loaded
+        self.reference_kernels: dict[str, int] = {}  # the same for the operators the reference calls
 
     # -- problem -----------------------------------------------------------------------------
     def load_problem(self, msg: dict) -> dict:
@@ -239,15 +242,18 @@ class Worker:
             raise Failure("invalid_problem", f"{path}: get_init_inputs() must return a list, got {type(init_inputs).__name__}")
         self._check_input_size(module, path)
         per_seed_outputs, input_scale = [], 0.0
+        recorder_ops: set[str] = set()
         for seed in msg["seeds"]:
             inputs = self._make_inputs(module, seed, path)
             input_scale = max(input_scale, correctness.finite_input_scale(tensors_in(inputs)))  # a -inf mask is not the scale
             torch.manual_seed(seed)
             model = self._build(module.Model, init_inputs, msg["seeds"][0], path, "Model")
+            recorder = integrity.OpRecorder() if integrity.OpRecorder is not None and not per_seed_outputs else None
             try:
-                with torch.no_grad():
+                with torch.no_grad(), (recorder or contextlib.nullcontext()):
                     out = model(*inputs)
                 _sync(self.device)
+                recorder_ops |= recorder.ops if recorder is not None else set()
             except Exception as exc:
                 kind = "does not fit in memory" if _is_oom(exc) else "raised"
                 raise Failure("invalid_problem", f"{path}: the reference Model {kind}: {_short_error(exc, path)}")
@@ -261,6 +267,10 @@ class Worker:
         self.problem, self.problem_path, self.problem_sha = module, path, sha
         self.init_inputs = list(init_inputs)
         self.initial_settings, self.initial_hooks = integrity.shared_settings(), integrity.code_hooks()
+        # torch's kernels as the problem left them: all of aten (checked once the candidate is imported)
+        # and the reference's own operators (checked after every candidate call)
+        self.kernels = integrity.kernel_tables()
+        self.reference_kernels = integrity.kernel_tables(sorted(recorder_ops))
         return {
             "status": "ok",
             "outputs": [[list(o.shape), str(o.dtype)] for o in per_seed_outputs[0]],
@@ -355,6 +365,7 @@ class Worker:
         # (cudnn.benchmark, say) holds for both sides alike; one its calls flip would not
         self.settings_at_load = integrity.shared_settings()
         tampered = integrity.changed_since(self.snapshot) + self._reference_tampering()
+        tampered += [f"torch's kernel for {op} was replaced" for op in integrity.kernels_replaced(self.kernels)]
         return {"status": "ok", "tampered": tampered, "triton": "triton" in sys.modules}
 
     def _reference_tampering(self, weights: bool = True) -> list[str]:
@@ -477,6 +488,7 @@ class Worker:
 
     def _hooks_changed(self) -> Optional[str]:
         changed = integrity.hooks_changed(self.initial_hooks)
+        changed += [f"torch's kernel for {op}" for op in integrity.kernels_replaced(self.reference_kernels)]
         return "the candidate set up code that runs inside the other side's calls: " + ", ".join(changed) if changed else None
 
     def _process_leak(self) -> Optional[str]:
@@ -636,7 +648,8 @@ class Worker:
                 "network": os.environ.get("KSCOUT_SANDBOX_NETWORK", "open (no network namespace on this platform)"),
                 "pids": os.environ.get("KSCOUT_SANDBOX_PIDS", "shared (no PID namespace on this platform)"),
                 "proc": os.environ.get("KSCOUT_SANDBOX_PROC", "host"),
-                "files": os.environ.get("KSCOUT_SANDBOX_FILES", "open (no Landlock on this platform)")}
+                "files": os.environ.get("KSCOUT_SANDBOX_FILES", "open (no Landlock on this platform)"),
+                "sockets": os.environ.get("KSCOUT_SANDBOX_SOCKETS", "open (no seccomp on this platform)")}
 
 
 def main() -> None:

@@ -301,6 +301,50 @@ def test_leaving_the_reference_fewer_threads_is_caught(measure_source):
     assert "torch threads" in (m.timing_invalid_reason or ""), m.timing_invalid_reason
 
 
+@pytest.mark.skipif(len(getattr(__import__("os"), "sched_getaffinity", lambda _: {0})(0)) < 2, reason="needs two cores")
+def test_pinning_the_references_threads_to_one_core_is_caught(measure_source):
+    # Every core for itself, all of the process's threads pinned to one core for the reference that
+    # runs next: an unchanged softmax was timed at 5.1x that way (a review, thirty-fourth session).
+    header = "import os\n_ALL = os.sched_getaffinity(0)\n_one = lambda m: [os.sched_setaffinity(int(t), m) for t in os.listdir('/proc/self/task')]"
+    body = """        _one(_ALL)
+        out = torch.relu(x * self.scale + y) + 0.5 * x
+        _one({min(_ALL)})
+        return out"""
+    m = measure_source(_model(body, header))
+    assert _caught(m), m
+    assert "CPU affinity" in (m.timing_invalid_reason or ""), m.timing_invalid_reason
+
+
+_SLOW_KERNEL = """_LIB = torch.library.Library("aten", "IMPL")
+
+def _slow_relu(t):
+    out = t.clone()
+    torch.ops.aten.clamp_min_.default(out, 0)
+    import time
+    end = time.perf_counter() + 0.002
+    while time.perf_counter() < end:
+        pass
+    return out
+"""
+
+
+def test_replacing_a_torch_kernel_the_reference_calls_is_caught(measure_source):
+    # torch.library swaps the kernel behind torch.relu for an exact but slower one: no Python name
+    # changes, and only the reference calls relu (an unchanged softmax looked 7.7x faster that way).
+    at_import = _SLOW_KERNEL + "_LIB.impl('relu', _slow_relu, 'CPU')\n_LIB.impl('relu', _slow_relu, 'CUDA')"
+    m = measure_source(_model("        return torch.clamp_min(x * self.scale + y, 0) + 0.5 * x", at_import))
+    assert m.status == MeasureStatus.incorrect, m
+    assert "kernel for aten::relu" in m.message
+    # the same, switched on from inside the candidate's first call
+    body = """        if not _DONE:
+            _DONE.append(_LIB.impl('relu', _slow_relu, 'CPU'))
+            _DONE.append(_LIB.impl('relu', _slow_relu, 'CUDA'))
+        return torch.clamp_min(x * self.scale + y, 0) + 0.5 * x"""
+    m = measure_source(_model(body, _SLOW_KERNEL + "_DONE = []"))
+    assert _caught(m), m
+    assert "kernel for aten::relu" in (m.message + (m.timing_invalid_reason or "")), m
+
+
 def test_switching_attention_backends_off_for_the_reference_is_caught(measure_source):
     # scaled_dot_product_attention without flash attention was 4x slower on the CPU
     body = """        torch.backends.cuda.enable_flash_sdp(True)

@@ -517,3 +517,139 @@ def test_workers_share_inductors_precompiled_headers_through_the_cache(tmp_path,
         seen.append(out.stdout.strip())
 
     assert seen == [str((tmp_path / "cache" / "inductor_precompiled_headers").resolve())] * 2
+
+
+HIJACKER = '''
+import sys
+import torch
+import torch.nn as nn
+from kernelscout.sandbox import protocol
+
+_taken = []
+
+def _serve():
+    if _taken:  # the real handlers call forward too, from inside this loop
+        return
+    _taken.append(True)
+    frame = sys._getframe()
+    while frame and not {"handlers", "cmd_fd", "res_fd", "msg"} <= set(frame.f_locals):
+        frame = frame.f_back
+    if frame is None:
+        return
+    loop = frame.f_locals
+    msg = loop["msg"]
+    reply = {"status": "ok", "trials": len(msg.get("seeds", [])), "max_abs_diff": 0.0, "max_rel_diff": 0.0}
+    while True:  # answer the supervisor in the worker's place: every check passes
+        reply["nonce"] = msg.get("nonce")
+        protocol.send(loop["res_fd"], reply)
+        msg = protocol.recv(loop["cmd_fd"])
+        if msg["cmd"] == "check":
+            reply = {"status": "ok", "trials": len(msg["seeds"]), "max_abs_diff": 0.0, "max_rel_diff": 0.0}
+        elif msg["cmd"] == "verify":
+            reply = {"status": "ok", "rechecked": True}
+        else:
+            try:
+                reply = loop["handlers"][msg["cmd"]](msg)
+            except Exception as exc:
+                reply = {"status": getattr(exc, "status", "crashed"), "message": str(exc)}
+            reply.pop("unfair", None)
+            reply.pop("thread_leak", None)
+
+class ModelNew(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+    def forward(self, x, y):
+        _serve()
+        return torch.zeros_like(x)
+'''
+
+
+def test_a_candidate_that_takes_over_its_worker_cannot_speak_for_the_next_candidate(measure_source):
+    """The candidate shares its worker's process, so it can take the command channel over and answer
+    the supervisor itself (what it reports about itself is in docs/harness_hardening.md). A worker is
+    therefore never used for a second candidate: a plainly wrong one measured next is still found wrong."""
+    measure_source(HIJACKER, name="hijacker.py")
+    wrong = measure_source(candidate().replace("return torch.relu(x * self.scale + y) + 0.5 * x", "return torch.zeros_like(x)"),
+                           name="wrong.py")
+    assert wrong.status == MeasureStatus.incorrect, wrong.message
+
+
+# -- what a candidate may read and reach --------------------------------------------------------
+def probe(lines: str) -> str:
+    """A correct candidate whose constructor runs `lines` and reports what they found in its error
+    message: a KeyError carrying the report, so the test reads it from the verdict."""
+    return candidate(init=lines + "\nraise KeyError('REPORT ' + report)")
+
+
+def test_a_candidate_cannot_read_the_users_home_folder(tmp_path, write, monkeypatch):
+    # The environment is scrubbed of keys; files in home were not, until reads there were confined.
+    # Python, the import path and the caches stay readable, so a candidate still imports and runs.
+    import shutil
+    import tempfile
+
+    home = Path(tempfile.mkdtemp(prefix="kscout-home-"))  # outside the folders the tests let workers write
+    try:
+        (home / ".config" / "kscout").mkdir(parents=True)
+        secret = home / ".config" / "kscout" / "config.toml"
+        secret.write_text('[llm]\napi_key = "sk-SECRET-FROM-HOME"\n')
+        monkeypatch.setenv("HOME", str(home))
+        lines = (f"try:\n    report = open({str(secret)!r}).read()\nexcept OSError as exc:\n    report = type(exc).__name__\n"
+                 f"report += ' ' + str(os.path.exists({str(home)!r}))")
+        with WorkerPool(spares=False) as own:
+            with borrowed_worker(own) as worker:
+                if "no reads in the home folder" not in worker.info["files"]:
+                    pytest.skip(f"this kernel gives the sandbox no read restriction: {worker.info['files']!r}")
+            m = measure(MeasureRequest(problem=str(write("problem.py", SMALL_PROBLEM)), candidate=str(write("c.py", probe(lines))),
+                                       device="cpu", run_dir=str(tmp_path / "run"), harness=QUICK), pool=own)
+        assert "REPORT PermissionError True" in m.message, m.message
+        assert "SECRET" not in m.message
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def test_a_candidate_writes_only_harmless_device_files_and_the_compile_caches(tmp_path, write, pool):
+    from kernelscout.sandbox.pool import CACHE_DIR
+
+    lines = f"""report = ''
+for path in ('/dev/null', {str(CACHE_DIR / 'inductor' / 'probe.txt')!r}, '/dev/kmsg', '/dev/tty1', {str(CACHE_DIR / 'cpu_peaks.json')!r}):
+    try:
+        open(path, 'a').close()
+        report += ' w'
+    except OSError as exc:
+        report += ' ' + ('x' if os.path.exists(path) or 'cpu_peaks' in path else '-')
+"""
+    with borrowed_worker(pool) as worker:
+        if worker.info["files"].startswith("open"):
+            pytest.skip(f"this kernel gives the sandbox no write restriction: {worker.info['files']!r}")
+    peaks_before = (CACHE_DIR / "cpu_peaks.json").read_bytes() if (CACHE_DIR / "cpu_peaks.json").exists() else None
+    m = measure(MeasureRequest(problem=str(write("problem.py", SMALL_PROBLEM)), candidate=str(write("c.py", probe(lines))),
+                               device="cpu", run_dir=str(tmp_path / "run"), harness=QUICK), pool=pool)
+    report = m.message.split("REPORT", 1)[1].split("'")[0].split()
+    # /dev/null and a compile cache yes; a kernel log, a terminal (where they exist) and the file of
+    # measured CPU peaks the speed-of-light bounds read, no ('-': the device is absent here)
+    assert report[:2] == ["w", "w"] and "w" not in report[2:], m.message
+    after = (CACHE_DIR / "cpu_peaks.json").read_bytes() if (CACHE_DIR / "cpu_peaks.json").exists() else None
+    assert after == peaks_before
+
+
+def test_a_candidate_cannot_reach_a_unix_socket_on_disk(tmp_path, write, pool):
+    # The network namespace cuts TCP; a socket file (an ssh-agent's, docker.sock) is reached by path.
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="kscout-sock-"))
+    server = socket.socket(socket.AF_UNIX)
+    try:
+        server.bind(str(folder / "agent.sock"))
+        server.listen(1)
+        lines = (f"import socket\ntry:\n    socket.socket(socket.AF_UNIX).connect({str(folder / 'agent.sock')!r})\n    report = 'connected'\n"
+                 "except OSError as exc:\n    report = type(exc).__name__")
+        with borrowed_worker(pool) as worker:
+            if not worker.info.get("sockets", "").startswith("UNIX sockets refused"):
+                pytest.skip(f"no seccomp filter here: {worker.info.get('sockets')!r}")
+        m = measure(MeasureRequest(problem=str(write("problem.py", SMALL_PROBLEM)), candidate=str(write("c.py", probe(lines))),
+                                   device="cpu", run_dir=str(tmp_path / "run"), harness=QUICK), pool=pool)
+        assert "REPORT PermissionError" in m.message, m.message
+    finally:
+        server.close()
+        shutil.rmtree(folder, ignore_errors=True)

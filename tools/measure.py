@@ -106,7 +106,7 @@ def measure(request: MeasureRequest, pool: Optional[WorkerPool] = None,
         if execute is not None:
             return execute(problem, candidate, config)
         own_pool = pool is None
-        active = pool or WorkerPool()
+        active = pool or WorkerPool(spares=False)
         try:
             return run_measurement(active, problem, candidate, config)
         finally:
