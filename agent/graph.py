@@ -91,6 +91,7 @@ class SearchLoop:
         self.archive = Archive(run)
         self.budget = Budget(run)
         self.on_event = on_event or (lambda kind, data: None)
+        self._last_note: Optional[str] = None  # the policy's last reason for dropping an answer
         self.workers = 1  # measurements in flight at once; see scale_out
         self._rebuild_predictor()
 
@@ -125,6 +126,10 @@ class SearchLoop:
         except LLM_CAPS as exc:
             self._emit("llm_cap", reason=str(exc))
             return {"considered": [], "stop_reason": f"LLM cost cap reached: {exc}"}
+        notes = getattr(self.policy, "notes", None)
+        while notes:  # why the policy dropped answers: said as it happens, and named if the search runs dry
+            self._last_note = notes.pop(0)
+            self._emit("policy_note", note=self._last_note)
         new_ids = []
         for p in proposals:
             sha = self.target.proposal_sha(p)
@@ -264,6 +269,8 @@ class SearchLoop:
         dry = state.get("dry_iterations", 0) + 1 if not state.get("to_measure") else 0
         if reason is None and dry >= 3:
             reason = "the policy has nothing left worth measuring"
+            if self._last_note:
+                reason += f"; last: {self._last_note}"
         if reason:
             self._emit("stop", reason=reason)
         return {"stop_reason": reason, "dry_iterations": dry}

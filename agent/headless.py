@@ -538,7 +538,7 @@ class HeadlessRun:
         return {**n, "report": str(report) if report.exists() else None}
 
     def _run_problem(self, index: int, ref: ProblemRef, allow: dict[str, Any], quiet: bool, progress: RunProgress) -> ProblemOutcome:
-        from kernelscout.agent.runner import OptimizeError, resume_search, start_search
+        from kernelscout.agent.runner import OptimizeError, SearchPaused, resume_search, start_search
 
         sub = self.path / "problems" / ref.name
         resumed = _sub_has_search(sub)
@@ -572,6 +572,11 @@ class HeadlessRun:
             failure = _failure_of_measurements(sub)
             update = {"status": "failed" if failure else "finished", "reason": failure, "stop_reason": result.stop_reason,
                       "best_path": result.best_path, "device": result.device, "policy": result.policy}
+        except SearchPaused as exc:  # the LLM provider failed: this problem waits, and so does the rest of the run
+            outcome = outcome.model_copy(update={"status": "pending", "reason": str(exc), **self._numbers(ref)})
+            self.state.put(outcome)
+            self._event("problem_paused", name=ref.name, reason=str(exc))
+            raise HeadlessError(f"{ref.name}: {exc}".replace(f"kscout resume {sub}", f"kscout resume {self.path}")) from None
         except OptimizeError as exc:
             update = {"status": "failed", "reason": str(exc)}
         except Exception as exc:  # a crash in one problem must not end the night

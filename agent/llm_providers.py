@@ -133,6 +133,23 @@ class _SDKChatModel(MeteredChatModel):
         self.key_source = key_source
         self._sdk = sdk
         self._client = client
+        self._secret = getattr(client, "api_key", None) or ""
+
+    def _redact(self, text: str) -> str:
+        """Provider error text with the configured key taken out. Some gateways and local servers echo
+        the key they were sent ("Invalid API key provided: sk-..."), and error text is printed, logged
+        and kept in the run directory (found in a review). Any run of 12 or more of its characters goes."""
+        key = self._secret
+        if not key or key == "not-needed":  # no key, or the placeholder sent to a local server
+            return text
+        if len(key) < 12:
+            return text.replace(key, "***")
+        for size in range(len(key), 11, -1):
+            for start in range(len(key) - size + 1):
+                part = key[start:start + size]
+                if part in text:
+                    text = text.replace(part, "***")
+        return text
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(model={self.model!r}, endpoint={self.endpoint!r})"
@@ -162,19 +179,19 @@ class _SDKChatModel(MeteredChatModel):
         except sdk.APITimeoutError as exc:
             raise _Transient(exc, "timed out") from exc
         except sdk.APIConnectionError as exc:
-            raise _Transient(exc, f"connection failed ({exc.__cause__ or exc})") from exc
+            raise _Transient(exc, self._redact(f"connection failed ({exc.__cause__ or exc})")) from exc
         except sdk.APIResponseValidationError as exc:
-            raise _Transient(exc, f"malformed response ({exc})") from exc
+            raise _Transient(exc, self._redact(f"malformed response ({exc})")) from exc
         except sdk.APIStatusError as exc:
             code = exc.status_code
             if code in (408, 409, 425, 429) or code >= 500:
-                raise _Transient(exc, f"HTTP {code}: {_detail(exc)}") from exc
+                raise _Transient(exc, f"HTTP {code}: {self._redact(_detail(exc))}") from exc
             raise self._config_error(exc) from exc
         except (json.JSONDecodeError, _MalformedResponse) as exc:
-            raise _Transient(exc, f"malformed response body ({exc})") from exc
+            raise _Transient(exc, self._redact(f"malformed response body ({exc})")) from exc
 
     def _config_error(self, exc: Any) -> LLMConfigError:
-        code, detail = exc.status_code, _detail(exc)
+        code, detail = exc.status_code, self._redact(_detail(exc))
         where = f"{self.provider} at {self.endpoint}"
         if code == 401:
             return LLMConfigError(
@@ -413,7 +430,7 @@ def build_chat_model(config: ResolvedLLMConfig, *, meter: UsageMeter | None = No
         key_source = f"the api_key in {key_source}"
     if config.provider == "anthropic":
         if key is None:
-            raise LLMConfigError(f"provider anthropic needs an API key: set {KEY_ENV['anthropic']} or pass --api-key")
+            raise LLMConfigError(f"provider anthropic needs an API key: set {KEY_ENV['anthropic']}, or api_key in the [llm] section of kscout.toml")
         return AnthropicChatModel(config.model, api_key=key, base_url=config.base_url, timeout_s=config.timeout_s,
                                   key_source=key_source, meter=meter, retry=retry)
     return OpenAIChatModel(config.model, api_key=key, base_url=config.base_url, timeout_s=config.timeout_s,

@@ -78,7 +78,7 @@ class SearchProgress:
                     f"budget {self.used}/{self.budget}")
         if kind == "confirm_skipped":
             return f"best #{d['candidate']} not re-measured: {d['reason']}"
-        if kind == "surrogate_note":
+        if kind in ("surrogate_note", "policy_note"):
             return d["note"]
         if kind == "continue":
             return f"continuing a finished search: {d['reason']}"

@@ -21,6 +21,12 @@ class OptimizeError(Exception):
     """Bad arguments or an unusable problem; the message says what to do."""
 
 
+class SearchPaused(OptimizeError):
+    """The LLM provider failed mid-search (a key rejected, a service down): the run is left unfinished,
+    so `kscout resume` goes on once that is fixed. `kscout run` stops there too, rather than failing
+    every problem after it for the same reason."""
+
+
 class SearchInterrupted(KeyboardInterrupt):
     """Ctrl-C (SIGINT) during a search. Every finished measurement is in the run directory already, and
     `kscout resume` adopts one that was in flight, so the message says where the run stands. Still a
@@ -411,6 +417,15 @@ def _open_dispatcher(run: RunDir, spec: SearchSpec, quiet: bool):
     return dispatcher
 
 
+def _llm_errors() -> tuple[type[BaseException], ...]:
+    """The LLM errors that stop a search unfinished (not the cost caps, which end it as a stop reason)."""
+    try:
+        from kernelscout.agent.llm import LLMConfigError, LLMUnavailableError
+    except ImportError:  # no LLM SDKs installed: nothing can raise them
+        return ()
+    return (LLMConfigError, LLMUnavailableError)
+
+
 def _run(run: RunDir, spec: SearchSpec, resume: bool, quiet: bool, report: bool = True) -> OptimizeResult:
     from kernelscout.sandbox.pool import WorkerPool
 
@@ -427,6 +442,11 @@ def _run(run: RunDir, spec: SearchSpec, resume: bool, quiet: bool, report: bool 
         except KeyboardInterrupt:
             status = Budget(run).status()
             raise SearchInterrupted(run.path, status.used, status.cap, status.reserved) from None
+        except _llm_errors() as exc:  # a key rejected, a service down: the user's to fix, the run's to resume
+            status = Budget(run).status()
+            of = f" of {status.cap}" if status.cap is not None else ""
+            raise SearchPaused(f"{exc}\nThe search stopped after {status.used}{of} measurements; nothing measured is lost. "
+                                f"Once that is fixed, continue with: kscout resume {run.path}") from None
     result = summarise(run, spec, loop, state)
     if report:  # benchmarks skip it (agent/bench.py): thousands of runs, nobody reads their reports
         from kernelscout.agent.report import write_report

@@ -100,3 +100,68 @@ def test_llm_policy_through_the_loop(tmp_path, write, pool):
     status = Budget(run).status()
     assert status.used == 4 and status.reserved == 0
     assert archive.best() is not None and archive.best().speedup > 0
+
+
+# -- an LLM that fails, through the real SDK client and the search runner --------------------------
+import pytest  # noqa: E402
+
+from kernelscout.agent.runner import OptimizeError, resume_search, start_search  # noqa: E402
+from fake_llm_server import Status, fake_llm_server, reply_text  # noqa: E402, F401 - a pytest fixture
+
+
+@pytest.fixture
+def local_llm(tmp_path, monkeypatch, fake_llm_server):
+    """A project whose kscout.toml points at a local OpenAI-compatible server, as an Ollama user's would."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "kscout.toml").write_text(
+        f'[llm]\nprovider = "openai-compatible"\nbase_url = "{fake_llm_server.openai_base_url}"\nmodel = "local"\n'
+        'api_key = "sk-local-SECRET-0123456789abcdef"\nmax_attempts = 1\n')
+    return fake_llm_server
+
+
+def _search(problem, run_dir):
+    return start_search(str(problem), None, budget=2, policy="llm", surrogate="none", device="cpu", run_dir=str(run_dir),
+                        quiet=True, confirm=0, report=False)
+
+
+def test_a_service_that_is_down_stops_the_search_unfinished_and_resume_goes_on(tmp_path, write, local_llm):
+    problem = write("problem.py", SLOW_REFERENCE)
+    # a gateway that echoes the key it was sent: the message must not carry it
+    local_llm.script(Status(503, "upstream down for key sk-local-SECRET-0123456789abcdef"))
+    with pytest.raises(OptimizeError) as err:
+        _search(problem, tmp_path / "run")
+    message = str(err.value)
+    assert "503" in message and f"kscout resume {tmp_path / 'run'}" in message and "after 0 of 2 measurements" in message
+    assert "SECRET-0123456789" not in message
+    assert Budget(RunDir(tmp_path / "run")).status().used == 0
+    # the service is back: the same run goes on and spends its budget
+    local_llm.script(*(reply_text(json.dumps({"experiments": [_exp(GOOD.format(tag=f"t{i}"))]})) for i in range(6)))
+    result = resume_search(str(tmp_path / "run"), quiet=True)
+    assert result.measurements_used == 2 and result.stop_reason == "measurement budget spent"
+
+
+def test_replies_the_search_cannot_use_are_named_when_it_gives_up(tmp_path, write, local_llm):
+    problem = write("problem.py", SLOW_REFERENCE)
+    local_llm.script(*(reply_text("I'd rather not write kernels today.") for _ in range(9)))
+    result = _search(problem, tmp_path / "run")
+    assert result.measurements_used == 0
+    assert result.stop_reason.startswith("the policy has nothing left worth measuring; last: the model's reply was not usable"), \
+        result.stop_reason
+    notes = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    assert any(e.get("kind") == "policy_note" or e.get("event") == "policy_note" for e in notes)
+
+
+def test_kscout_run_waits_for_the_service_instead_of_failing_every_problem(tmp_path, write, local_llm):
+    from kernelscout.agent.headless import HeadlessError, HeadlessRun, RunManifest, discover
+
+    for name in ("a", "b"):
+        (tmp_path / "problems" / name).mkdir(parents=True)
+        (tmp_path / "problems" / name / "problem.py").write_text(SLOW_REFERENCE)
+    manifest = RunManifest(problems=discover([str(tmp_path / "problems")]), budget=1, policy="llm", surrogate="none",
+                           device="cpu", confirm=0)
+    local_llm.script(Status(503, "upstream down"))
+    with pytest.raises(HeadlessError, match=f"(?s)503.*kscout resume {tmp_path / 'night'}$"):
+        HeadlessRun.create(tmp_path / "night", manifest).run(quiet=True)
+    statuses = {o.name: o.status for o in HeadlessRun.open(tmp_path / "night").state.all()}
+    assert statuses == {"a": "pending", "b": "pending"}, statuses
+    assert local_llm.request_count == 1  # the second problem did not ask again

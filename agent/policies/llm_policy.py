@@ -44,21 +44,32 @@ class LLMPolicy:
     name = "llm"
 
     def __init__(self, model: Any, digest: Callable[[], str], contrast: Callable[[], Optional[tuple[str, str]]],
-                 sol_text: str = "unknown", repair_allowance: int = 2):
+                 sol_text: str = "unknown", repair_allowance: int = 2, max_tokens: int = 8192):
         self.model = model
         self.digest = digest
         self.contrast = contrast
         self.sol_text = sol_text
         self.repair_allowance = repair_allowance
         self.repairs: dict[str, int] = {}  # lineage root sha -> repairs spent
-        self.notes: list[str] = []
+        self.notes: list[str] = []  # why answers were dropped; the loop reports each (event "policy_note")
+        # room for the several complete modules a plan holds; a reply cut off is dropped whole
+        self.max_tokens = max_tokens
 
     def _ask(self, prompt: str, schema):
-        from kernelscout.agent.llm import Message, structured
+        """The model's answer, or None with the reason kept in `notes` (a refusal, no JSON, a reply cut
+        off). A provider that cannot be reached is not an answer: it raises, so the search stops
+        unfinished and `kscout resume` goes on once the service is back, instead of ending the search
+        as if the model had nothing more to offer (found in a review)."""
+        from kernelscout.agent.llm import LLMUnavailableError, Message, structured_outcome
 
         messages = [Message.system("You write fast, correct PyTorch/Triton/C++ kernels. Answer only with the JSON asked for."),
                     Message.user(prompt)]
-        return structured(self.model, messages, schema)
+        outcome = structured_outcome(self.model, messages, schema, max_tokens=self.max_tokens)
+        if outcome.failure == "unavailable":
+            raise LLMUnavailableError(outcome.detail)
+        if outcome.value is None:
+            self.notes.append(f"the model's reply was not usable ({outcome.failure}): {outcome.detail[:300]}")
+        return outcome.value
 
     def propose(self, parent: ParentInfo, k: int, rng: random.Random) -> list[Proposal]:
         problem_source = Path(parent.problem_path).read_text()
@@ -73,7 +84,6 @@ class LLMPolicy:
         )
         plan = self._ask(prompt, ExperimentPlan)
         if plan is None:
-            self.notes.append("the model gave no usable plan")
             return []
         out = []
         for exp in plan.experiments[:k]:
