@@ -203,7 +203,7 @@ def resolve_llm_config(
     if provider in ("anthropic", "openai") and api_key is None:
         raise LLMConfigError(
             f"provider {provider} (from {where['provider']}) needs an API key: set {KEY_ENV[provider]},"
-            " pass --api-key, or choose another provider with --provider / KSCOUT_PROVIDER"
+            " put api_key in the [llm] section of kscout.toml, or choose another provider with KSCOUT_PROVIDER"
         )
 
     prices: dict[str, ModelPrice] = {}
