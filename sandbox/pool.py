@@ -815,10 +815,14 @@ class WorkerPool:
     finds it ready; a one-off measurement (`spares=False`) starts none.
     """
 
-    def __init__(self, threads: Optional[int] = None, memory_bytes: Optional[int] = None, spares: bool = True):
+    def __init__(self, threads: Optional[int] = None, memory_bytes: Optional[int] = None, spares: bool = True,
+                 reuse: bool = False):
+        """`reuse=True` keeps a worker warm across candidates, as before the review: for candidates that
+        are one's own (the test suite's shared pool), never for a search's."""
         self.threads = threads
         self.memory_bytes = memory_bytes
         self.spares = spares
+        self.reuse = reuse
         self._idle: dict[str, list[WorkerProcess]] = {}
         self._starting: dict[str, _Spare] = {}
         protect_supervisor()  # again at the first spawn; this call is usually the one on the main thread
@@ -844,7 +848,7 @@ class WorkerPool:
     def release(self, worker: WorkerProcess, healthy: bool) -> None:
         """Keep a healthy worker warm unless it has run a candidate; close one that is not, or that has
         processes left running under it."""
-        if healthy and not worker.ran_candidate and worker.alive and not worker.stray_processes():
+        if healthy and (self.reuse or not worker.ran_candidate) and worker.alive and not worker.stray_processes():
             self._idle.setdefault(worker.device, []).append(worker)
             return
         worker.close()

@@ -99,7 +99,11 @@ def _workers_may_write_test_reports(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def pool(_workers_may_write_test_reports):
-    with WorkerPool() as p:
+    """One pool for the suite's measurements, its workers kept warm across candidates (`reuse`): these
+    candidates are the suite's own, and a fresh worker per measurement tripled the suite's time. Every
+    search, `kscout measure` and the MCP server retire a worker after each candidate; the tests that
+    depend on that make their own pool."""
+    with WorkerPool(reuse=True) as p:
         yield p
 
 

@@ -564,14 +564,17 @@ class ModelNew(nn.Module):
 '''
 
 
-def test_a_candidate_that_takes_over_its_worker_cannot_speak_for_the_next_candidate(measure_source):
+def test_a_candidate_that_takes_over_its_worker_cannot_speak_for_the_next_candidate(tmp_path, write):
     """The candidate shares its worker's process, so it can take the command channel over and answer
     the supervisor itself (what it reports about itself is in docs/harness_hardening.md). A worker is
     therefore never used for a second candidate: a plainly wrong one measured next is still found wrong."""
-    measure_source(HIJACKER, name="hijacker.py")
-    wrong = measure_source(candidate().replace("return torch.relu(x * self.scale + y) + 0.5 * x", "return torch.zeros_like(x)"),
-                           name="wrong.py")
-    assert wrong.status == MeasureStatus.incorrect, wrong.message
+    problem = write("problem.py", SMALL_PROBLEM)
+    wrong = candidate().replace("return torch.relu(x * self.scale + y) + 0.5 * x", "return torch.zeros_like(x)")
+    with WorkerPool() as own:  # as every search's (the suite's shared pool keeps workers warm)
+        for name, source in (("hijacker.py", HIJACKER), ("wrong.py", wrong)):
+            m = measure(MeasureRequest(problem=str(problem), candidate=str(write(name, source)), device="cpu",
+                                       run_dir=str(tmp_path / "run"), harness=QUICK), pool=own)
+    assert m.status == MeasureStatus.incorrect, m.message
 
 
 # -- what a candidate may read and reach --------------------------------------------------------
