@@ -158,8 +158,9 @@ def _drive(worker: WorkerProcess, problem: SourceFile, candidate: SourceFile, co
         return _fail(reply), False
     phase.name = "import"
     worker.ran_candidate = True
+    siblings = sorted(p.name for p in candidate.path.parent.glob("*.py"))[:1000]  # the worker sees only its copy
     reply = worker.request("load_candidate", config.compile_timeout_s, path=_stage(worker, candidate, "candidate", phase),
-                           sha=candidate.sha, init_seed=_seed())
+                           sha=candidate.sha, init_seed=_seed(), siblings=siblings)
     if reply["status"] != "ok":
         worker.request("unload", 60.0)
         return _fail(reply), False

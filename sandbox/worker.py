@@ -349,7 +349,7 @@ class Worker:
                 raise Failure("compile_error", f"{path}: the candidate called sys.exit() while being imported")
             hint = ""
             missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
-            if missing and os.path.exists(os.path.join(os.path.dirname(path), missing.split(".")[0] + ".py")):
+            if missing and missing.split(".")[0] + ".py" in msg.get("siblings", ()):  # beside the user's file
                 hint = (f" (a candidate is one self-contained file, as in KernelBench: {missing.split('.')[0]}.py next to it "
                         "is not importable; put its code into the candidate)")
             raise Failure("compile_error", f"{path}: importing the candidate failed: {_short_error(exc, path)}{hint}")
@@ -640,6 +640,7 @@ class Worker:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         hooks = integrity.hooks_changed(self.initial_hooks)  # left in this process, they would run in the next measurement
+        hooks += [f"torch's kernel for {op}" for op in integrity.kernels_replaced(self.kernels)]
         return {"status": "ok", "tampered": tampered, "extra_threads": busy_threads, "idle_threads": idle_threads, "hooks": hooks}
 
     def hello(self, msg: dict) -> dict:
