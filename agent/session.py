@@ -45,6 +45,8 @@ class OptimizeResult(BaseModel):
     policy: str
     surrogate: str
     device: str
+    llm_tokens: int = Field(0, description="tokens the search's LLM calls used, prompts and replies (0 offline)")
+    llm_usd: float = Field(0.0, description="what they cost at the configured prices")
     message: str = ""
 
 
@@ -119,8 +121,18 @@ def summarise(run: RunDir, spec: SearchSpec, loop: SearchLoop, state: dict) -> O
         confirmed_speedups=confirmed, best_runtime_ms=best_ms, best_path=best_path,
         measurements_used=used, candidates_considered=considered,
         considered_per_measurement=round(considered_per_measurement(archive, used), 3), run_dir=str(run.path),
-        policy=spec.policy, surrogate=spec.surrogate, device=spec.device, message=message,
+        policy=spec.policy, surrogate=spec.surrogate, device=spec.device, message=message, **_llm_use(run),
     )
+
+
+def _llm_use(run: RunDir) -> dict:
+    """The run's LLM meter as stored (agent/factory.py keeps it in run.db, so a resume adds to it)."""
+    usage = run.get_meta("llm_usage")
+    if not usage:
+        return {}
+    data = json.loads(usage)
+    return {"llm_tokens": int(data.get("input_tokens") or 0) + int(data.get("output_tokens") or 0),
+            "llm_usd": round(float(data.get("cost_usd") or 0.0), 6)}
 
 
 def _runtime(run: RunDir, measurement_id: Optional[int]) -> Optional[float]:

@@ -138,6 +138,7 @@ def test_a_service_that_is_down_stops_the_search_unfinished_and_resume_goes_on(t
     local_llm.script(*(reply_text(json.dumps({"experiments": [_exp(GOOD.format(tag=f"t{i}"))]})) for i in range(6)))
     result = resume_search(str(tmp_path / "run"), quiet=True)
     assert result.measurements_used == 2 and result.stop_reason == "measurement budget spent"
+    assert result.llm_tokens == 18 * (local_llm.request_count - 1)  # 11 + 7 tokens per reply; the first was the 503
 
 
 def test_replies_the_search_cannot_use_are_named_when_it_gives_up(tmp_path, write, local_llm):
