@@ -158,7 +158,8 @@ def _drive(worker: WorkerProcess, problem: SourceFile, candidate: SourceFile, co
         return _fail(reply), False
     phase.name = "import"
     worker.ran_candidate = True
-    siblings = sorted(p.name for p in candidate.path.parent.glob("*.py"))[:1000]  # the worker sees only its copy
+    # modules it imports that are files beside it: the worker sees only its copy, so it cannot look
+    siblings = sorted(f"{name}.py" for name in candidate.imports if (candidate.path.parent / f"{name}.py").is_file())
     reply = worker.request("load_candidate", config.compile_timeout_s, path=_stage(worker, candidate, "candidate", phase),
                            sha=candidate.sha, init_seed=_seed(), siblings=siblings)
     if reply["status"] != "ok":

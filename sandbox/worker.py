@@ -242,18 +242,16 @@ class Worker:
             raise Failure("invalid_problem", f"{path}: get_init_inputs() must return a list, got {type(init_inputs).__name__}")
         self._check_input_size(module, path)
         per_seed_outputs, input_scale = [], 0.0
-        recorder_ops: set[str] = set()
+        recorder = integrity.OpRecorder() if integrity.OpRecorder is not None else None  # on the first seed's call
         for seed in msg["seeds"]:
             inputs = self._make_inputs(module, seed, path)
             input_scale = max(input_scale, correctness.finite_input_scale(tensors_in(inputs)))  # a -inf mask is not the scale
             torch.manual_seed(seed)
             model = self._build(module.Model, init_inputs, msg["seeds"][0], path, "Model")
-            recorder = integrity.OpRecorder() if integrity.OpRecorder is not None and not per_seed_outputs else None
             try:
-                with torch.no_grad(), (recorder or contextlib.nullcontext()):
+                with torch.no_grad(), (recorder if recorder is not None and not per_seed_outputs else contextlib.nullcontext()):
                     out = model(*inputs)
                 _sync(self.device)
-                recorder_ops |= recorder.ops if recorder is not None else set()
             except Exception as exc:
                 kind = "does not fit in memory" if _is_oom(exc) else "raised"
                 raise Failure("invalid_problem", f"{path}: the reference Model {kind}: {_short_error(exc, path)}")
@@ -270,7 +268,7 @@ class Worker:
         # torch's kernels as the problem left them: all of aten (checked once the candidate is imported)
         # and the reference's own operators (checked after every candidate call)
         self.kernels = integrity.kernel_tables()
-        self.reference_kernels = integrity.kernel_tables(sorted(recorder_ops))
+        self.reference_kernels = integrity.kernel_tables(sorted(recorder.ops)) if recorder is not None else {}
         return {
             "status": "ok",
             "outputs": [[list(o.shape), str(o.dtype)] for o in per_seed_outputs[0]],
