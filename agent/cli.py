@@ -188,20 +188,33 @@ def optimize(
 
 @app.command()
 def resume(
-    run_dir: str = typer.Argument(..., help="run directory of an interrupted search"),
+    run_dir: str = typer.Argument(..., help="run directory of an interrupted or finished search"),
+    max_usd: Optional[float] = typer.Option(None, "--max-usd", help="a new LLM cost limit for this search"),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="a new LLM token limit"),
+    max_wall: Optional[float] = typer.Option(None, "--max-wall", help="a new wall-clock limit in seconds (the time "
+                                                                      "between a stop and this resume does not count)"),
+    max_device_s: Optional[float] = typer.Option(None, "--max-device-seconds", help="a new limit on measurement time"),
+    patience: Optional[int] = typer.Option(None, help="a new number of measurements without a new best to stop after (0: never)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object at the end"),
 ) -> None:
-    """Continue a search after an interruption: no measurement lost, none repeated, no budget spent twice."""
+    """Continue a search after an interruption: no measurement lost, none repeated, no budget spent twice.
+
+    A search that stopped at a limit goes on when the limit is given here higher than it was; one that spent its
+    measurement budget goes on after `kscout budget RUN_DIR --set N`."""
     from kernelscout.agent.runner import OptimizeError, SearchInterrupted, resume_search
 
     from kernelscout.agent.headless import is_headless_run
 
+    limits = {"max_usd": max_usd, "max_llm_tokens": max_tokens, "max_wall": max_wall, "max_device_s": max_device_s, "patience": patience}
     if is_headless_run(run_dir):  # a multi-problem `kscout run`: resume it as a whole
         from kernelscout.agent.cli_run import resume_run
 
+        if any(v is not None for v in limits.values()):
+            fail(f"{run_dir} is a run of many problems, whose limits are fixed when it starts; resume it without "
+                 "--max-usd, --max-tokens, --max-wall, --max-device-seconds or --patience", as_json)
         return resume_run(run_dir, as_json)
     try:
-        result = resume_search(run_dir, quiet=as_json)
+        result = resume_search(run_dir, quiet=as_json, **limits)
     except SearchInterrupted as exc:
         _interrupted(exc, as_json)
     except OptimizeError as exc:
@@ -229,6 +242,8 @@ def _finish_search(result, as_json: bool) -> None:
 
 def _print_search(result) -> None:
     table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(no_wrap=True)
+    table.add_column(overflow="fold")  # paths and commands are folded onto more lines, never cut short with "…"
     table.add_row("result", escape(result.message) if result.status == "finished" else f"[red]{escape(result.message)}[/red]")
     table.add_row("stopped because", escape(result.stop_reason or "-"))
     table.add_row("measurements", str(result.measurements_used))
@@ -239,6 +254,8 @@ def _print_search(result) -> None:
         table.add_row("best kernel", result.best_path)
     table.add_row("run directory", result.run_dir)
     out.print(table)
+    if result.continue_with:  # one line the terminal may wrap, so it can be copied whole
+        out.print(f"to search on: {escape(result.continue_with)}", soft_wrap=True, highlight=False)
 
 
 def _register_tool_commands() -> None:

@@ -81,6 +81,10 @@ def render(view: RunView) -> None:
     head.add_row("best", escape(_best_line(view.best)) if view.best else "no verified candidate yet")
     if view.best_file:
         head.add_row("best kernel", escape(view.best_file))
+    if view.llm_usage:
+        from kernelscout.agent.llm_pricing import usage_line
+
+        head.add_row("LLM", escape(usage_line(view.llm_usage)))
     if view.report:
         head.add_row("report", escape(view.report))
     out.print(head)

@@ -11,21 +11,20 @@ from kernelscout.agent.targets import CodeTarget, ReplayTarget, reference_ms
 from kernelscout.tools.rundir import RunDir
 
 
-_MODELS: dict[str, Any] = {}
+_MODELS: dict[tuple, Any] = {}
 
 
 def metered_chat_model(spec: SearchSpec, run: RunDir):
     """One chat model per run, its tokens and USD metered against the run's caps and persisted in run.db."""
-    key = str(run.path.resolve())
+    # the caps are part of the key: a resume that raised them (`kscout resume DIR --max-usd X`) gets a meter with the new ones
+    key = (str(run.path.resolve()), spec.settings.max_usd, spec.settings.max_llm_tokens)
     if key in _MODELS:
         return _MODELS[key]
     from kernelscout.agent.llm import make_chat_model
-    from kernelscout.agent.llm_pricing import UsageMeter, UsageState
+    from kernelscout.agent.llm_pricing import RUN_USAGE_META, UsageMeter, stored_usage
 
-    saved = run.get_meta("llm_usage")
-    meter = UsageMeter(max_usd=spec.settings.max_usd, max_tokens_total=spec.settings.max_llm_tokens,
-                       state=UsageState.model_validate_json(saved) if saved else None,
-                       on_update=lambda state: run.set_meta("llm_usage", state.model_dump_json()))
+    meter = UsageMeter(max_usd=spec.settings.max_usd, max_tokens_total=spec.settings.max_llm_tokens, state=stored_usage(run),
+                       on_update=lambda state: run.set_meta(RUN_USAGE_META, state.model_dump_json()))
     model = make_chat_model(meter=meter)
     _MODELS[key] = model
     return model

@@ -80,6 +80,7 @@ class LoopState(TypedDict, total=False):
     last_improvement: int  # measurements used when the best last improved
     best_speedup: float
     dry_iterations: int  # consecutive iterations that had nothing to consider
+    stop_limit: Optional[dict]  # {"setting": name in SearchSettings, "value": its value} when a user's limit stopped it
 
 
 class SearchLoop:
@@ -124,8 +125,7 @@ class SearchLoop:
         try:
             proposals = self.policy.propose(info, self.settings.proposals_per_iteration, rng)
         except LLM_CAPS as exc:
-            self._emit("llm_cap", reason=str(exc))
-            return {"considered": [], "stop_reason": f"LLM cost cap reached: {exc}"}
+            return {"considered": [], **self._llm_cap_stop(exc)}
         notes = getattr(self.policy, "notes", None)
         while notes:  # why the policy dropped answers: said as it happens, and named if the search runs dry
             self._last_note = notes.pop(0)
@@ -150,8 +150,7 @@ class SearchLoop:
         try:
             forecasts = self.predictor.forecast_batch(recs, [self._speedup_of(r.parent_id) for r in recs], incumbent)
         except LLM_CAPS as exc:
-            self._emit("llm_cap", reason=str(exc))
-            return {"to_measure": [], "stop_reason": f"LLM cost cap reached: {exc}"}
+            return {"to_measure": [], **self._llm_cap_stop(exc)}
         # the user's own kernels (--start) are measured whatever the forecast: they asked for them
         given = [rec.id for rec in recs if rec.origin == USER_ORIGIN]
         for rec, forecast in zip(recs, forecasts):
@@ -186,6 +185,7 @@ class SearchLoop:
         """
         progress = {"last_improvement": state.get("last_improvement", 0), "best_speedup": self._best_speedup()}
         queue, stop = list(state.get("to_measure", [])), None
+        self._cap_stop = None  # set by a repair the LLM's cost cap refused: the queue is measured, then the search stops
         with ThreadPoolExecutor(self.workers, thread_name_prefix="measure") if self.workers > 1 else InlineExecutor() as pool:
             running: dict[Future, CandidateRecord] = {}
             while queue or running:
@@ -208,7 +208,9 @@ class SearchLoop:
                     repaired = self._record(rec, m, progress, state["iteration"])
                     if repaired is not None and stop is None:
                         queue.insert(0, repaired)
-        return {**progress, "stop_reason": stop} if stop else progress
+        if stop:
+            return {**progress, "stop_reason": stop}
+        return {**progress, **self._cap_stop} if self._cap_stop else progress
 
     def _record(self, rec: CandidateRecord, m: Measurement, progress: dict, iteration: int) -> Optional[int]:
         """Archive one measurement, teach the predictor, track the best; returns a repaired candidate to measure."""
@@ -233,7 +235,11 @@ class SearchLoop:
         info = self.target.parent_info(parent, tried=self.archive.shas())
         from pathlib import Path
 
-        fixed = self.policy.repair(Path(rec.path).read_text(), m.status.value, m.message, info, lineage)
+        try:
+            fixed = self.policy.repair(Path(rec.path).read_text(), m.status.value, m.message, info, lineage)
+        except LLM_CAPS as exc:
+            self._cap_stop = self._llm_cap_stop(exc)
+            return None
         if fixed is None:
             return None
         params = dict(fixed.params, repair_of=int(lineage))
@@ -252,18 +258,18 @@ class SearchLoop:
             return {}
         status = self.budget.status()
         s = self.settings
-        reason = None
+        reason, limit = None, None
         remaining = self._remaining()
         if remaining is not None and remaining <= self._reserve():
             reason = BUDGET_SPENT
         elif s.max_wall_s and time.time() - state.get("started", time.time()) > s.max_wall_s:
-            reason = f"wall-clock limit of {s.max_wall_s:g} s reached"
+            reason, limit = f"wall-clock limit of {s.max_wall_s:g} s reached", "max_wall_s"
         elif s.patience and status.used - state.get("last_improvement", 0) >= s.patience:
-            reason = f"no new best in {s.patience} measurements"
+            reason, limit = f"no new best in {s.patience} measurements", "patience"
         elif self.target.at_speed_of_light(self.archive.best(), s.sol_margin):
             reason = "best kernel is within the speed-of-light margin"
         elif s.max_device_s and self._device_seconds() >= s.max_device_s:
-            reason = f"device-time budget of {s.max_device_s:g} s spent"
+            reason, limit = f"device-time budget of {s.max_device_s:g} s spent", "max_device_s"
         elif status.cap and status.used >= math.ceil(status.cap / 2) and self._near_sol(s.near_sol):
             reason = f"within {s.near_sol:g}x of speed-of-light: a problem this close gets at most half the budget"
         dry = state.get("dry_iterations", 0) + 1 if not state.get("to_measure") else 0
@@ -273,7 +279,8 @@ class SearchLoop:
                 reason += f"; last: {self._last_note}"
         if reason:
             self._emit("stop", reason=reason)
-        return {"stop_reason": reason, "dry_iterations": dry}
+        return {"stop_reason": reason, "dry_iterations": dry,
+                "stop_limit": {"setting": limit, "value": getattr(s, limit)} if limit else None}
 
     def confirm(self, state: LoopState) -> LoopState:
         """Re-measure the best with the measurements kept back for it: the number reported is then not the
@@ -320,10 +327,29 @@ class SearchLoop:
             return 0
         return self.settings.confirm if self._best_speedup() > 1.0 else 0
 
-    def _budget_raised(self, values: dict) -> bool:
-        """A finished search that stopped only for want of budget, whose ledger now has room again."""
-        remaining = self._remaining()
-        return values.get("stop_reason") == BUDGET_SPENT and (remaining is None or remaining > 0)
+    def _llm_cap_stop(self, exc: BaseException) -> dict:
+        """The stop for an LLM call the run's cost cap refused (before it was sent), with the setting it hit."""
+        self._emit("llm_cap", reason=str(exc))
+        setting = "max_llm_tokens" if getattr(exc, "cap", None) == "tokens" else "max_usd"
+        return {"stop_reason": f"LLM cost cap reached: {exc}", "stop_limit": {"setting": setting, "value": getattr(self.settings, setting)}}
+
+    def _limit_raised(self, values: dict) -> Optional[str]:
+        """What now lets a finished search go on: its ledger has room again after the budget ran out
+        (`kscout budget DIR --set N`), or the limit that stopped it was raised or lifted (`kscout resume
+        DIR --max-usd X`, ...). None if nothing did."""
+        if values.get("stop_reason") == BUDGET_SPENT:
+            remaining = self._remaining()
+            return f"budget raised to {self.budget.status().cap}" if remaining is None or remaining > 0 else None
+        limit = values.get("stop_limit") or {}
+        setting = limit.get("setting")
+        if setting not in SearchSettings.model_fields:
+            return None
+        now, then = getattr(self.settings, setting), limit.get("value")
+        if then is None:
+            return None
+        if not now or now > then:  # None, and patience 0, mean "no limit"
+            return f"{setting} raised from {then} to {now or 'no limit'}"
+        return None
 
     def _near_sol(self, factor: float) -> bool:
         if not getattr(self.target, "bound_is_datasheet", False):
@@ -396,11 +422,14 @@ class SearchLoop:
                     self._emit("surrogate_note", note=note)
             if resume and unfinished:
                 final = graph.invoke(None, config, durability="sync")
-            elif resume and snapshot.values and self._budget_raised(snapshot.values):
-                # the cap was raised after the budget ran out (`kscout budget DIR --set N`): go on
-                # from where the search stopped, with its archive, iteration count and best
-                self._emit("continue", reason=f"budget raised to {self.budget.status().cap}")
-                final = graph.invoke({"stop_reason": None, "dry_iterations": 0}, config, durability="sync")
+            elif resume and snapshot.values and (why := self._limit_raised(snapshot.values)):
+                # go on from where the search stopped, with its archive, iteration count and best
+                self._emit("continue", reason=why)
+                restart: dict[str, Any] = {"stop_reason": None, "stop_limit": None, "dry_iterations": 0}
+                limit = snapshot.values.get("stop_limit") or {}
+                if limit.get("setting") == "max_wall_s":  # the time between the stop and this resume is not the search's
+                    restart["started"] = time.time() - limit["value"]
+                final = graph.invoke(restart, config, durability="sync")
             elif snapshot.values and not unfinished:
                 final = snapshot.values  # already finished
             else:

@@ -334,6 +334,7 @@ def _sub_numbers(sub: Path) -> dict[str, Any]:
     if not (sub / "run.db").exists():
         return numbers
     from kernelscout.agent.graph import considered_count
+    from kernelscout.agent.llm_pricing import stored_usage
     from kernelscout.tools.archive import Archive
     from kernelscout.tools.budget import Budget
     from kernelscout.tools.rundir import RunDir
@@ -347,11 +348,10 @@ def _sub_numbers(sub: Path) -> dict[str, Any]:
         numbers["best_speedup"] = archive.reported_speedup(best) if best else None
     except sqlite3.OperationalError:
         pass  # the search never got as far as creating its archive
-    usage = run.get_meta("llm_usage")
-    if usage:
-        data = json.loads(usage)
-        numbers["llm_usd"] = float(data.get("cost_usd") or 0.0)
-        numbers["llm_tokens"] = int(data.get("input_tokens") or 0) + int(data.get("output_tokens") or 0)
+    usage = stored_usage(run)
+    if usage is not None:
+        numbers["llm_usd"] = usage.cost_usd
+        numbers["llm_tokens"] = usage.total_tokens
     return numbers
 
 

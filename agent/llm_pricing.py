@@ -22,9 +22,12 @@ import math
 import re
 import threading
 from collections.abc import Callable, Mapping
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, Optional
 
 from pydantic import BaseModel, Field
+
+if TYPE_CHECKING:
+    from kernelscout.tools.rundir import RunDir
 
 PRICES_AS_OF = "2026-11"
 
@@ -133,6 +136,32 @@ class UsageState(BaseModel):
     @property
     def total_tokens(self) -> int:
         return self.input_tokens + self.output_tokens
+
+
+RUN_USAGE_META = "llm_usage"  # run.db meta key of a search's meter (agent/factory.py); the chat keeps its own
+
+
+def stored_usage(run: RunDir) -> Optional[UsageState]:
+    """The search's LLM meter as last persisted in its run directory, or None where no LLM call was metered.
+
+    The one reader of the record, so that `optimize`, `kscout run`, `show` and the report cannot add it up differently."""
+    saved = run.get_meta(RUN_USAGE_META)
+    return UsageState.model_validate_json(saved) if saved else None
+
+
+def usage_line(state: UsageState) -> str:
+    """LLM use in one line, with the caps it ran under and the models counted at $0.
+
+    A local or unlisted model costs $0 here, so the line names it: "$0.0000" alone would read as free
+    (and as if a USD cap had guarded it)."""
+    tokens = f"{state.total_tokens:,} tokens ({state.input_tokens:,} in, {state.output_tokens:,} out)"
+    if state.max_tokens_total is not None:
+        tokens += f" of {state.max_tokens_total:,} cap"
+    usd = f"${state.cost_usd:.4f}" + (f" of ${state.max_usd:.2f} cap" if state.max_usd is not None else "")
+    line = f"{state.calls:,} call{'s' if state.calls != 1 else ''}, {tokens}, {usd}"
+    if state.unpriced_models:
+        line += f"; no price known for {', '.join(state.unpriced_models)} (counted at $0)"
+    return line
 
 
 class BudgetExceeded(RuntimeError):

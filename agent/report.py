@@ -18,6 +18,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from kernelscout.agent.llm_pricing import UsageState, usage_line  # noqa: E402
+from kernelscout.agent.run_view import llm_calls  # noqa: E402
 from kernelscout.tools.archive import ROOT_ID, Archive  # noqa: E402
 from kernelscout.tools.budget import Budget  # noqa: E402
 from kernelscout.tools.forecast_check import ForecastCheck, check_forecasts, deciding_forecasts, scored_search_forecasts  # noqa: E402
@@ -106,6 +108,11 @@ def forecast_line(check: ForecastCheck) -> str:
             f"{num(check.spearman)}, 80 % interval held {num(check.interval_80_coverage, '{:.0%}')}; {check.note}.")
 
 
+def llm_paragraph(usage: Optional[UsageState]) -> str:
+    """What the search's LLM calls used, in the words `kscout show` prints; nothing for a run that made none."""
+    return "" if usage is None else f"<p>LLM use: {html.escape(usage_line(usage))}.</p>\n"
+
+
 def _cut(text: str, n: int) -> str:
     """Cut before escaping, so no HTML entity is split; say that it was cut."""
     return text if len(text) <= n else text[: n - 1] + "…"
@@ -150,7 +157,7 @@ td,th{{border-bottom:1px solid #ddd;padding:3px 8px;text-align:left}}</style></h
 <h1>{html.escape(title)}</h1>
 <p>{best_line}. Measurements used: {status.used} of {status.cap if status.cap is not None else 'uncapped'};
 candidates considered: {len([c for c in candidates])}. Every speedup below was measured; forecasts only chose what to measure.</p>
-<img src="data:image/png;base64,{best_so_far_plot(speedups, remeasured)}">
+{llm_paragraph(llm_calls(run))}<img src="data:image/png;base64,{best_so_far_plot(speedups, remeasured)}">
 <img src="data:image/png;base64,{forecast_plot(forecast_pairs)}">
 <img src="data:image/png;base64,{calibration_plot(check.reliability)}">
 <p>{html.escape(forecast_line(check))}</p>

@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, Field
 
+from kernelscout.agent.llm_pricing import UsageState, stored_usage
 from kernelscout.tools.archive import ROOT_ID, Archive, CandidateRecord
 from kernelscout.tools.budget import Budget
 from kernelscout.tools.forecast_check import ForecastCheck, check_forecasts, deciding_forecasts
@@ -62,6 +63,8 @@ class RunView(BaseModel):
     top: list[CandidateRow] = Field(default_factory=list, description="measured candidates, fastest first")
     forecast_check: Optional[ForecastCheck] = None
     report: Optional[str] = None
+    llm_usage: Optional[UsageState] = Field(None, description="the search's LLM calls: tokens, USD, the caps they ran under "
+                                            "and the models counted at $0 for want of a price; None when it made none")
     measured_files: list[MeasuredFile] = Field(default_factory=list, description="in a run without a search: each file "
                                                "measured directly (kscout measure, MCP, chat) with its latest measurement")
 
@@ -141,4 +144,11 @@ def view_run(path: str | Path, top: int = 10) -> RunView:
         best=_row(archive, best, deciding) if best else None, best_file=best_file if best else None, top=rows[:top],
         forecast_check=check_forecasts(archive),
         report=str(run.path / "report.html") if (run.path / "report.html").is_file() else None,
+        llm_usage=llm_calls(run),
     )
+
+
+def llm_calls(run: RunDir) -> Optional[UsageState]:
+    """The search's LLM use, or None when it made no call: most runs are offline, and a line of zeros would be noise."""
+    usage = stored_usage(run)
+    return usage if usage is not None and usage.calls else None

@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field
 
 from kernelscout.agent.graph import SearchSettings
 from kernelscout.agent.progress import SearchProgress
-from kernelscout.agent.session import OptimizeResult, SearchSpec, build_loop, load_spec, save_spec, summarise
+from kernelscout.agent.session import OptimizeResult, SearchSpec, build_loop, change_limits, load_spec, save_spec, summarise
 from kernelscout.tools.budget import Budget
 from kernelscout.tools.rundir import RunDir
 
@@ -381,7 +381,12 @@ def _cluster_device(device: str, address: str) -> str:
         raise OptimizeError(str(exc)) from None
 
 
-def resume_search(run_dir: str, quiet: bool = False) -> OptimizeResult:
+def resume_search(run_dir: str, quiet: bool = False, *, max_usd: Optional[float] = None, max_llm_tokens: Optional[int] = None,
+                  max_wall: Optional[float] = None, max_device_s: Optional[float] = None,
+                  patience: Optional[int] = None) -> OptimizeResult:
+    """Go on with a search: one that was interrupted, or one that finished at its budget (after `kscout budget
+    DIR --set N`) or at a limit given here higher than it was (`max_usd` ...; None keeps a limit as it is)."""
+    check_limits(max_usd=max_usd, max_llm_tokens=max_llm_tokens, max_wall=max_wall, max_device_s=max_device_s, patience=patience)
     if not (Path(run_dir) / "run.db").exists():
         raise OptimizeError(f"{run_dir}: not a run directory (no run.db)")
     run = _open_run(run_dir)
@@ -394,6 +399,8 @@ def resume_search(run_dir: str, quiet: bool = False) -> OptimizeResult:
     else:
         check_llm(spec.policy, spec.surrogate)
     with _searching(run):
+        spec = change_limits(run, spec, max_usd=max_usd, max_llm_tokens=max_llm_tokens, max_wall_s=max_wall,
+                             max_device_s=max_device_s, patience=patience)
         _archive_start(run, spec, resume=True)
         return _run(run, spec, resume=True, quiet=quiet)
 

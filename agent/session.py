@@ -48,6 +48,8 @@ class OptimizeResult(BaseModel):
     llm_tokens: int = Field(0, description="tokens the search's LLM calls used, prompts and replies (0 offline)")
     llm_usd: float = Field(0.0, description="what they cost at the configured prices")
     message: str = ""
+    continue_with: Optional[str] = Field(None, description="the command that lets a search stopped by its budget or "
+                                                           "a limit go on, with a value for it")
 
 
 SPEC_KEY = "search_spec"
@@ -58,6 +60,25 @@ def save_spec(run: RunDir, spec: SearchSpec) -> None:
     if existing and SearchSpec.model_validate_json(existing).model_dump() != spec.model_dump():
         raise ValueError(f"{run.path} already holds a different search; use `kscout resume {run.path}` or a new --run-dir")
     run.set_meta(SPEC_KEY, spec.model_dump_json())
+
+
+# The limits a user may change when resuming (`kscout resume DIR --max-usd X`): each setting with its flag.
+# Changing one changes no measurement, so unlike the rest of the spec it is not fixed at the start.
+LIMIT_FLAGS = {"max_usd": "--max-usd", "max_llm_tokens": "--max-tokens", "max_wall_s": "--max-wall",
+               "max_device_s": "--max-device-seconds", "patience": "--patience"}
+
+
+def change_limits(run: RunDir, spec: SearchSpec, **limits: Any) -> SearchSpec:
+    """The stored search with new values for the limits given (None: leave it as it is), saved."""
+    update = {name: value for name, value in limits.items() if value is not None}
+    unknown = set(update) - set(LIMIT_FLAGS)
+    if unknown:
+        raise ValueError(f"not a limit a resume can change: {', '.join(sorted(unknown))}")
+    if not update:
+        return spec
+    changed = spec.model_copy(update={"settings": spec.settings.model_copy(update=update)})
+    run.set_meta(SPEC_KEY, changed.model_dump_json())
+    return changed
 
 
 def load_spec(run: RunDir) -> SearchSpec:
@@ -122,17 +143,35 @@ def summarise(run: RunDir, spec: SearchSpec, loop: SearchLoop, state: dict) -> O
         measurements_used=used, candidates_considered=considered,
         considered_per_measurement=round(considered_per_measurement(archive, used), 3), run_dir=str(run.path),
         policy=spec.policy, surrogate=spec.surrogate, device=spec.device, message=message, **_llm_use(run),
+        continue_with=None if unusable else continue_command(run, state),
     )
+
+
+def continue_command(run: RunDir, state: dict) -> Optional[str]:
+    """How to search on after a stop the user's own numbers caused: the budget, or a limit given at the start.
+    The value offered is twice the old one (any larger one works). Other stops (nothing left worth measuring,
+    speed of light reached) have nothing to raise."""
+    from kernelscout.agent.graph import BUDGET_SPENT
+
+    if state.get("stop_reason") == BUDGET_SPENT:
+        cap = Budget(run).status().cap
+        return f"kscout budget {run.path} --set {2 * cap} && kscout resume {run.path}" if cap else None
+    limit = state.get("stop_limit") or {}
+    flag, value = LIMIT_FLAGS.get(limit.get("setting", "")), limit.get("value")
+    if flag is None or value is None:
+        return None
+    doubled = 2 * value
+    return f"kscout resume {run.path} {flag} {doubled if isinstance(doubled, int) else format(doubled, 'g')}"
 
 
 def _llm_use(run: RunDir) -> dict:
     """The run's LLM meter as stored (agent/factory.py keeps it in run.db, so a resume adds to it)."""
-    usage = run.get_meta("llm_usage")
-    if not usage:
+    from kernelscout.agent.llm_pricing import stored_usage
+
+    usage = stored_usage(run)
+    if usage is None:
         return {}
-    data = json.loads(usage)
-    return {"llm_tokens": int(data.get("input_tokens") or 0) + int(data.get("output_tokens") or 0),
-            "llm_usd": round(float(data.get("cost_usd") or 0.0), 6)}
+    return {"llm_tokens": usage.total_tokens, "llm_usd": round(usage.cost_usd, 6)}
 
 
 def _runtime(run: RunDir, measurement_id: Optional[int]) -> Optional[float]:

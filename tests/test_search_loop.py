@@ -206,6 +206,46 @@ def test_raising_the_cap_of_a_finished_search_and_resuming_goes_on_from_where_it
     assert events.count("continue") == 1
 
 
+@needs_hub
+def test_a_search_stopped_by_a_limit_says_how_to_go_on_and_resume_with_a_higher_limit_does(tmp_path):
+    run_dir = tmp_path / "run"
+    first = start_search(problem=None, space=str(SPACE), budget=30, run_dir=str(run_dir), quiet=True, patience=3)
+    assert first.stop_reason == "no new best in 3 measurements" and first.measurements_used < 30
+    assert first.continue_with == f"kscout resume {run_dir} --patience 6"
+    # the same limit again changes nothing; a higher one (here: none) goes on to the budget
+    assert resume_search(str(run_dir), quiet=True, patience=3).measurements_used == first.measurements_used
+    more = resume_search(str(run_dir), quiet=True, patience=0)
+    assert more.stop_reason == "measurement budget spent" and more.measurements_used == 30
+    assert len(set(_charged_keys(run_dir))) == 30  # none measured twice
+    assert more.continue_with == f"kscout budget {run_dir} --set 60 && kscout resume {run_dir}"
+
+
+@needs_hub
+def test_a_wall_clock_limit_raised_on_resume_does_not_count_the_time_between(tmp_path):
+    run_dir = tmp_path / "run"
+    first = start_search(problem=None, space=str(SPACE), budget=6, run_dir=str(run_dir), quiet=True, max_wall=1e-6)
+    assert first.stop_reason.startswith("wall-clock limit") and first.measurements_used < 6
+    assert first.continue_with == f"kscout resume {run_dir} --max-wall 2e-06"
+    time.sleep(4)  # longer than the new limit: counted, it would stop the search at once
+    more = resume_search(str(run_dir), quiet=True, max_wall=3.5)  # the rest of the cold start takes well under a second
+    assert more.stop_reason == "measurement budget spent" and more.measurements_used == 6
+
+
+@needs_hub
+def test_kscout_prints_how_to_search_on_and_resume_takes_the_new_limit(tmp_path):
+    from test_space_usage_errors import assert_usage_error, kscout
+
+    run_dir = tmp_path / "run"
+    stopped = kscout("optimize", "--space", str(SPACE), "--budget", "20", "--patience", "2", "--run-dir", str(run_dir))
+    assert stopped.exit_code == 0, stopped.output
+    assert f"to search on: kscout resume {run_dir} --patience 4\n" in stopped.output  # whole, on one line to copy
+    assert str(run_dir) in "".join(stopped.output.split())  # the table folds a long path, never cuts it short
+    assert_usage_error(kscout("resume", str(run_dir), "--max-usd", "0"), "--max-usd must be more than 0")
+    more = kscout("resume", str(run_dir), "--patience", "0", "--json")
+    assert more.exit_code == 0, more.output
+    assert json.loads(more.output)["measurements_used"] == 20
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("problem", sorted(UNSEEN.glob("*.py")), ids=lambda p: p.stem)
 def test_unseen_kernelbench_problems_run_to_completion_and_report_honestly(problem, tmp_path):

@@ -6,6 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kernelscout.agent.cli import app
+from kernelscout.agent.llm_pricing import ModelTally, UsageState, usage_line
 from kernelscout.agent.runner import start_search
 from kernelscout.sandbox.replay import recorded_spaces_dir
 from kernelscout.tools.archive import Archive
@@ -181,3 +182,46 @@ def test_the_reports_plots_judge_the_forecasts_the_scores_judge(tmp_path):
     row = next(r for r in page.split("<tr>") if r.startswith(f"<td>#{long.id}<"))
     assert "…" in row and "&quot;" in row
     assert all(cell.count("&") == cell.count(";") for cell in row.split("<td>"))  # no entity cut in half
+
+
+@needs_hub
+def test_show_and_the_report_say_what_the_llm_calls_used_and_which_model_was_counted_at_0(tmp_path):
+    """A search with an LLM: its meter (what agent/factory.py keeps in run.db after every call) is printed
+    with its caps, and the local model with no known price is named, so "$0.0000" of it does not read as free."""
+    run = tmp_path / "run"
+    start_search(problem=None, space=str(SPACE), budget=2, run_dir=str(run), quiet=True, confirm=0)
+    RunDir(run).set_meta("llm_usage", UsageState(
+        calls=12, input_tokens=10_234, output_tokens=2_111, cost_usd=0.0523, max_usd=2.0,
+        by_model={"claude-sonnet-4-5": ModelTally(calls=10, input_tokens=9_000, output_tokens=2_000, cost_usd=0.0523),
+                  "qwen2.5-coder:7b": ModelTally(calls=2, input_tokens=1_234, output_tokens=111)},
+        unpriced_models=["qwen2.5-coder:7b"]).model_dump_json())
+
+    text = CliRunner().invoke(app, ["show", str(run), "--report"], env={"COLUMNS": "200"})
+    assert text.exit_code == 0, text.output
+    line = next(line for line in text.output.splitlines() if line.startswith("LLM "))
+    assert "12 calls, 12,345 tokens (10,234 in, 2,111 out), $0.0523 of $2.00 cap" in line
+    assert "no price known for qwen2.5-coder:7b (counted at $0)" in line
+    assert "LLM use: 12 calls, 12,345 tokens" in (run / "report.html").read_text()
+
+    usage = json.loads(CliRunner().invoke(app, ["show", str(run), "--json"]).output)["llm_usage"]
+    assert (usage["calls"], usage["input_tokens"], usage["output_tokens"]) == (12, 10_234, 2_111)
+    assert usage["cost_usd"] == pytest.approx(0.0523) and usage["max_usd"] == 2.0 and usage["max_tokens_total"] is None
+    assert usage["unpriced_models"] == ["qwen2.5-coder:7b"] and usage["by_model"]["qwen2.5-coder:7b"]["calls"] == 2
+
+
+@needs_hub
+def test_an_offline_run_says_nothing_about_llm_use(tmp_path):
+    run = tmp_path / "run"
+    start_search(problem=None, space=str(SPACE), budget=2, run_dir=str(run), quiet=True, confirm=0)
+
+    text = CliRunner().invoke(app, ["show", str(run), "--report"], env={"COLUMNS": "200"})
+    assert text.exit_code == 0, text.output
+    assert "LLM" not in text.output
+    assert "LLM" not in (run / "report.html").read_text()
+    assert json.loads(CliRunner().invoke(app, ["show", str(run), "--json"]).output)["llm_usage"] is None
+
+
+def test_the_llm_line_names_a_token_cap_and_leaves_out_caps_that_were_not_set():
+    capped = UsageState(calls=1, input_tokens=900, output_tokens=100, cost_usd=0.6, max_tokens_total=5_000)
+    assert usage_line(capped) == "1 call, 1,000 tokens (900 in, 100 out) of 5,000 cap, $0.6000"
+    assert "cap" not in usage_line(UsageState(calls=3, input_tokens=30, output_tokens=3, cost_usd=0.001))
