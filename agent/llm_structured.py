@@ -41,6 +41,9 @@ _SCHEMA_INSTRUCTIONS = (
     " no prose before or after it (a ```json fenced block around it is fine).\n\nJSON Schema:\n{schema}"
 )
 _REASK = "Your previous reply could not be used: {error}\nReply again with only the corrected JSON object."
+# A re-ask quotes the model's unusable reply back to it; a runaway reply (megabytes of repeated text) is
+# quoted by its two ends, so each re-ask does not pay for it again in full.
+REASK_QUOTE_CHARS = 16_000
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 _FENCE = re.compile(r"```[ \t]*(?:json|JSON|json5)?[ \t]*\n?(.*?)```", re.DOTALL)
 
@@ -135,8 +138,16 @@ def structured_outcome(
         if response.stop_reason == "max_tokens":
             detail = f"reply cut off at max_tokens={max_tokens}: {error}"
             return StructuredOutcome(None, "truncated", detail, attempt, cost)
-        convo = [*convo, Message.assistant(response.text), Message.user(_REASK.format(error=error))]
+        convo = [*convo, Message.assistant(_quoted(response.text)), Message.user(_REASK.format(error=error))]
     return StructuredOutcome(None, "invalid", error, retries + 1, cost)
+
+
+def _quoted(text: str, limit: int = REASK_QUOTE_CHARS) -> str:
+    """The reply as the re-ask quotes it back: whole, or its beginning and end when it is longer than `limit`."""
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n[... {len(text) - 2 * half} characters of this reply left out ...]\n{text[-half:]}"
 
 
 def structured(

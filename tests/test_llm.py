@@ -416,6 +416,19 @@ def test_structured_re_asks_with_the_validation_error_then_accepts_the_fix():
     assert re_ask.role == "user" and "speedup" in re_ask.content and "greater than 0" in re_ask.content
 
 
+def test_a_runaway_reply_is_quoted_by_its_ends_when_re_asking_not_resent_whole():
+    runaway = "Let me think. " * 400_000 + '{"speedup": "fast"}'  # 5.6 MB of text, then an invalid answer
+    model = ScriptedChatModel([runaway, '{"speedup": 1.2, "confidence": 0.5}'])
+
+    outcome = structured_outcome(model, "k1?", Forecast)
+
+    assert outcome.value == Forecast(speedup=1.2, confidence=0.5)
+    quoted = model.requests[1].messages[-2]
+    assert quoted.role == "assistant" and len(quoted.content) < 20_000
+    assert quoted.content.startswith("Let me think.") and quoted.content.endswith('{"speedup": "fast"}')
+    assert "characters of this reply left out" in quoted.content
+
+
 def test_structured_gives_up_with_none_after_the_allowance():
     model = ScriptedChatModel(["I think about 2x.", "Roughly double.", "2x!"])
 

@@ -212,3 +212,21 @@ def test_an_llm_cap_reached_while_repairing_a_failed_candidate_ends_the_search_c
     assert state["stop_limit"] == {"setting": "max_usd", "value": 1.0}
     assert [r.state for r in Archive(run).all()] == ["failed"]  # measured, recorded, and not lost to the stop
     assert Budget(run).status().used == 1
+
+
+def test_the_same_question_that_got_nothing_new_is_not_paid_for_again(tmp_path, write):
+    from kernelscout.agent.llm import ScriptedChatModel
+    from kernelscout.agent.policies.llm_policy import LLMPolicy
+    from kernelscout.agent.policies.tuner import ParentInfo
+
+    problem = write("problem.py", SLOW_REFERENCE)
+    same_answer = json.dumps({"experiments": [_exp(GOOD.format(tag="only idea"))]})
+    model = ScriptedChatModel([same_answer] * 3)
+    policy = LLMPolicy(model, digest=lambda: "", contrast=lambda: None)
+    parent = lambda tried: ParentInfo(id=0, path=str(problem), is_reference=True, problem_path=str(problem),  # noqa: E731
+                                      device="cpu", tried_shas=tried)
+    first = policy.propose(parent(set()), 6, None)
+    assert len(first) == 1
+    assert policy.propose(parent({first[0].sha}), 6, None) == []  # asked: the answer is already tried
+    assert policy.propose(parent({first[0].sha}), 6, None) == []  # the same question again: not asked
+    assert len(model.requests) == 2 and "not asked again" in policy.notes[-1]

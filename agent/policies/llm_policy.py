@@ -9,6 +9,7 @@ correctness failure is repaired from its error text within a small allowance.
 from __future__ import annotations
 
 import ast
+import hashlib
 import random
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -52,6 +53,7 @@ class LLMPolicy:
         self.repair_allowance = repair_allowance
         self.repairs: dict[str, int] = {}  # lineage root sha -> repairs spent
         self.notes: list[str] = []  # why answers were dropped; the loop reports each (event "policy_note")
+        self.barren: set[str] = set()  # digests of propose prompts whose answer held nothing new
         # room for the several complete modules a plan holds; a reply cut off is dropped whole
         self.max_tokens = max_tokens
 
@@ -82,6 +84,10 @@ class LLMPolicy:
             parent_measured=f"{parent.speedup:.3f}x over the reference" if parent.speedup else "not yet",
             parent_source=parent_source, contrast=contrast_text, digest=self.digest() or "(nothing yet)",
         )
+        key = hashlib.sha256(prompt.encode()).hexdigest()
+        if key in self.barren:  # the same question, word for word, as one that gave nothing new: not paid for again
+            self.notes.append("the model offered nothing new for this parent and nothing has changed since; not asked again")
+            return []
         plan = self._ask(prompt, ExperimentPlan)
         if plan is None:
             return []
@@ -90,6 +96,8 @@ class LLMPolicy:
             proposal = self._checked(exp, parent)
             if proposal is not None and proposal.sha not in parent.tried_shas:
                 out.append(proposal)
+        if not out:
+            self.barren.add(key)
         return out
 
     def _proposal(self, exp: Experiment, parent: ParentInfo, origin: str = "llm") -> Proposal:
