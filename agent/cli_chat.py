@@ -31,7 +31,6 @@ if TYPE_CHECKING:  # LangGraph takes seconds to import: only `kscout chat` itsel
 
 AUTO = "auto"
 PROBLEM_META = "chat_problem"
-USAGE_META = "chat_llm_usage"
 DEFAULT_CHAT_BUDGET = 10  # measurements granted to a run directory that has no cap yet
 
 HELP = """\
@@ -110,7 +109,7 @@ def make_model(run: RunDir, flags: Any = None) -> tuple[Any, str]:
     """(chat model, "") or (None, why not and how to enable one). Token and USD use persist in the run directory."""
     from kernelscout.agent.llm import LLMConfigError, build_chat_model, describe_how_to_enable
     from kernelscout.agent.llm_config import resolve_llm_config
-    from kernelscout.agent.llm_pricing import PriceTable, UsageMeter, UsageState
+    from kernelscout.agent.llm_pricing import CHAT_USAGE_META, PriceTable, UsageMeter, UsageState, stored_usage
 
     try:
         resolved = resolve_llm_config(flags)
@@ -119,11 +118,10 @@ def make_model(run: RunDir, flags: Any = None) -> tuple[Any, str]:
             if how.startswith("No LLM is configured"):  # its first line is about the search's offline policies
                 how = how.split("\n", 1)[-1]
             return None, "To talk to the agent, configure an LLM provider:\n" + how + "\nSee docs/llm.md."
-        saved = run.get_meta(USAGE_META)
-        state = UsageState.model_validate_json(saved) if saved else UsageState()
+        state = stored_usage(run, CHAT_USAGE_META) or UsageState()
         state.max_usd, state.max_tokens_total = resolved.max_usd, resolved.max_tokens_total  # today's caps, not a past session's
         meter = UsageMeter(prices=PriceTable(resolved.prices), state=state,
-                           on_update=lambda s: run.set_meta(USAGE_META, s.model_dump_json()))
+                           on_update=lambda s: run.set_meta(CHAT_USAGE_META, s.model_dump_json()))
         return build_chat_model(resolved, meter=meter), ""
     except LLMConfigError as exc:
         return None, f"The LLM is configured but cannot be used: {exc}\nSee docs/llm.md."

@@ -37,6 +37,17 @@ def _best_line(best: CandidateRow) -> str:
     return f"#{best.id} {best.origin}: {_x(best.speedup)} (measured once)"
 
 
+def _llm_rows(head, view: RunView) -> None:
+    """What the search's LLM calls, and the chat's in the same folder, used; nothing for a run that made none."""
+    from rich.markup import escape
+
+    from kernelscout.agent.llm_pricing import usage_line
+
+    for label, usage in (("LLM", view.llm_usage), ("LLM (chat)", view.chat_llm_usage)):
+        if usage:
+            head.add_row(label, escape(usage_line(usage)))
+
+
 def render(view: RunView) -> None:
     from rich.console import Console
     from rich.markup import escape
@@ -52,6 +63,7 @@ def render(view: RunView) -> None:
     if view.kind is None:
         head.add_row("search", "none: measurements made with `kscout measure`, the MCP server or the chat")
         head.add_row("measurements", spent)
+        _llm_rows(head, view)
         out.print(head)
         if view.measured_files:
             from kernelscout.sandbox.problem import problem_name
@@ -81,10 +93,7 @@ def render(view: RunView) -> None:
     head.add_row("best", escape(_best_line(view.best)) if view.best else "no verified candidate yet")
     if view.best_file:
         head.add_row("best kernel", escape(view.best_file))
-    if view.llm_usage:
-        from kernelscout.agent.llm_pricing import usage_line
-
-        head.add_row("LLM", escape(usage_line(view.llm_usage)))
+    _llm_rows(head, view)
     if view.report:
         head.add_row("report", escape(view.report))
     out.print(head)

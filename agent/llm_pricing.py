@@ -138,14 +138,15 @@ class UsageState(BaseModel):
         return self.input_tokens + self.output_tokens
 
 
-RUN_USAGE_META = "llm_usage"  # run.db meta key of a search's meter (agent/factory.py); the chat keeps its own
+RUN_USAGE_META = "llm_usage"  # run.db meta key of a search's meter (agent/factory.py)
+CHAT_USAGE_META = "chat_llm_usage"  # and of `kscout chat`'s own calls in the same run directory (agent/cli_chat.py)
 
 
-def stored_usage(run: RunDir) -> Optional[UsageState]:
+def stored_usage(run: RunDir, key: str = RUN_USAGE_META) -> Optional[UsageState]:
     """The search's LLM meter as last persisted in its run directory, or None where no LLM call was metered.
 
     The one reader of the record, so that `optimize`, `kscout run`, `show` and the report cannot add it up differently."""
-    saved = run.get_meta(RUN_USAGE_META)
+    saved = run.get_meta(key)
     return UsageState.model_validate_json(saved) if saved else None
 
 

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, Field
 
-from kernelscout.agent.llm_pricing import UsageState, stored_usage
+from kernelscout.agent.llm_pricing import CHAT_USAGE_META, RUN_USAGE_META, UsageState, stored_usage
 from kernelscout.tools.archive import ROOT_ID, Archive, CandidateRecord
 from kernelscout.tools.budget import Budget
 from kernelscout.tools.forecast_check import ForecastCheck, check_forecasts, deciding_forecasts
@@ -65,6 +65,7 @@ class RunView(BaseModel):
     report: Optional[str] = None
     llm_usage: Optional[UsageState] = Field(None, description="the search's LLM calls: tokens, USD, the caps they ran under "
                                             "and the models counted at $0 for want of a price; None when it made none")
+    chat_llm_usage: Optional[UsageState] = Field(None, description="the same for `kscout chat`'s own calls in this run directory")
     measured_files: list[MeasuredFile] = Field(default_factory=list, description="in a run without a search: each file "
                                                "measured directly (kscout measure, MCP, chat) with its latest measurement")
 
@@ -122,7 +123,7 @@ def view_run(path: str | Path, top: int = 10) -> RunView:
     spec_text = run.get_meta(SPEC_KEY)
     if not spec_text:  # measurements made directly; predict tool forecasts may sit beside them
         return RunView(run_dir=str(run.path), status="no search", budget=status, forecast_check=check_forecasts(Archive(run)),
-                       measured_files=measured_files(run))
+                       measured_files=measured_files(run), chat_llm_usage=llm_calls(run, CHAT_USAGE_META))
     spec = SearchSpec.model_validate_json(spec_text)
     archive = Archive(run)
     forecasts = archive.forecasts()
@@ -144,11 +145,12 @@ def view_run(path: str | Path, top: int = 10) -> RunView:
         best=_row(archive, best, deciding) if best else None, best_file=best_file if best else None, top=rows[:top],
         forecast_check=check_forecasts(archive),
         report=str(run.path / "report.html") if (run.path / "report.html").is_file() else None,
-        llm_usage=llm_calls(run),
+        llm_usage=llm_calls(run), chat_llm_usage=llm_calls(run, CHAT_USAGE_META),
     )
 
 
-def llm_calls(run: RunDir) -> Optional[UsageState]:
-    """The search's LLM use, or None when it made no call: most runs are offline, and a line of zeros would be noise."""
-    usage = stored_usage(run)
+def llm_calls(run: RunDir, key: str = RUN_USAGE_META) -> Optional[UsageState]:
+    """The search's LLM use (or, with CHAT_USAGE_META, the chat's), or None when it made no call: most runs are
+    offline, and a line of zeros would be noise."""
+    usage = stored_usage(run, key)
     return usage if usage is not None and usage.calls else None

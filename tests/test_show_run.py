@@ -225,3 +225,18 @@ def test_the_llm_line_names_a_token_cap_and_leaves_out_caps_that_were_not_set():
     capped = UsageState(calls=1, input_tokens=900, output_tokens=100, cost_usd=0.6, max_tokens_total=5_000)
     assert usage_line(capped) == "1 call, 1,000 tokens (900 in, 100 out) of 5,000 cap, $0.6000"
     assert "cap" not in usage_line(UsageState(calls=3, input_tokens=30, output_tokens=3, cost_usd=0.001))
+
+
+def test_a_chat_only_run_directory_shows_what_the_chat_spent(tmp_path):
+    """`kscout chat` keeps its meter beside the run's measurements; a folder with no search still shows it."""
+    from kernelscout.agent.llm_pricing import CHAT_USAGE_META
+
+    run = RunDir(tmp_path / "chat")
+    run.set_meta(CHAT_USAGE_META, UsageState(calls=4, input_tokens=3_000, output_tokens=500, cost_usd=0.021).model_dump_json())
+
+    text = CliRunner().invoke(app, ["show", str(tmp_path / "chat")], env={"COLUMNS": "200"})
+    assert text.exit_code == 0, text.output
+    line = next(line for line in text.output.splitlines() if line.startswith("LLM (chat)"))
+    assert "4 calls, 3,500 tokens (3,000 in, 500 out), $0.0210" in line
+    shown = json.loads(CliRunner().invoke(app, ["show", str(tmp_path / "chat"), "--json"]).output)
+    assert shown["chat_llm_usage"]["calls"] == 4 and shown["llm_usage"] is None
