@@ -1,0 +1,227 @@
+"""The first code of every sandbox worker: confine the process, then exec the worker module.
+
+Run by the supervisor (sandbox/pool.py) as ``python -c <this file's text> CMD_FD RES_FD`` on Linux, so
+before the worker module and before any candidate code. With a PID namespace, the process the supervisor
+started (the launcher) stays outside it and mirrors the exit of the worker, which runs two forks down;
+without one it execs the worker in place (same pid). Every step is best effort: a kernel or a user that
+refuses one still gets a working worker, and the worker's hello says what was refused
+(KSCOUT_SANDBOX_NETWORK, _PIDS, _PROC, _FILES, _SOCKETS).
+
+Why its text with ``-c`` and not ``-m kernelscout.sandbox.launcher``: ``-m`` would import the package
+(kernelscout/__init__.py and what it imports) before the confinement, and pay for that import in every
+worker. This file imports only the standard library. Importing it does nothing; `main()` does it all.
+"""
+
+import ctypes
+import os
+import signal
+import sys
+
+libc = ctypes.CDLL(None, use_errno=True)
+prctl = libc.prctl
+
+NEWUSER, NEWNET, NEWPID, NEWNS = 0x10000000, 0x40000000, 0x20000000, 0x00020000
+
+
+def make_namespaces():
+    """CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS: a network namespace of the worker's own,
+    whose only device is a loopback that is down, so a candidate cannot send the user's files anywhere;
+    and a PID namespace with a /proc of its own (mounted in a private mount namespace), in which the
+    supervisor and every other process of the user have no pid, so a candidate can neither signal them
+    (SIGSTOP the supervisor, kill(-1) the user's session) nor read their /proc entries (the environment of
+    a process the user started with an API key in it). The user namespace is what lets a normal user
+    create them; mapping the same uid and gid keeps the worker's file access what it was. A kernel or
+    security module that refuses some leaves those open. KSCOUT_SANDBOX_NETWORK=allow and
+    KSCOUT_SANDBOX_PIDS=shared opt out. Returns what was made: (network, pids, proc) as the hello says them."""
+    want_net = os.environ.get("KSCOUT_SANDBOX_NETWORK") != "allow"
+    want_pid = os.environ.get("KSCOUT_SANDBOX_PIDS") != "shared"
+    network = "isolated" if want_net else "open (KSCOUT_SANDBOX_NETWORK=allow)"
+    pids = "isolated" if want_pid else "shared (KSCOUT_SANDBOX_PIDS=shared)"
+    proc = "private" if want_pid else "host"
+    if not (want_net or want_pid):
+        return network, pids, proc
+    uid, gid = os.getuid(), os.getgid()
+    net = NEWNET if want_net else 0
+    tries = [NEWUSER | net | NEWPID | NEWNS, NEWUSER | net | NEWPID] if want_pid else []
+    tries += [NEWUSER | net] if want_net else []  # some kernels allow one namespace and not another
+    made, reason = 0, ""
+    for flags in tries:
+        if libc.unshare(flags) == 0:
+            made = flags
+            break
+        reason = reason or os.strerror(ctypes.get_errno())
+    if want_pid and not made & NEWPID:
+        pids, proc = "shared (no PID namespace: " + reason + ")", "host"
+    elif want_pid and not made & NEWNS:
+        proc = "host (no mount namespace: " + reason + ")"
+    if want_net and not made:
+        network = "open (no network namespace: " + reason + ")"
+    if made:
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+            try:
+                with open("/proc/self/" + name, "w") as f:
+                    f.write(text)
+            except OSError:
+                pass
+    return network, pids, proc
+
+
+def drop_privileges():
+    """PR_CAPBSET_DROP, for a supervisor running as root: without these the worker cannot read another root
+    process's memory or environment through /proc, load kernel modules, or trace anything (CAP_SYS_MODULE,
+    CAP_SYS_RAWIO, CAP_SYS_PTRACE, CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF, CAP_CHECKPOINT_RESTORE). Dropped
+    from the bounding set, they are gone once the worker is exec'd. After the user namespace, whose
+    creation hands the process a full set again (scoped to that namespace, but scoped is not the same as
+    gone)."""
+    for cap in (16, 17, 19, 21, 38, 39, 40):
+        prctl(24, cap, 0, 0, 0)
+    prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
+    prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS: no setuid program (sudo, su) gives them back
+
+
+def mirror(status):
+    """Leave as the worker left: the same exit code, or killed by the same signal (the supervisor reports a
+    candidate's SIGSEGV as such); init passes a signal on as 128 + its number."""
+    code = os.waitstatus_to_exitcode(status)
+    sig = -code if code < 0 else code - 128 if code > 128 else 0
+    if sig:
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):  # those two have no handler to reset
+            signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+    os._exit(code if code >= 0 else 1)
+
+
+def enter_pid_namespace(channel, proc):
+    """A new PID namespace holds only the children made after unshare. The first is its init (pid 1): it
+    reaps orphans, and when it exits the kernel kills everything left in the namespace. The worker is
+    init's child, an ordinary process, so signals it sends itself behave as usual. Returns (in the worker)
+    what /proc is: the namespace's own, or the host's and why."""
+    child = os.fork()
+    if child:  # the launcher, outside: the supervisor's child, it mirrors init's exit
+        for fd in channel:
+            os.close(fd)
+        mirror(os.waitpid(child, 0)[1])
+    prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: the launcher killed, init (and so all) dies
+    if proc == "private":
+        # mounts made private first, so that the new /proc stays in this namespace
+        libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+        if libc.mount(None, b"/", None, 16384 | (1 << 18), None) != 0 or \
+                libc.mount(b"proc", b"/proc", b"proc", 2 | 4 | 8, None) != 0:  # MS_NOSUID | MS_NODEV | MS_NOEXEC
+            proc = "host (mounting /proc: " + os.strerror(ctypes.get_errno()) + ")"
+    worker = os.fork()
+    if worker:
+        for fd in channel:
+            os.close(fd)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        while True:
+            pid, status = os.wait()
+            if pid == worker:
+                # encoded for the launcher: init cannot be killed by its own signal
+                os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.waitstatus_to_exitcode(status))
+    return proc
+
+
+def restrict_files():
+    """Landlock (Linux 5.13+, unprivileged, inherited by every child): from here on the worker can create,
+    change or delete files only below the folders and files the supervisor names (its scratch folder, the
+    compile caches, the usual device files), and read nothing in the user's home folder but what the
+    supervisor names (Python, the import path, the caches). Running programs stays open (compilers).
+    Without it a candidate could find the run directory and rewrite its SQLite files (forge a measurement,
+    hand back budget), or read the user's keys from their files."""
+    if os.environ.get("KSCOUT_SANDBOX_FILES") == "open":
+        return "open (KSCOUT_SANDBOX_FILES=open)"
+    call = libc.syscall
+    call.restype = ctypes.c_long
+    abi = call(ctypes.c_long(444), None, ctypes.c_size_t(0), ctypes.c_uint32(1))  # LANDLOCK_CREATE_RULESET_VERSION
+    if abi < 1:
+        return "open (no Landlock: " + os.strerror(ctypes.get_errno()) + ")"
+    readable = [p for p in os.environ.get("KSCOUT_SANDBOX_READABLE", "").split(os.pathsep) if p]
+    read = (1 << 2) | (1 << 3) if readable else 0  # read file, read dir
+    handled = (1 << 1) | (1 << 4) | (1 << 5) | sum(1 << bit for bit in range(6, 13)) | read  # write, remove, make
+    handled |= (1 << 13 if abi >= 2 else 0) | (1 << 14 if abi >= 3 else 0)  # refer (rename/link across), truncate
+    on_files = handled & ((1 << 1) | (1 << 2) | (1 << 14))  # the rights a rule on a file (not a folder) may carry
+    # ABI 6+: signals and abstract UNIX sockets scoped to the worker's own processes, so that where the
+    # PID namespace is off (refused, or KSCOUT_SANDBOX_PIDS=shared) a candidate still cannot SIGSTOP the
+    # supervisor or kill(-1) the user's session
+    scoped = 3 if abi >= 6 else 0
+    attr = (ctypes.c_uint64 * 3)(handled, 0, scoped)
+    ruleset = call(ctypes.c_long(444), attr, ctypes.c_size_t(24 if scoped else 8), ctypes.c_uint32(0))
+    if ruleset < 0:
+        return "open (Landlock refused a ruleset: " + os.strerror(ctypes.get_errno()) + ")"
+
+    def allow(path, rights):
+        try:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            return False
+        if not os.path.isdir(path):
+            rights &= on_files
+        rule = ctypes.create_string_buffer(rights.to_bytes(8, sys.byteorder) + fd.to_bytes(4, sys.byteorder, signed=True))
+        ok = call(ctypes.c_long(445), ctypes.c_int(ruleset), ctypes.c_int(1), rule, ctypes.c_uint32(0)) == 0
+        os.close(fd)
+        return ok
+
+    writable = [path for path in os.environ.get("KSCOUT_SANDBOX_WRITABLE", "").split(os.pathsep) if allow(path, handled)]
+    for path in readable:
+        allow(path, read)
+    if call(ctypes.c_long(446), ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
+        return "open (Landlock refused: " + os.strerror(ctypes.get_errno()) + ")"
+    os.close(ruleset)
+    folders = [p for p in writable if not p.startswith("/dev/")]
+    return "writes only below " + ", ".join(folders) + " and to " + str(len(writable) - len(folders)) + " device files" + (
+        "; no reads in the home folder but Python's and the caches" if read else "") + " (Landlock ABI " + str(abi) + (
+        "; signals and abstract sockets scoped to the worker)" if scoped else ")")
+
+
+def refuse_unix_sockets():
+    """seccomp: socket(AF_UNIX, ...) fails with EACCES from here on, in the worker and all it starts. The
+    network namespace cuts TCP and abstract sockets, but a socket file on disk is reached by path: a
+    review's candidate connected to the user's ssh-agent and had it sign data with the user's key;
+    docker.sock or a Ray node's sockets would answer the same way. The worker talks over pipes."""
+    if os.environ.get("KSCOUT_SANDBOX_NETWORK") == "allow":
+        return "open (KSCOUT_SANDBOX_NETWORK=allow)"
+    import platform
+    import struct
+    arch, nr = {"x86_64": (0xC000003E, 41), "aarch64": (0xC00000B7, 198)}.get(platform.machine(), (None, None))
+    if arch is None:
+        return "open (no seccomp filter for " + platform.machine() + ")"
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    program = [
+        (ld, 0, 0, 4),  # the architecture
+        (jeq, 0, 6, arch),  # another one (a 32-bit process): allow
+        (ld, 0, 0, 0),  # the system call's number
+        (jge, 3, 0, 0x40000000),  # x32 numbering: refuse
+        (jeq, 0, 3, nr),  # not socket(): allow
+        (ld, 0, 0, 16),  # its first argument, the address family
+        (jeq, 0, 1, 1),  # AF_UNIX: refuse
+        (ret, 0, 0, 0x00050000 | 13),  # SECCOMP_RET_ERRNO | EACCES
+        (ret, 0, 0, 0x7FFF0000),  # SECCOMP_RET_ALLOW
+    ]
+    code = b"".join(struct.pack("HBBI", *op) for op in program)
+    buf = ctypes.create_string_buffer(code, len(code))
+    fprog = struct.pack("HxxxxxxP", len(program), ctypes.addressof(buf))
+    fbuf = ctypes.create_string_buffer(fprog, len(fprog))
+    if prctl(22, 2, ctypes.c_void_p(ctypes.addressof(fbuf)), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+        return "open (seccomp refused: " + os.strerror(ctypes.get_errno()) + ")"
+    return "UNIX sockets refused (seccomp)"
+
+
+def main():
+    network, pids, proc = make_namespaces()
+    os.environ["KSCOUT_SANDBOX_NETWORK"], os.environ["KSCOUT_SANDBOX_PIDS"], os.environ["KSCOUT_SANDBOX_PROC"] = network, pids, proc
+    drop_privileges()
+    channel = [int(fd) for fd in sys.argv[1:3]]
+    if pids == "isolated":
+        os.environ["KSCOUT_SANDBOX_PROC"] = enter_pid_namespace(channel, proc)
+    # PR_SET_CHILD_SUBREAPER: a process the candidate orphans (double fork, daemon) is re-parented to the
+    # worker instead of init, so it stays in the worker's process tree, where the supervisor finds it.
+    prctl(36, 1, 0, 0, 0)
+    os.environ["KSCOUT_SANDBOX_FILES"] = restrict_files()
+    os.environ["KSCOUT_SANDBOX_SOCKETS"] = refuse_unix_sockets()
+    os.environ.pop("KSCOUT_SANDBOX_WRITABLE", None)
+    os.environ.pop("KSCOUT_SANDBOX_READABLE", None)
+    os.execv(sys.executable, [sys.executable, "-m", "kernelscout.sandbox.worker"] + sys.argv[1:])
+
+
+if __name__ == "__main__":
+    main()
