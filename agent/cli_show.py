@@ -58,6 +58,8 @@ def render(view: RunView) -> None:
         # Piped to a file or a pager: 80 columns would wrap the table a cell a line; nothing else limits it.
         out = Console(width=160)
     head = Table(show_header=False, box=None, pad_edge=False)
+    head.add_column(no_wrap=True)
+    head.add_column(overflow="fold")  # a long path or command is folded onto more lines, never cut short with "…"
     head.add_row("run directory", escape(view.run_dir))
     spent = f"{view.budget.used} of {view.budget.cap}" if view.budget.cap is not None else f"{view.budget.used} (uncapped)"
     if view.kind is None:
@@ -96,6 +98,8 @@ def render(view: RunView) -> None:
     _llm_rows(head, view)
     if view.report:
         head.add_row("report", escape(view.report))
+    if view.continue_with:
+        head.add_row("to search on", escape(view.continue_with))
     out.print(head)
 
     if view.top:

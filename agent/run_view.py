@@ -54,6 +54,7 @@ class RunView(BaseModel):
     status: str = Field(description="finished, running (a live process holds the run), unfinished (interrupted), or no search")
     running: Optional[str] = Field(None, description="the process searching in the run now, when one is")
     stop_reason: Optional[str] = None
+    continue_with: Optional[str] = Field(None, description="the command that searches on, as the finished search printed it")
     budget: BudgetStatus
     states: dict[str, int] = Field(default_factory=dict, description="candidates by state")
     considered: int = 0
@@ -141,6 +142,7 @@ def view_run(path: str | Path, top: int = 10) -> RunView:
         run_dir=str(run.path), kind=spec.kind, target=spec.path, device=spec.device, policy=spec.policy, surrogate=spec.surrogate,
         status="running" if live else "finished" if finished else "unfinished", running=live,
         stop_reason=None if live else (finished or {}).get("stop_reason"), budget=status,
+        continue_with=None if live else (finished or {}).get("continue_with"),
         states=archive.counts(), considered=considered, considered_per_measurement=round(considered / used, 2) if used else 0.0,
         best=_row(archive, best, deciding) if best else None, best_file=best_file if best else None, top=rows[:top],
         forecast_check=check_forecasts(archive),

@@ -212,6 +212,13 @@ def test_a_search_stopped_by_a_limit_says_how_to_go_on_and_resume_with_a_higher_
     first = start_search(problem=None, space=str(SPACE), budget=30, run_dir=str(run_dir), quiet=True, patience=3)
     assert first.stop_reason == "no new best in 3 measurements" and first.measurements_used < 30
     assert first.continue_with == f"kscout resume {run_dir} --patience 6"
+    from typer.testing import CliRunner
+
+    from kernelscout.agent.cli import app
+
+    shown = CliRunner().invoke(app, ["show", str(run_dir)], env={"COLUMNS": "300"}).output
+    assert any(line.split() == ["to", "search", "on", "kscout", "resume", str(run_dir), "--patience", "6"]
+               for line in shown.splitlines()), shown  # and `kscout show` says it again later
     # the same limit again changes nothing; a higher one (here: none) goes on to the budget
     assert resume_search(str(run_dir), quiet=True, patience=3).measurements_used == first.measurements_used
     more = resume_search(str(run_dir), quiet=True, patience=0)
