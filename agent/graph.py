@@ -81,6 +81,7 @@ class LoopState(TypedDict, total=False):
     best_speedup: float
     dry_iterations: int  # consecutive iterations that had nothing to consider
     stop_limit: Optional[dict]  # {"setting": name in SearchSettings, "value": its value} when a user's limit stopped it
+    stopped_at: float  # when the search last ended (after `confirm`); a search that goes on counts its wall clock from there
 
 
 class SearchLoop:
@@ -307,7 +308,7 @@ class SearchLoop:
             self.archive.record_confirmation(label, best.id, m, ok)
             self._emit("confirm", candidate=best.id, status=m.status.value, speedup=m.speedup, search_speedup=best.speedup,
                        ok=ok, suspect=suspect or None, used=self.budget.status().used)
-        return {}
+        return {"stopped_at": time.time()}
 
     # -- helpers ------------------------------------------------------------------------------
     def _remaining(self) -> Optional[int]:
@@ -426,9 +427,11 @@ class SearchLoop:
                 # go on from where the search stopped, with its archive, iteration count and best
                 self._emit("continue", reason=why)
                 restart: dict[str, Any] = {"stop_reason": None, "stop_limit": None, "dry_iterations": 0}
-                limit = snapshot.values.get("stop_limit") or {}
-                if limit.get("setting") == "max_wall_s":  # the time between the stop and this resume is not the search's
-                    restart["started"] = time.time() - limit["value"]
+                values = snapshot.values
+                if values.get("stopped_at") and values.get("started"):
+                    # the wall clock (--max-wall) goes on from where the search stopped: the time the run lay
+                    # finished is not the search's, or a limit it never reached would stop it at once
+                    restart["started"] = time.time() - (values["stopped_at"] - values["started"])
                 final = graph.invoke(restart, config, durability="sync")
             elif snapshot.values and not unfinished:
                 final = snapshot.values  # already finished

@@ -239,6 +239,16 @@ def test_a_wall_clock_limit_raised_on_resume_does_not_count_the_time_between(tmp
 
 
 @needs_hub
+def test_a_finished_search_that_goes_on_days_later_is_not_stopped_by_a_wall_clock_limit_it_never_reached(tmp_path):
+    run_dir = tmp_path / "run"
+    first = start_search(problem=None, space=str(SPACE), budget=6, run_dir=str(run_dir), quiet=True, max_wall=3.0, patience=1)
+    assert first.stop_reason == "no new best in 1 measurements" and first.measurements_used < 6
+    time.sleep(4)  # the run lies finished longer than its wall-clock limit
+    more = resume_search(str(run_dir), quiet=True, patience=0)
+    assert more.stop_reason == "measurement budget spent" and more.measurements_used == 6
+
+
+@needs_hub
 def test_kscout_prints_how_to_search_on_and_resume_takes_the_new_limit(tmp_path):
     from test_space_usage_errors import assert_usage_error, kscout
 
