@@ -23,7 +23,7 @@ prctl = libc.prctl
 NEWUSER, NEWNET, NEWPID, NEWNS = 0x10000000, 0x40000000, 0x20000000, 0x00020000
 
 
-def make_namespaces():
+def make_namespaces(with_pid=True):
     """CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS: a network namespace of the worker's own,
     whose only device is a loopback that is down, so a candidate cannot send the user's files anywhere;
     and a PID namespace with a /proc of its own (mounted in a private mount namespace), in which the
@@ -34,7 +34,7 @@ def make_namespaces():
     security module that refuses some leaves those open. KSCOUT_SANDBOX_NETWORK=allow and
     KSCOUT_SANDBOX_PIDS=shared opt out. Returns what was made: (network, pids, proc) as the hello says them."""
     want_net = os.environ.get("KSCOUT_SANDBOX_NETWORK") != "allow"
-    want_pid = os.environ.get("KSCOUT_SANDBOX_PIDS") != "shared"
+    want_pid = with_pid and os.environ.get("KSCOUT_SANDBOX_PIDS") != "shared"
     network = "isolated" if want_net else "open (KSCOUT_SANDBOX_NETWORK=allow)"
     pids = "isolated" if want_pid else "shared (KSCOUT_SANDBOX_PIDS=shared)"
     proc = "private" if want_pid else "host"
@@ -206,7 +206,146 @@ def refuse_unix_sockets():
     return "UNIX sockets refused (seccomp)"
 
 
+def make_pid_namespace():
+    """For a worker forked from the zygote: the PID and mount namespaces of its own that `make_namespaces`
+    makes for a launched worker (the zygote's user namespace gives the capability to make them)."""
+    if os.environ.get("KSCOUT_SANDBOX_PIDS") == "shared":
+        return "shared (KSCOUT_SANDBOX_PIDS=shared)", "host"
+    if libc.unshare(NEWPID | NEWNS) == 0:
+        return "isolated", "private"
+    reason = os.strerror(ctypes.get_errno())
+    if libc.unshare(NEWPID) == 0:
+        return "isolated", "host (no mount namespace: " + reason + ")"
+    return "shared (no PID namespace: " + reason + ")", "host"
+
+
+def drop_capabilities():
+    """A forked worker is not exec'd, so it would keep the full capability set that making the zygote's user
+    namespace handed it (scoped to that namespace, where the zygote and the other workers live): with
+    CAP_SYS_PTRACE a candidate could write into the zygote and so into every later worker. capset() to
+    none, as exec would have left a non-root user; a later exec (a compiler) gets no more than the bounding
+    set allows."""
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable, twice (64 capabilities): all empty
+    return libc.capset(header, data) == 0
+
+
+def confine_forked_worker(channel, network):
+    """In a child of the zygote, before the worker's code runs: the same confinement as `main`, in the same
+    order, but with torch already imported. Returns in the worker process (two forks down, as in `main`)."""
+    os.setsid()  # a session of its own, as start_new_session gives a launched worker
+    prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: the zygote gone, this child goes too
+    pids, proc = make_pid_namespace()
+    os.environ["KSCOUT_SANDBOX_NETWORK"], os.environ["KSCOUT_SANDBOX_PIDS"] = network, pids
+    os.environ["KSCOUT_SANDBOX_PROC"] = proc
+    if pids == "isolated":
+        os.environ["KSCOUT_SANDBOX_PROC"] = enter_pid_namespace(channel, proc)
+    prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER, as in main
+    drop_capabilities()
+    prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+    prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: the zygote is not, its workers are (the supervisor reads their /proc)
+    os.environ["KSCOUT_SANDBOX_FILES"] = restrict_files()
+    os.environ["KSCOUT_SANDBOX_SOCKETS"] = refuse_unix_sockets()
+    os.environ.pop("KSCOUT_SANDBOX_WRITABLE", None)
+    os.environ.pop("KSCOUT_SANDBOX_READABLE", None)
+
+
+def run_forked_worker(control, request, fds, network):
+    """The zygote's child: take on the worker's environment, folder and log, confine itself, run the worker.
+    Never returns."""
+    import json
+    import traceback
+
+    code = 1
+    try:
+        control.close()
+        spec = json.loads(request)
+        os.environ.clear()
+        os.environ.update(spec["env"])
+        os.chdir(spec["cwd"])
+        null = os.open("/dev/null", os.O_RDONLY)
+        log = os.open(spec["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(null)
+        os.close(log)
+        confine_forked_worker(fds, network)
+        import tempfile
+
+        tempfile.tempdir = None  # the worker's TMPDIR, not the zygote's
+        from kernelscout.sandbox import worker
+
+        worker.apply_limits()
+        sys.argv = ["kernelscout.sandbox.worker", str(fds[0]), str(fds[1])]
+        worker.main()
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def zygote_main(control_fd):
+    """A process that imports torch and the worker's modules once and forks a fresh worker for each request,
+    so a measurement does not wait for a new interpreter to import torch (2.5 s on a 2-core VM). It never
+    loads a problem or a candidate: each worker is a new process that no candidate has run in, as with a
+    launched one. Its own confinement is the user and network namespaces (made once, shared by its
+    workers, whose loopback is down and whose UNIX sockets are refused); each worker makes the rest itself.
+
+    Protocol on `control_fd` (a SOCK_SEQPACKET socket to the supervisor): a request is a JSON message
+    {env, cwd, log} carrying the worker's two pipe ends; the answer is {"forked": pid}; when a child exits,
+    {"exit": pid, "code": exit code as subprocess gives it}. End of file from the supervisor ends the zygote
+    (and, through PR_SET_PDEATHSIG, its workers)."""
+    import json
+    import select
+    import socket
+    import warnings
+
+    network, _, _ = make_namespaces(with_pid=False)
+    # the bounding set and no_new_privs, for everything the zygote and its workers exec; the effective set
+    # stays (CAP_SYS_ADMIN in its user namespace is what lets each worker make its own PID namespace) and
+    # each worker drops it (drop_capabilities). No PR_SET_PDEATHSIG here: it fires when the supervisor's
+    # thread that started the zygote ends, which may be a short-lived one; end of file on the control
+    # socket ends the zygote instead.
+    drop_privileges()
+    prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: another process of the user cannot read or trace it
+    control = socket.socket(fileno=control_fd)
+    warnings.filterwarnings("ignore", message=".*fork.*", category=DeprecationWarning)  # torch's one idle thread
+    import torch  # noqa: F401  (what every worker would import)
+    import torch._dynamo  # noqa: F401
+    from kernelscout.sandbox import worker  # noqa: F401  (the harness's modules)
+
+    control.sendall(json.dumps({"ready": os.getpid(), "network": network}).encode())
+    while True:
+        readable, _, _ = select.select([control], [], [], 0.05)
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if not pid:
+                break
+            control.sendall(json.dumps({"exit": pid, "code": os.waitstatus_to_exitcode(status)}).encode())
+        if not readable:
+            continue
+        message, fds, _, _ = socket.recv_fds(control, 1 << 20, 2)
+        if not message:
+            os._exit(0)
+        child = os.fork()
+        if child == 0:
+            run_forked_worker(control, message, fds, network)
+        for fd in fds:
+            os.close(fd)
+        control.sendall(json.dumps({"forked": child}).encode())
+
+
 def main():
+    if sys.argv[1] == "zygote":
+        zygote_main(int(sys.argv[2]))
+        return
     network, pids, proc = make_namespaces()
     os.environ["KSCOUT_SANDBOX_NETWORK"], os.environ["KSCOUT_SANDBOX_PIDS"], os.environ["KSCOUT_SANDBOX_PROC"] = network, pids, proc
     drop_privileges()

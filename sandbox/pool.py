@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from kernelscout.sandbox import protocol
+from kernelscout.sandbox import protocol, zygote
 from kernelscout.sandbox.scratch import ScratchDir
 
 log = logging.getLogger(__name__)
@@ -438,19 +438,17 @@ class WorkerProcess:
         env = clean_env(device, self.threads, self.memory_bytes if device.startswith("cpu") else 0, self.workdir)
         share_precompiled_headers(self.workdir, env)
         protect_supervisor()
-        launch = ["-c", _LAUNCHER] if _LINUX else ["-m", "kernelscout.sandbox.worker"]
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, *launch, str(cmd_r), str(res_w)],
-                env=env,
-                cwd=self.workdir,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                pass_fds=(cmd_r, res_w),
-                start_new_session=True,
-                close_fds=True,
-            )
+        self.proc: Any = None
+        self.forked = False  # from the zygote (sandbox/zygote.py), or launched
+        if zygote.enabled(device) and (parent := zygote.zygote_for(self.threads, env)) is not None:
+            self.log_path.touch()
+            try:
+                self.proc = parent.spawn(env, self.workdir, self.log_path, (cmd_r, res_w))
+                self.forked = True
+            except zygote.ZygoteUnavailable as exc:  # it died since: launch this one, the next gets a new zygote
+                log.info("launching a worker: %s", exc)
+        if self.proc is None:
+            self.proc = self._launch(env, cmd_r, res_w)
         os.close(cmd_r)
         os.close(res_w)
         self.pid = self.proc.pid  # the launcher: the process this supervisor started and waits for
@@ -461,6 +459,22 @@ class WorkerProcess:
         self.info: dict[str, Any] = {}
         self.measurements = 0
         self.ran_candidate = False  # set before a candidate is handed over; such a worker is never reused
+
+    def _launch(self, env: dict[str, str], cmd_r: int, res_w: int) -> subprocess.Popen:
+        """A new interpreter for the worker: on Linux through the launcher, which confines it first."""
+        launch = ["-c", _LAUNCHER] if _LINUX else ["-m", "kernelscout.sandbox.worker"]
+        with open(self.log_path, "wb") as log:
+            return subprocess.Popen(
+                [sys.executable, *launch, str(cmd_r), str(res_w)],
+                env=env,
+                cwd=self.workdir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                pass_fds=(cmd_r, res_w),
+                start_new_session=True,
+                close_fds=True,
+            )
 
     @property
     def own_pids(self) -> frozenset[int]:

@@ -21,14 +21,16 @@ from typing import Any, Callable, Optional
 from kernelscout.sandbox import protocol
 
 
-def _apply_limits() -> None:
+def apply_limits() -> None:
+    """At import, and again in a worker forked from the zygote (sandbox/launcher.py), which imported this
+    module before it had a worker's environment."""
     limit = int(os.environ.get("KSCOUT_WORKER_MEMORY_BYTES", "0"))
     if limit > 0:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-_apply_limits()
+apply_limits()
 
 import torch  # noqa: E402  (after the limits, so torch's own allocations count)
 

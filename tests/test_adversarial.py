@@ -698,7 +698,9 @@ def test_swapping_the_references_class_or_hooking_every_module_is_tampering(meas
 
 
 def test_the_workers_own_settings_are_watched(measure_source):
-    header = "import sys\nsys.modules['__main__'].Worker.FRESH_MS = -1.0"
+    # a launched worker runs as `python -m` (its module is __main__), a forked one imported it by name
+    header = ("import sys\nmodule = sys.modules['__main__'] if hasattr(sys.modules['__main__'], 'Worker') "
+              "else sys.modules['kernelscout.sandbox.worker']\nmodule.Worker.FRESH_MS = -1.0")
     m = measure_source(_model(_HONEST, header))
     assert m.status == MeasureStatus.incorrect and "Worker.FRESH_MS" in m.message, m
 

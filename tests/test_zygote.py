@@ -1,0 +1,136 @@
+"""CPU workers are forked from a zygote that has imported torch, so a fresh worker per candidate costs a
+fork, not a new interpreter; each forked worker is confined exactly as a launched one."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kernelscout.sandbox import zygote
+from kernelscout.sandbox.pool import WorkerPool, WorkerProcess
+from kernelscout.tools.measure import MeasureRequest, measure
+from kernelscout.tools.schema import MeasureStatus
+from conftest import QUICK, SMALL_PROBLEM
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the zygote is Linux only")
+
+CORRECT = '''
+import torch
+import torch.nn as nn
+
+class ModelNew(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x, y):
+        return torch.relu(x * self.scale + y) + 0.5 * x
+'''
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def status_field(pid: int, name: str) -> str:
+    return next(line.split(":", 1)[1].strip() for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                if line.startswith(name + ":"))
+
+
+@pytest.fixture
+def fresh_worker():
+    """Start a CPU worker the way a search does, and close it afterwards."""
+    started = []
+
+    def start() -> WorkerProcess:
+        worker = WorkerProcess("cpu")
+        started.append(worker)
+        worker.start()
+        return worker
+
+    yield start
+    for worker in started:
+        worker.close()
+
+
+def test_each_cpu_worker_is_a_new_process_forked_from_the_same_zygote(fresh_worker):
+    first, second = fresh_worker(), fresh_worker()
+    assert first.forked and second.forked
+    assert first.worker_pid != second.worker_pid
+    # the process the supervisor watches is the zygote's child, as a launched worker's launcher is its own
+    assert parent_of(first.pid) == parent_of(second.pid) != os.getpid()
+    # confined as a launched worker is
+    for worker in (first, second):
+        assert worker.info["network"] == "isolated" and worker.info["pids"] == "isolated"
+        assert worker.info["sockets"] == "UNIX sockets refused (seccomp)"
+
+
+def test_a_forked_worker_holds_no_capabilities(fresh_worker):
+    # Making the zygote's user namespace gave it every capability there; a worker that kept them (it is not
+    # exec'd, which would drop them) could trace the zygote and so every later worker.
+    worker = fresh_worker()
+    assert worker.forked
+    assert int(status_field(worker.worker_pid, "CapEff"), 16) == 0
+    assert int(status_field(worker.worker_pid, "CapPrm"), 16) == 0
+    assert status_field(worker.worker_pid, "NoNewPrivs") == "1"
+
+
+def test_the_zygote_gets_no_secret_from_the_supervisors_environment(fresh_worker, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-zygote-must-not-see-this")
+    zygote.close_all()  # the next worker starts a zygote under this environment
+    worker = fresh_worker()
+    assert worker.forked
+    environ = Path(f"/proc/{parent_of(worker.pid)}/environ")
+    try:
+        text = environ.read_bytes()
+    except PermissionError:
+        pytest.skip("the zygote's environment is not readable by this user (it is not dumpable)")
+    assert b"sk-test-zygote-must-not-see-this" not in text
+    assert b"PATH=" in text  # it was read, and it is the scrubbed worker environment
+
+
+def test_a_dead_zygote_is_replaced_by_the_next_worker(fresh_worker):
+    worker = fresh_worker()
+    old = parent_of(worker.pid)
+    os.kill(old, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while worker.alive and time.monotonic() < deadline:  # its workers die with it (PR_SET_PDEATHSIG)
+        time.sleep(0.05)
+    assert not worker.alive
+    replacement = fresh_worker()
+    assert replacement.forked and parent_of(replacement.pid) != old
+
+
+def test_kscout_sandbox_zygote_off_launches_each_worker_as_before(fresh_worker, monkeypatch):
+    monkeypatch.setenv("KSCOUT_SANDBOX_ZYGOTE", "off")
+    worker = fresh_worker()
+    assert not worker.forked
+    assert parent_of(worker.pid) == os.getpid()
+    assert worker.info["network"] == "isolated"
+
+
+def test_a_search_pool_measures_each_candidate_in_a_new_forked_worker(tmp_path):
+    problem, candidate = tmp_path / "problem.py", tmp_path / "candidate.py"
+    problem.write_text(SMALL_PROBLEM)
+    candidate.write_text(CORRECT)
+    seen = []
+    with WorkerPool() as pool:  # retires every worker after its candidate, as a search's pool does
+        acquire = pool.acquire
+
+        def watched(device, *args, **kwargs):
+            worker = acquire(device, *args, **kwargs)
+            seen.append((worker.worker_pid, worker.forked))
+            return worker
+
+        pool.acquire = watched
+        for _ in range(2):
+            m = measure(MeasureRequest(problem=str(problem), candidate=str(candidate), device="cpu",
+                                       run_dir=str(tmp_path / "run"), harness=QUICK, again=True), pool=pool)
+            assert m.status == MeasureStatus.ok and m.correct, m.message
+    assert len(seen) == 2 and seen[0][0] != seen[1][0]
+    assert all(forked for _, forked in seen)
