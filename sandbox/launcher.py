@@ -288,6 +288,25 @@ def run_forked_worker(control, request, fds, network):
         os._exit(code)
 
 
+def warm_inductor(torch):
+    """One tiny torch.compile of the zygote's own, so that its later workers inherit Inductor's modules and what it
+    probes once per process (the C++ compiler, the CPU's vector ISA): a new process paid about 2 s for
+    that before its first compiled candidate. With one thread, so that no OpenMP team exists at fork (its
+    threads would not survive into the workers); Dynamo's caches are cleared afterwards, so no worker
+    starts with a compiled function in them. A failure only costs the workers that time again."""
+    import traceback
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.compile(lambda x: (x * 2).relu())(torch.ones(8))
+    except Exception:
+        traceback.print_exc()
+    finally:
+        torch._dynamo.reset()
+        torch.set_num_threads(threads)
+
+
 def zygote_main(control_fd):
     """A process that imports torch and the worker's modules once and forks a fresh worker for each request,
     so a measurement does not wait for a new interpreter to import torch (2.5 s on a 2-core VM). It never
@@ -319,6 +338,7 @@ def zygote_main(control_fd):
     from kernelscout.sandbox import worker  # noqa: F401  (the harness's modules)
 
     control.sendall(json.dumps({"ready": os.getpid(), "network": network}).encode())
+    live, forked, warmed = set(), 0, False
     while True:
         readable, _, _ = select.select([control], [], [], 0.05)
         while True:
@@ -328,7 +348,14 @@ def zygote_main(control_fd):
                 break
             if not pid:
                 break
+            live.discard(pid)
             control.sendall(json.dumps({"exit": pid, "code": os.waitstatus_to_exitcode(status)}).encode())
+        if not warmed and forked and not live:
+            # once its first worker is done and none is running (so nothing being timed shares the CPU
+            # with it): a one-off measurement never waits for this, a search's second worker does, once
+            warm_inductor(torch)
+            warmed = True
+            continue
         if not readable:
             continue
         message, fds, _, _ = socket.recv_fds(control, 1 << 20, 2)
@@ -339,6 +366,8 @@ def zygote_main(control_fd):
             run_forked_worker(control, message, fds, network)
         for fd in fds:
             os.close(fd)
+        live.add(child)
+        forked += 1
         control.sendall(json.dumps({"forked": child}).encode())
 
 

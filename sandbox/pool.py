@@ -427,7 +427,10 @@ class WorkerProcess:
         """The worker's cwd, HOME and TMPDIR."""
         return self._scratch.path
 
-    def __init__(self, device: str = "cpu", threads: Optional[int] = None, memory_bytes: Optional[int] = None):
+    def __init__(self, device: str = "cpu", threads: Optional[int] = None, memory_bytes: Optional[int] = None,
+                 fork: bool = True):
+        """`fork`: from the zygote where it serves (CPU, Linux; sandbox/zygote.py), else launched. A one-off
+        measurement launches: starting a zygote and forking from it takes about 0.5 s longer than one launch."""
         self.device = device
         self.threads = threads or default_threads()
         self.memory_bytes = memory_bytes if memory_bytes is not None else default_memory_bytes()
@@ -440,7 +443,7 @@ class WorkerProcess:
         protect_supervisor()
         self.proc: Any = None
         self.forked = False  # from the zygote (sandbox/zygote.py), or launched
-        if zygote.enabled(device) and (parent := zygote.zygote_for(self.threads, env)) is not None:
+        if fork and zygote.enabled(device) and (parent := zygote.zygote_for(self.threads, env)) is not None:
             self.log_path.touch()
             try:
                 self.proc = parent.spawn(env, self.workdir, self.log_path, (cmd_r, res_w))
@@ -601,15 +604,15 @@ def _rss_bytes(pids: list[int]) -> int:
 class _Spare(threading.Thread):
     """A worker being started in the background, to replace one that was retired."""
 
-    def __init__(self, device: str, threads: Optional[int], memory_bytes: Optional[int]):
+    def __init__(self, device: str, threads: Optional[int], memory_bytes: Optional[int], fork: bool = True):
         super().__init__(name=f"kscout-spare-{device}", daemon=True)
-        self.device, self.threads, self.memory_bytes = device, threads, memory_bytes
+        self.device, self.threads, self.memory_bytes, self.fork = device, threads, memory_bytes, fork
         self.worker: Optional[WorkerProcess] = None
         self.environ = dict(os.environ)  # what it was started under: a worker takes its settings from it
 
     def run(self) -> None:
         try:
-            worker = WorkerProcess(self.device, self.threads, self.memory_bytes)
+            worker = WorkerProcess(self.device, self.threads, self.memory_bytes, self.fork)
         except Exception:  # acquire() starts one in the foreground, where the failure is reported
             return
         try:
@@ -642,12 +645,14 @@ class WorkerPool:
     """
 
     def __init__(self, threads: Optional[int] = None, memory_bytes: Optional[int] = None, spares: bool = True,
-                 reuse: bool = False):
+                 reuse: bool = False, fork: Optional[bool] = None):
         """`reuse=True` keeps a worker warm across candidates, as before the review: for candidates that
-        are one's own (the test suite's shared pool), never for a search's."""
+        are one's own (the test suite's shared pool), never for a search's. `fork`: workers from the zygote
+        (sandbox/zygote.py); by default where a pool starts more than one (`spares`)."""
         self.threads = threads
         self.memory_bytes = memory_bytes
         self.spares = spares
+        self.fork = spares if fork is None else fork
         self.reuse = reuse
         self._idle: dict[str, list[WorkerProcess]] = {}
         self._starting: dict[str, _Spare] = {}
@@ -663,7 +668,7 @@ class WorkerPool:
             if worker.alive:
                 return worker
             worker.close()
-        worker = WorkerProcess(device, self.threads, self.memory_bytes)
+        worker = WorkerProcess(device, self.threads, self.memory_bytes, self.fork)
         try:
             worker.start(start_timeout)
         except Exception:
@@ -679,7 +684,7 @@ class WorkerPool:
             return
         worker.close()
         if self.spares and worker.device not in self._starting and not self._idle.get(worker.device):
-            spare = _Spare(worker.device, self.threads, self.memory_bytes)
+            spare = _Spare(worker.device, self.threads, self.memory_bytes, self.fork)
             self._starting[worker.device] = spare
             spare.start()
 
