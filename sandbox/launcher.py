@@ -337,10 +337,21 @@ def zygote_main(control_fd):
     import torch._dynamo  # noqa: F401
     from kernelscout.sandbox import worker  # noqa: F401  (the harness's modules)
 
+    # a child's exit wakes the loop at once (the supervisor waits for it when it retires a worker)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    signal.set_wakeup_fd(wake_w)
     control.sendall(json.dumps({"ready": os.getpid(), "network": network}).encode())
     live, forked, warmed = set(), 0, False
     while True:
-        readable, _, _ = select.select([control], [], [], 0.05)
+        readable, _, _ = select.select([control, wake_r], [], [], 1.0)
+        if wake_r in readable:
+            try:
+                os.read(wake_r, 4096)
+            except BlockingIOError:
+                pass
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -356,13 +367,17 @@ def zygote_main(control_fd):
             warm_inductor(torch)
             warmed = True
             continue
-        if not readable:
+        if control not in readable:
             continue
         message, fds, _, _ = socket.recv_fds(control, 1 << 20, 2)
         if not message:
             os._exit(0)
         child = os.fork()
         if child == 0:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            os.close(wake_r)
+            os.close(wake_w)
             run_forked_worker(control, message, fds, network)
         for fd in fds:
             os.close(fd)
