@@ -4,6 +4,7 @@ fork, not a new interpreter; each forked worker is confined exactly as a launche
 from __future__ import annotations
 
 import os
+import subprocess
 import signal
 import sys
 import time
@@ -134,3 +135,46 @@ def test_a_search_pool_measures_each_candidate_in_a_new_forked_worker(tmp_path):
             assert m.status == MeasureStatus.ok and m.correct, m.message
     assert len(seen) == 2 and seen[0][0] != seen[1][0]
     assert all(forked for _, forked in seen)
+
+
+SEARCH_SUPERVISOR = '''
+import sys
+from kernelscout.sandbox.harness import HarnessConfig
+from kernelscout.sandbox.pool import WorkerPool
+from kernelscout.tools.measure import MeasureRequest, measure
+with WorkerPool() as pool:  # a search's pool: forked workers
+    measure(MeasureRequest(problem=sys.argv[1], candidate=sys.argv[2], device="cpu", run_dir=sys.argv[3],
+                           harness=HarnessConfig(timeout_s=300)), pool=pool)
+'''
+
+
+def test_a_supervisor_killed_with_sigkill_takes_its_forked_workers_and_their_processes_along(tmp_path):
+    # No handler runs on SIGKILL. The zygote reads end of file on its socket and exits; each worker's
+    # sandbox dies with it (PR_SET_PDEATHSIG), and its PID namespace with everything the candidate started.
+    from test_sandbox_hygiene import candidate, descendants, gone_soon, kill_if_running, marked_sleep, \
+        new_session_sleep, with_marker
+
+    startfile, marker = marked_sleep(tmp_path)
+    problem, cand = tmp_path / "problem.py", tmp_path / "hang.py"
+    problem.write_text(SMALL_PROBLEM)
+    cand.write_text(candidate(init=new_session_sleep(startfile, marker), forward="while True:\n    time.sleep(0.1)"))
+    supervisor = subprocess.Popen([sys.executable, "-c", SEARCH_SUPERVISOR, str(problem), str(cand), str(tmp_path / "run")],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    below: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not startfile.exists():
+            assert supervisor.poll() is None and time.monotonic() < deadline, "the candidate never started"
+            time.sleep(0.1)
+        time.sleep(0.5)  # into the hanging forward()
+        below = descendants(supervisor.pid)  # the zygote, the worker's sandbox, the candidate's sleep
+        assert with_marker(marker) and set(with_marker(marker)) <= set(below)
+
+        supervisor.kill()
+        supervisor.wait(timeout=20)
+
+        assert all(gone_soon(pid, within_s=10) for pid in below)
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+        kill_if_running(*below, *with_marker(marker))
