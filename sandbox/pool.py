@@ -1,7 +1,8 @@
 """Warm sandbox worker processes: spawn, talk to, watch, kill and replace.
 
 Workers are spawned with ``subprocess`` (fork+exec, so nothing of the supervisor's memory is
-inherited), in their own session, with an environment that keeps only what a kernel needs and
+inherited), or, for a search's CPU workers, forked from a zygote that was itself spawned that way and
+never loads candidate code (sandbox/zygote.py), in their own session, with an environment that keeps only what a kernel needs and
 never a credential. On Linux the supervisor is made non-dumpable before the first worker starts
 (so a candidate cannot read the supervisor's environment through /proc), each worker is a child
 subreaper (so processes a candidate starts, even in new sessions or double-forked, stay in the

@@ -1,7 +1,8 @@
 """The sandbox worker: the only process that imports problem and candidate code.
 
 Started by the supervisor (sandbox/pool.py) with ``python -m kernelscout.sandbox.worker CMD_FD RES_FD``,
-spawned fresh (never forked from a process holding secrets), with a scrubbed environment, its own
+or forked from the zygote (sandbox/zygote.py), which imported this module and calls `main` in each
+child; never forked from a process holding secrets or one that ran a candidate, with a scrubbed environment, its own
 process group, a memory limit and a temporary working directory. Commands and replies travel as
 JSON over two private pipes; stdout and stderr go to a log file, so a candidate that prints a fake
 result only writes to the log.
