@@ -24,6 +24,7 @@ import random
 import sqlite3
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from datetime import datetime
 from typing import Any, Callable, Optional, TypedDict
 
 from langgraph.checkpoint.sqlite import SqliteSaver
@@ -94,6 +95,7 @@ class SearchLoop:
         self.budget = Budget(run)
         self.on_event = on_event or (lambda kind, data: None)
         self._last_note: Optional[str] = None  # the policy's last reason for dropping an answer
+        self._lay_dead_s = 0.0  # how long a killed search lay dead before this resume; `check` moves `started` by it
         self.workers = 1  # measurements in flight at once; see scale_out
         self._rebuild_predictor()
 
@@ -261,9 +263,11 @@ class SearchLoop:
         s = self.settings
         reason, limit = None, None
         remaining = self._remaining()
+        started, moved = state.get("started", time.time()) + self._lay_dead_s, bool(self._lay_dead_s)
+        self._lay_dead_s = 0.0
         if remaining is not None and remaining <= self._reserve():
             reason = BUDGET_SPENT
-        elif s.max_wall_s and time.time() - state.get("started", time.time()) > s.max_wall_s:
+        elif s.max_wall_s and time.time() - started > s.max_wall_s:
             reason, limit = f"wall-clock limit of {s.max_wall_s:g} s reached", "max_wall_s"
         elif s.patience and status.used - state.get("last_improvement", 0) >= s.patience:
             reason, limit = f"no new best in {s.patience} measurements", "patience"
@@ -280,8 +284,11 @@ class SearchLoop:
                 reason += f"; last: {self._last_note}"
         if reason:
             self._emit("stop", reason=reason)
-        return {"stop_reason": reason, "dry_iterations": dry,
-                "stop_limit": {"setting": limit, "value": getattr(s, limit)} if limit else None}
+        update: LoopState = {"stop_reason": reason, "dry_iterations": dry,
+                             "stop_limit": {"setting": limit, "value": getattr(s, limit)} if limit else None}
+        if moved:
+            update["started"] = started
+        return update
 
     def confirm(self, state: LoopState) -> LoopState:
         """Re-measure the best with the measurements kept back for it: the number reported is then not the
@@ -422,6 +429,10 @@ class SearchLoop:
                 for note in getattr(self.predictor, "notes", ()):
                     self._emit("surrogate_note", note=note)
             if resume and unfinished:
+                # the wall clock (--max-wall) does not count the time the killed search lay dead: from its
+                # last checkpoint (at most one step before the kill) to now
+                if snapshot.created_at:
+                    self._lay_dead_s = max(0.0, time.time() - datetime.fromisoformat(snapshot.created_at).timestamp())
                 final = graph.invoke(None, config, durability="sync")
             elif resume and snapshot.values and (why := self._limit_raised(snapshot.values)):
                 # go on from where the search stopped, with its archive, iteration count and best

@@ -249,6 +249,28 @@ def test_a_finished_search_that_goes_on_days_later_is_not_stopped_by_a_wall_cloc
 
 
 @needs_hub
+def test_a_killed_search_resumed_later_does_not_count_the_time_it_lay_dead_against_its_wall_clock_limit(tmp_path):
+    run_dir = tmp_path / "run"
+    budget, limit = 3000, 20  # the part before the interrupt takes a second or two of the 20 s
+    cmd = [sys.executable, "-m", "kernelscout", "optimize", "--space", str(SPACE), "--budget", str(budget), "--run-dir", str(run_dir),
+           "--surrogate", "none", "--max-wall", str(limit), "--json"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_as_from_a_terminal)
+    deadline = time.monotonic() + 120
+    while len(_measurement_ids(run_dir)) < 3 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (out, err)
+    used = Budget(RunDir(run_dir)).status().used
+    time.sleep(limit + 1)  # the run lies killed longer than its whole wall-clock limit
+    Budget(RunDir(run_dir)).set_cap(used + 30)  # several iterations: the limit is checked after each
+    done = subprocess.run([sys.executable, "-m", "kernelscout", "resume", str(run_dir), "--json"], capture_output=True, text=True, timeout=600)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    # counted, the dead time would stop it after the step the kill interrupted
+    assert result["measurements_used"] == used + 30, result
+
+
+@needs_hub
 def test_kscout_prints_how_to_search_on_and_resume_takes_the_new_limit(tmp_path):
     from test_space_usage_errors import assert_usage_error, kscout
 
