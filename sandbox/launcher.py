@@ -250,6 +250,26 @@ def confine_forked_worker(channel, network):
     os.environ.pop("KSCOUT_SANDBOX_READABLE", None)
 
 
+def forget_zygote_paths():
+    """Paths that modules imported in the zygote computed from its TMPDIR, computed again from the worker's.
+    Inductor fixes its precompiled-header folder at import ($TMPDIR/torchinductor_USER/precompiled_headers,
+    whatever TORCHINDUCTOR_CACHE_DIR says): left as the zygote's, every cpp_wrapper build in a worker failed
+    with PermissionError (Landlock lets a worker write only its own folder and the caches). Best effort:
+    these are torch internals (2.13), and a torch without them has nothing to fix."""
+    codecache = sys.modules.get("torch._inductor.codecache")
+    if codecache is None or not hasattr(codecache, "_HEADER_DIR") or not hasattr(codecache, "default_cache_dir"):
+        return
+    try:
+        codecache._HEADER_DIR = os.path.join(codecache.default_cache_dir(), "precompiled_headers")
+        if hasattr(codecache, "_HEADER_LOCK_DIR"):
+            codecache._HEADER_LOCK_DIR = os.path.join(codecache._HEADER_DIR, "locks")
+        precompile = getattr(codecache, "_precompile_header", None)
+        if hasattr(precompile, "cache_clear"):
+            precompile.cache_clear()
+    except Exception:  # an Inductor laid out otherwise: its first compile says what is wrong
+        pass
+
+
 def run_forked_worker(control, request, fds, network):
     """The zygote's child: take on the worker's environment, folder and log, confine itself, run the worker.
     Never returns."""
@@ -274,6 +294,7 @@ def run_forked_worker(control, request, fds, network):
         import tempfile
 
         tempfile.tempdir = None  # the worker's TMPDIR, not the zygote's
+        forget_zygote_paths()
         from kernelscout.sandbox import worker
 
         worker.apply_limits()

@@ -178,3 +178,35 @@ def test_a_supervisor_killed_with_sigkill_takes_its_forked_workers_and_their_pro
         if supervisor.poll() is None:
             supervisor.kill()
         kill_if_running(*below, *with_marker(marker))
+
+
+CPP_WRAPPER = '''
+import torch
+import torch.nn as nn
+
+class ModelNew(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+        self.compiled = torch.compile(self._forward, options={"cpp_wrapper": True, "compile_threads": 1})
+
+    def _forward(self, x, y):
+        return torch.relu(x * self.scale + y) + 0.5 * x
+
+    def forward(self, x, y):
+        return self.compiled(x, y)
+'''
+
+
+def test_a_compiled_candidate_builds_in_a_worker_forked_after_the_zygote_warmed_inductor(tmp_path):
+    # The zygote warms Inductor once its first worker is done; Inductor had then fixed its precompiled-header
+    # folder inside the zygote's TMPDIR, where a worker may not write: every cpp_wrapper build failed there.
+    problem, plain, compiled = tmp_path / "problem.py", tmp_path / "plain.py", tmp_path / "compiled.py"
+    problem.write_text(SMALL_PROBLEM)
+    plain.write_text(CORRECT)
+    compiled.write_text(CPP_WRAPPER)
+    with WorkerPool() as pool:
+        for candidate in (plain, compiled):  # the first worker's end lets the zygote warm up
+            m = measure(MeasureRequest(problem=str(problem), candidate=str(candidate), device="cpu",
+                                       run_dir=str(tmp_path / "run"), harness=QUICK, again=True), pool=pool)
+            assert m.status == MeasureStatus.ok and m.correct, m.message
