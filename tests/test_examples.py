@@ -47,5 +47,8 @@ def test_example_candidate_is_correct(problem: Path, candidate: Path, pool, tmp_
             # Not "> 1.0": with the worker's allocator pinned (sandbox/pool.py) the eager references are
             # measured warm, and on the AMD EPYC dev VM gated_gelu's fused fast.py (13.5 ms) is then slower
             # than its reference (11.5-12.6 ms): 0.86x-0.91x in three runs. Unpinned, it read 0.9x to 2.3x by
-            # the worker's history. 0.6 still catches a kernel that lost its vectorisation (31.9 ms there).
-            assert m.speedup > 0.6, f"{candidate}: {m.message}"
+            # the worker's history. On the EPYC VM of 2026-11-28 its reference ran at either 4.4 ms or 3.0 ms
+            # from one measurement to the next, fast.py at 5.3 ms throughout: 0.57x-0.88x, launched or forked
+            # workers alike (8 measurements each way). 0.4 still catches a kernel that lost its
+            # vectorisation (31.9 ms against 11.5-12.6 ms on the older VM: 0.38x).
+            assert m.speedup > 0.4, f"{candidate}: {m.message}"
