@@ -429,19 +429,29 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def test_sigterm_to_the_supervisor_kills_its_workers_and_their_processes(tmp_path, write):
-    startfile, marker = marked_sleep(tmp_path)
-    problem = write("problem.py", SMALL_PROBLEM)
-    cand = write("hang.py", candidate(init=new_session_sleep(startfile, marker), forward="while True:\n    time.sleep(0.1)"))
-    supervisor = subprocess.Popen([sys.executable, "-c", SUPERVISOR, str(problem), str(cand), str(tmp_path / "run")],
+def start_until_the_candidate_hangs(script: str, tmp_path: Path, startfile: Path, marker: str) -> subprocess.Popen:
+    """Run `script` as a supervisor measuring a candidate that starts a `sleep marker` in a new session and
+    then hangs in forward(); return once it hangs."""
+    problem, cand = tmp_path / "problem.py", tmp_path / "hang.py"
+    problem.write_text(SMALL_PROBLEM)
+    cand.write_text(candidate(init=new_session_sleep(startfile, marker), forward="while True:\n    time.sleep(0.1)"))
+    supervisor = subprocess.Popen([sys.executable, "-c", script, str(problem), str(cand), str(tmp_path / "run")],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not startfile.exists():
+        if supervisor.poll() is not None or time.monotonic() > deadline:
+            supervisor.kill()
+            raise AssertionError("the candidate never started")
+        time.sleep(0.1)
+    time.sleep(0.5)  # into the hanging forward()
+    return supervisor
+
+
+def test_sigterm_to_the_supervisor_kills_its_workers_and_their_processes(tmp_path):
+    startfile, marker = marked_sleep(tmp_path)
+    supervisor = start_until_the_candidate_hangs(SUPERVISOR, tmp_path, startfile, marker)
     below: list[int] = []
     try:
-        deadline = time.monotonic() + 120
-        while not startfile.exists():
-            assert supervisor.poll() is None and time.monotonic() < deadline, "the candidate never started"
-            time.sleep(0.1)
-        time.sleep(0.5)  # into the hanging forward()
         below = descendants(supervisor.pid)  # the sandbox's processes, the worker and the candidate's sleep
         assert with_marker(marker) and set(with_marker(marker)) <= set(below)
 

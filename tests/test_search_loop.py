@@ -167,18 +167,24 @@ def _sigint_as_from_a_terminal() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
-@needs_hub
-def test_ctrl_c_says_where_the_run_stands_and_resume_finishes_it(tmp_path):
-    run_dir = tmp_path / "run"
-    budget = 3000  # far more than it can spend before the interrupt, however fast the machine
-    cmd = [sys.executable, "-m", "kernelscout", "optimize", "--space", str(SPACE), "--budget", str(budget), "--run-dir", str(run_dir),
-           "--surrogate", "none", "--json"]
+def _interrupted_after_3_measurements(cmd: list[str], run_dir: Path) -> tuple[subprocess.Popen, str, str]:
+    """Run `cmd` (a search) and press Ctrl-C once it has 3 measurements: the process, its stdout and stderr."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_as_from_a_terminal)
     deadline = time.monotonic() + 120
     while len(_measurement_ids(run_dir)) < 3 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
+    return proc, out, err
+
+
+@needs_hub
+def test_ctrl_c_says_where_the_run_stands_and_resume_finishes_it(tmp_path):
+    run_dir = tmp_path / "run"
+    budget = 3000  # far more than it can spend before the interrupt, however fast the machine
+    cmd = [sys.executable, "-m", "kernelscout", "optimize", "--space", str(SPACE), "--budget", str(budget), "--run-dir", str(run_dir),
+           "--surrogate", "none", "--json"]
+    proc, out, err = _interrupted_after_3_measurements(cmd, run_dir)
 
     assert proc.returncode == 130, (out, err)
     stopped = json.loads(out.strip().splitlines()[-1])
@@ -254,12 +260,7 @@ def test_a_killed_search_resumed_later_does_not_count_the_time_it_lay_dead_again
     budget, limit = 3000, 20  # the part before the interrupt takes a second or two of the 20 s
     cmd = [sys.executable, "-m", "kernelscout", "optimize", "--space", str(SPACE), "--budget", str(budget), "--run-dir", str(run_dir),
            "--surrogate", "none", "--max-wall", str(limit), "--json"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_as_from_a_terminal)
-    deadline = time.monotonic() + 120
-    while len(_measurement_ids(run_dir)) < 3 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    proc, out, err = _interrupted_after_3_measurements(cmd, run_dir)
     assert proc.returncode == 130, (out, err)
     used = Budget(RunDir(run_dir)).status().used
     time.sleep(limit + 1)  # the run lies killed longer than its whole wall-clock limit

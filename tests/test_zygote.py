@@ -16,23 +16,9 @@ from kernelscout.sandbox import zygote
 from kernelscout.sandbox.pool import WorkerPool, WorkerProcess
 from kernelscout.tools.measure import MeasureRequest, measure
 from kernelscout.tools.schema import MeasureStatus
-from conftest import QUICK, SMALL_PROBLEM
+from conftest import GOOD_CANDIDATE, QUICK, SMALL_PROBLEM
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the zygote is Linux only")
-
-CORRECT = '''
-import torch
-import torch.nn as nn
-
-class ModelNew(nn.Module):
-    def __init__(self, scale):
-        super().__init__()
-        self.scale = scale
-
-    def forward(self, x, y):
-        return torch.relu(x * self.scale + y) + 0.5 * x
-'''
-
 
 def parent_of(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
@@ -118,7 +104,7 @@ def test_kscout_sandbox_zygote_off_launches_each_worker_as_before(fresh_worker, 
 def test_a_search_pool_measures_each_candidate_in_a_new_forked_worker(tmp_path):
     problem, candidate = tmp_path / "problem.py", tmp_path / "candidate.py"
     problem.write_text(SMALL_PROBLEM)
-    candidate.write_text(CORRECT)
+    candidate.write_text(GOOD_CANDIDATE)
     seen = []
     with WorkerPool() as pool:  # retires every worker after its candidate, as a search's pool does
         acquire = pool.acquire
@@ -151,22 +137,13 @@ with WorkerPool() as pool:  # a search's pool: forked workers
 def test_a_supervisor_killed_with_sigkill_takes_its_forked_workers_and_their_processes_along(tmp_path):
     # No handler runs on SIGKILL. The zygote reads end of file on its socket and exits; each worker's
     # sandbox dies with it (PR_SET_PDEATHSIG), and its PID namespace with everything the candidate started.
-    from test_sandbox_hygiene import candidate, descendants, gone_soon, kill_if_running, marked_sleep, \
-        new_session_sleep, with_marker
+    from test_sandbox_hygiene import descendants, gone_soon, kill_if_running, marked_sleep, \
+        start_until_the_candidate_hangs, with_marker
 
     startfile, marker = marked_sleep(tmp_path)
-    problem, cand = tmp_path / "problem.py", tmp_path / "hang.py"
-    problem.write_text(SMALL_PROBLEM)
-    cand.write_text(candidate(init=new_session_sleep(startfile, marker), forward="while True:\n    time.sleep(0.1)"))
-    supervisor = subprocess.Popen([sys.executable, "-c", SEARCH_SUPERVISOR, str(problem), str(cand), str(tmp_path / "run")],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    supervisor = start_until_the_candidate_hangs(SEARCH_SUPERVISOR, tmp_path, startfile, marker)
     below: list[int] = []
     try:
-        deadline = time.monotonic() + 120
-        while not startfile.exists():
-            assert supervisor.poll() is None and time.monotonic() < deadline, "the candidate never started"
-            time.sleep(0.1)
-        time.sleep(0.5)  # into the hanging forward()
         below = descendants(supervisor.pid)  # the zygote, the worker's sandbox, the candidate's sleep
         assert with_marker(marker) and set(with_marker(marker)) <= set(below)
 
@@ -203,7 +180,7 @@ def test_a_compiled_candidate_builds_in_a_worker_forked_after_the_zygote_warmed_
     # folder inside the zygote's TMPDIR, where a worker may not write: every cpp_wrapper build failed there.
     problem, plain, compiled = tmp_path / "problem.py", tmp_path / "plain.py", tmp_path / "compiled.py"
     problem.write_text(SMALL_PROBLEM)
-    plain.write_text(CORRECT)
+    plain.write_text(GOOD_CANDIDATE)
     compiled.write_text(CPP_WRAPPER)
     with WorkerPool() as pool:
         for candidate in (plain, compiled):  # the first worker's end lets the zygote warm up
