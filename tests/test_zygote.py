@@ -187,3 +187,9 @@ def test_a_compiled_candidate_builds_in_a_worker_forked_after_the_zygote_warmed_
             m = measure(MeasureRequest(problem=str(problem), candidate=str(candidate), device="cpu",
                                        run_dir=str(tmp_path / "run"), harness=QUICK, again=True), pool=pool)
             assert m.status == MeasureStatus.ok and m.correct, m.message
+        # and its own warm-up used the shared headers too, instead of building 149 MB of them (4 s) in its folder
+        folders = [z._scratch.path for z in zygote._ZYGOTES.values() if z.alive]
+        assert folders
+        for folder in folders:
+            size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file() and not f.is_symlink())
+            assert size < 20e6, f"{folder} holds {size / 1e6:.0f} MB"
