@@ -228,11 +228,6 @@ def settle_os_threads(baseline: int, settle_s: float = 0.05) -> tuple[int, float
     return max(extra, 0), (time.perf_counter_ns() - start) / 1e6
 
 
-def os_threads_beyond(baseline: int, settle_s: float = 0.05) -> int:
-    """The OS threads above `baseline` still alive after the wait of `settle_os_threads`."""
-    return settle_os_threads(baseline, settle_s)[0]
-
-
 def precision_flags() -> dict[str, Any]:
     return {
         "matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,

@@ -206,6 +206,23 @@ def refuse_unix_sockets():
     return "UNIX sockets refused (seccomp)"
 
 
+def enter_own_processes(channel, pids, proc):
+    """Every worker, launched or forked: into its PID namespace where it has one, and a child subreaper
+    (PR_SET_CHILD_SUBREAPER): a process the candidate orphans (double fork, daemon) is re-parented to the
+    worker instead of init, so it stays in the worker's process tree, where the supervisor finds it."""
+    os.environ["KSCOUT_SANDBOX_PROC"] = enter_pid_namespace(channel, proc) if pids == "isolated" else proc
+    prctl(36, 1, 0, 0, 0)
+
+
+def restrict_the_rest():
+    """Every worker's last steps before its own code: files (Landlock), then UNIX sockets (seccomp), and the
+    rule lists out of the environment the candidate will see."""
+    os.environ["KSCOUT_SANDBOX_FILES"] = restrict_files()
+    os.environ["KSCOUT_SANDBOX_SOCKETS"] = refuse_unix_sockets()
+    os.environ.pop("KSCOUT_SANDBOX_WRITABLE", None)
+    os.environ.pop("KSCOUT_SANDBOX_READABLE", None)
+
+
 def make_pid_namespace():
     """For a worker forked from the zygote: the PID and mount namespaces of its own that `make_namespaces`
     makes for a launched worker (the zygote's user namespace gives the capability to make them)."""
@@ -237,17 +254,11 @@ def confine_forked_worker(channel, network):
     prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: the zygote gone, this child goes too
     pids, proc = make_pid_namespace()
     os.environ["KSCOUT_SANDBOX_NETWORK"], os.environ["KSCOUT_SANDBOX_PIDS"] = network, pids
-    os.environ["KSCOUT_SANDBOX_PROC"] = proc
-    if pids == "isolated":
-        os.environ["KSCOUT_SANDBOX_PROC"] = enter_pid_namespace(channel, proc)
-    prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER, as in main
-    drop_capabilities()
+    enter_own_processes(channel, pids, proc)
+    drop_capabilities()  # after the namespace: mounting its /proc needed CAP_SYS_ADMIN
     prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
     prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: the zygote is not, its workers are (the supervisor reads their /proc)
-    os.environ["KSCOUT_SANDBOX_FILES"] = restrict_files()
-    os.environ["KSCOUT_SANDBOX_SOCKETS"] = refuse_unix_sockets()
-    os.environ.pop("KSCOUT_SANDBOX_WRITABLE", None)
-    os.environ.pop("KSCOUT_SANDBOX_READABLE", None)
+    restrict_the_rest()
 
 
 def forget_zygote_paths():
@@ -427,16 +438,8 @@ def main():
     network, pids, proc = make_namespaces()
     os.environ["KSCOUT_SANDBOX_NETWORK"], os.environ["KSCOUT_SANDBOX_PIDS"], os.environ["KSCOUT_SANDBOX_PROC"] = network, pids, proc
     drop_privileges()
-    channel = [int(fd) for fd in sys.argv[1:3]]
-    if pids == "isolated":
-        os.environ["KSCOUT_SANDBOX_PROC"] = enter_pid_namespace(channel, proc)
-    # PR_SET_CHILD_SUBREAPER: a process the candidate orphans (double fork, daemon) is re-parented to the
-    # worker instead of init, so it stays in the worker's process tree, where the supervisor finds it.
-    prctl(36, 1, 0, 0, 0)
-    os.environ["KSCOUT_SANDBOX_FILES"] = restrict_files()
-    os.environ["KSCOUT_SANDBOX_SOCKETS"] = refuse_unix_sockets()
-    os.environ.pop("KSCOUT_SANDBOX_WRITABLE", None)
-    os.environ.pop("KSCOUT_SANDBOX_READABLE", None)
+    enter_own_processes([int(fd) for fd in sys.argv[1:3]], pids, proc)
+    restrict_the_rest()
     os.execv(sys.executable, [sys.executable, "-m", "kernelscout.sandbox.worker"] + sys.argv[1:])
 
 

@@ -445,7 +445,6 @@ class WorkerProcess:
         self.proc: Any = None
         self.forked = False  # from the zygote (sandbox/zygote.py), or launched
         if fork and zygote.enabled(device) and (parent := zygote.zygote_for(self.threads, env)) is not None:
-            self.log_path.touch()
             try:
                 self.proc = parent.spawn(env, self.workdir, self.log_path, (cmd_r, res_w))
                 self.forked = True

@@ -80,10 +80,8 @@ class Zygote:
         finally:
             theirs.close()
         self._sock = ours
-        self._children: dict[int, ForkedProcess] = {}
-        self._early_exits: dict[int, int] = {}  # exits read before their fork's answer was
-        self._forks: queue.Queue[Optional[int]] = queue.Queue()
-        self._lock = threading.Lock()
+        self._children: dict[int, ForkedProcess] = {}  # the reader thread's alone
+        self._forks: queue.Queue[Optional[ForkedProcess]] = queue.Queue()
         self._spawn_lock = threading.Lock()
         self.gone = False
         ours.settimeout(start_timeout)
@@ -96,7 +94,6 @@ class Zygote:
             self.close()
             raise ZygoteUnavailable(f"the zygote did not start: {self.log_tail()}")
         ours.settimeout(None)
-        self.network = hello.get("network", "")
         threading.Thread(target=self._read, name="kscout-zygote-reader", daemon=True).start()
 
     def log_tail(self, lines: int = 10) -> str:
@@ -110,6 +107,8 @@ class Zygote:
         return not self.gone and self.proc.poll() is None
 
     def _read(self) -> None:
+        """The zygote answers a fork before it reaps that child, and this thread reads in order: a child is
+        registered before its exit can arrive."""
         while True:
             try:
                 data = self._sock.recv(1 << 16)
@@ -119,21 +118,15 @@ class Zygote:
                 break
             message = json.loads(data)
             if "forked" in message:
-                self._forks.put(int(message["forked"]))
-            elif "exit" in message:
-                pid, code = int(message["exit"]), int(message["code"])
-                with self._lock:
-                    child = self._children.pop(pid, None)
-                    if child is None:
-                        self._early_exits[pid] = code
-                if child is not None:
-                    child.exited(code)
+                child = self._children[int(message["forked"])] = ForkedProcess(int(message["forked"]))
+                self._forks.put(child)
+            elif "exit" in message and (child := self._children.pop(int(message["exit"]), None)) is not None:
+                child.exited(int(message["code"]))
         # the zygote is gone, and its children with it (each has PR_SET_PDEATHSIG)
-        with self._lock:
-            self.gone = True
-            children, self._children = list(self._children.values()), {}
-        for child in children:
+        self.gone = True
+        for child in self._children.values():
             child.exited(-9)
+        self._children.clear()
         self._forks.put(None)
 
     def spawn(self, env: dict[str, str], cwd: Path, log_path: Path, fds: tuple[int, int],
@@ -146,18 +139,11 @@ class Zygote:
                 raise ZygoteUnavailable("the zygote has exited: " + self.log_tail())
             try:
                 socket.send_fds(self._sock, [request], list(fds))
-                pid = self._forks.get(timeout=timeout)
+                child = self._forks.get(timeout=timeout)
             except (OSError, queue.Empty) as exc:
                 raise ZygoteUnavailable(f"the zygote did not fork a worker ({exc})") from None
-            if pid is None:
+            if child is None:
                 raise ZygoteUnavailable("the zygote has exited: " + self.log_tail())
-            child = ForkedProcess(pid)
-            with self._lock:
-                code = self._early_exits.pop(pid, None)
-                if code is None:
-                    self._children[pid] = child
-            if code is not None:
-                child.exited(code)
             return child
 
     def close(self) -> None:

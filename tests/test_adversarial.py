@@ -208,12 +208,12 @@ def test_a_thread_started_and_joined_inside_the_call_is_fair(measure_source):
 def test_a_thread_that_is_exiting_is_given_time_to_go(monkeypatch):
     counts = iter([5, 5, 4])
     monkeypatch.setattr(integrity, "os_thread_count", lambda: next(counts, 4))
-    assert integrity.os_threads_beyond(4, settle_s=1.0) == 0
+    assert integrity.settle_os_threads(4, settle_s=1.0)[0] == 0
 
 
 def test_a_thread_still_alive_after_the_wait_is_counted(monkeypatch):
     monkeypatch.setattr(integrity, "os_thread_count", lambda: 6)
-    assert integrity.os_threads_beyond(4, settle_s=0.01) == 2
+    assert integrity.settle_os_threads(4, settle_s=0.01)[0] == 2
 
 
 def test_a_thread_busy_while_the_candidate_is_timed_invalidates_the_timing(measure_source):
