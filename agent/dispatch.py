@@ -21,6 +21,7 @@ crashes/ for a crash, a timeout or a lost worker.
 from __future__ import annotations
 
 import json
+import os
 import queue
 import threading
 import time
@@ -65,7 +66,8 @@ class LocalSlots:
         # CPU slots share the cores and the memory; GPU slots each get a device of their own
         threads = max(1, cores // n)
         memory = default_memory_bytes() // (n if not gpus else 1)
-        self.slots = [MeasureSlot(f"local-{i}", d, threads=threads, memory_bytes=memory, instance=instance)
+        shares = cpu_shares(n, threads) if not gpus and n > 1 else [()] * n
+        self.slots = [MeasureSlot(f"local-{i}", d, threads=threads, memory_bytes=memory, instance=instance, cpus=shares[i])
                       for i, d in enumerate(self.devices)]
         self.names = [s.name for s in self.slots]
         self.threads = threads
@@ -79,11 +81,28 @@ class LocalSlots:
     def describe(self) -> str:
         if self.devices[0].startswith("cuda"):
             return f"{len(self.slots)} local workers on {', '.join(self.devices)}"
-        return f"{len(self.slots)} local CPU workers ({self.threads} thread{'s' if self.threads > 1 else ''} each)"
+        pinned = self.slots[0].cpus
+        where = f", pinned to cores {' | '.join(_cores_text(slot.cpus) for slot in self.slots)}" if pinned else ""
+        return f"{len(self.slots)} local CPU worker{'s' if len(self.slots) > 1 else ''} ({self.threads} thread{'s' if self.threads > 1 else ''} each{where})"
 
     def close(self) -> None:
         for slot in self.slots:
             slot.close()
+
+
+def cpu_shares(n: int, threads: int) -> list[tuple[int, ...]]:
+    """Each of `n` CPU slots gets `threads` cores of this process's own, none shared while there are enough.
+    Why pin rather than only cap the thread count: a worker capped at 2 threads but free to run on every
+    core lets a candidate raise its count inside its call (the reference then had 2 cores, the candidate
+    all), and honest workers' threads wander onto each other's cores and disturb each other's timings."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if not cores:  # no affinity on this platform: threads are capped, not pinned
+        return [()] * n
+    return [tuple(cores[(i * threads + j) % len(cores)] for j in range(threads)) for i in range(n)]
+
+
+def _cores_text(cpus: tuple[int, ...]) -> str:
+    return ",".join(str(c) for c in cpus)
 
 
 def _local_gpus() -> int:

@@ -5,7 +5,7 @@ before the worker module and before any candidate code. With a PID namespace, th
 started (the launcher) stays outside it and mirrors the exit of the worker, which runs two forks down;
 without one it execs the worker in place (same pid). Every step is best effort: a kernel or a user that
 refuses one still gets a working worker, and the worker's hello says what was refused
-(KSCOUT_SANDBOX_NETWORK, _PIDS, _PROC, _FILES, _SOCKETS).
+(KSCOUT_SANDBOX_NETWORK, _PIDS, _PROC, _FILES, _SOCKETS, _CPUS).
 
 Why its text with ``-c`` and not ``-m kernelscout.sandbox.launcher``: ``-m`` would import the package
 (kernelscout/__init__.py and what it imports) before the confinement, and pay for that import in every
@@ -173,37 +173,75 @@ def restrict_files():
         "; signals and abstract sockets scoped to the worker)" if scoped else ")")
 
 
-def refuse_unix_sockets():
-    """seccomp: socket(AF_UNIX, ...) fails with EACCES from here on, in the worker and all it starts. The
-    network namespace cuts TCP and abstract sockets, but a socket file on disk is reached by path: a
-    review's candidate connected to the user's ssh-agent and had it sign data with the user's key;
-    docker.sock or a Ray node's sockets would answer the same way. The worker talks over pipes."""
-    if os.environ.get("KSCOUT_SANDBOX_NETWORK") == "allow":
-        return "open (KSCOUT_SANDBOX_NETWORK=allow)"
+def pin_cpus():
+    """The cores this worker may run on, from KSCOUT_CPUS (set when `--workers N` splits the machine), before
+    any candidate code: threads started later inherit the mask, and `seccomp_rules` then refuses to change
+    it. Without a pin, a candidate that raised its thread count inside its call and lowered it again before
+    returning would have had every core, the reference only its share."""
+    wanted = os.environ.pop("KSCOUT_CPUS", "")
+    if not wanted or not hasattr(os, "sched_setaffinity"):
+        return "every core of the machine"
+    cpus = {int(c) for c in wanted.split(",")}
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError as exc:  # cores outside the supervisor's own mask (a container changed under us)
+        return "every core of the machine (pinning to " + wanted + " refused: " + exc.strerror + ")"
+    return "cores " + wanted
+
+
+# seccomp system call numbers: socket, sched_setaffinity
+_CALLS = {"x86_64": (0xC000003E, 41, 203), "aarch64": (0xC00000B7, 198, 122)}
+
+
+def seccomp_rules():
+    """seccomp, in the worker and all it starts, from here on:
+
+    * socket(AF_UNIX, ...) fails with EACCES. The network namespace cuts TCP and abstract sockets, but a
+      socket file on disk is reached by path: a review's candidate connected to the user's ssh-agent and
+      had it sign data with the user's key; docker.sock or a Ray node's sockets would answer the same way.
+      The worker talks over pipes. KSCOUT_SANDBOX_NETWORK=allow lifts this rule.
+    * sched_setaffinity fails with EPERM: the cores a worker runs on are set before candidate code runs
+      (`pin_cpus`), and neither side may change them. Pinning the reference's threads to one core between
+      two calls made an unchanged softmax look 5.1x faster (caught after the call since the thirty-fourth
+      session; now refused outright), and widening its own mask inside the call gave a candidate more cores
+      than its worker's share.
+
+    Returns what the hello says of sockets and of the CPU mask."""
     import platform
     import struct
-    arch, nr = {"x86_64": (0xC000003E, 41), "aarch64": (0xC00000B7, 198)}.get(platform.machine(), (None, None))
+    arch, socket_nr, affinity_nr = _CALLS.get(platform.machine(), (None, None, None))
     if arch is None:
-        return "open (no seccomp filter for " + platform.machine() + ")"
+        return "open (no seccomp filter for " + platform.machine() + ")", "changeable (no seccomp filter)"
+    # by now the variable holds what the namespaces made ("open (KSCOUT_SANDBOX_NETWORK=allow)"), not the wish
+    sockets = "allow" not in os.environ.get("KSCOUT_SANDBOX_NETWORK", "")
     ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    eacces, eperm, allow = 0x00050000 | 13, 0x00050000 | 1, 0x7FFF0000  # SECCOMP_RET_ERRNO | errno; RET_ALLOW
+    # (code, jump if true, jump if false, k), jumps to labels resolved below
     program = [
         (ld, 0, 0, 4),  # the architecture
-        (jeq, 0, 6, arch),  # another one (a 32-bit process): allow
+        (jeq, 0, "allow", arch),  # another one (a 32-bit process): allow
         (ld, 0, 0, 0),  # the system call's number
-        (jge, 3, 0, 0x40000000),  # x32 numbering: refuse
-        (jeq, 0, 3, nr),  # not socket(): allow
-        (ld, 0, 0, 16),  # its first argument, the address family
-        (jeq, 0, 1, 1),  # AF_UNIX: refuse
-        (ret, 0, 0, 0x00050000 | 13),  # SECCOMP_RET_ERRNO | EACCES
-        (ret, 0, 0, 0x7FFF0000),  # SECCOMP_RET_ALLOW
+        (jge, "eacces", 0, 0x40000000),  # x32 numbering: refuse
+        (jeq, "eperm", 0 if sockets else "allow", affinity_nr),
     ]
-    code = b"".join(struct.pack("HBBI", *op) for op in program)
+    if sockets:
+        program += [
+            (jeq, 0, "allow", socket_nr),  # not socket(): allow
+            (ld, 0, 0, 16),  # its first argument, the address family
+            (jeq, "eacces", "allow", 1),  # AF_UNIX: refuse
+        ]
+    labels = {"eacces": len(program), "eperm": len(program) + 1, "allow": len(program) + 2}
+    program += [(ret, 0, 0, eacces), (ret, 0, 0, eperm), (ret, 0, 0, allow)]
+    resolved = [(op, labels[jt] - i - 1 if isinstance(jt, str) else jt, labels[jf] - i - 1 if isinstance(jf, str) else jf, k)
+                for i, (op, jt, jf, k) in enumerate(program)]
+    code = b"".join(struct.pack("HBBI", *op) for op in resolved)
     buf = ctypes.create_string_buffer(code, len(code))
-    fprog = struct.pack("HxxxxxxP", len(program), ctypes.addressof(buf))
+    fprog = struct.pack("HxxxxxxP", len(resolved), ctypes.addressof(buf))
     fbuf = ctypes.create_string_buffer(fprog, len(fprog))
     if prctl(22, 2, ctypes.c_void_p(ctypes.addressof(fbuf)), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
-        return "open (seccomp refused: " + os.strerror(ctypes.get_errno()) + ")"
-    return "UNIX sockets refused (seccomp)"
+        reason = os.strerror(ctypes.get_errno())
+        return "open (seccomp refused: " + reason + ")", "changeable (seccomp refused: " + reason + ")"
+    return ("UNIX sockets refused (seccomp)" if sockets else "open (KSCOUT_SANDBOX_NETWORK=allow)"), "fixed (seccomp)"
 
 
 def enter_own_processes(channel, pids, proc):
@@ -215,10 +253,13 @@ def enter_own_processes(channel, pids, proc):
 
 
 def restrict_the_rest():
-    """Every worker's last steps before its own code: files (Landlock), then UNIX sockets (seccomp), and the
-    rule lists out of the environment the candidate will see."""
+    """Every worker's last steps before its own code: its cores, files (Landlock), then UNIX sockets and the
+    CPU mask (seccomp), and the rule lists out of the environment the candidate will see."""
+    cores = pin_cpus()
     os.environ["KSCOUT_SANDBOX_FILES"] = restrict_files()
-    os.environ["KSCOUT_SANDBOX_SOCKETS"] = refuse_unix_sockets()
+    sockets, mask = seccomp_rules()
+    os.environ["KSCOUT_SANDBOX_SOCKETS"] = sockets
+    os.environ["KSCOUT_SANDBOX_CPUS"] = cores + "; " + mask
     os.environ.pop("KSCOUT_SANDBOX_WRITABLE", None)
     os.environ.pop("KSCOUT_SANDBOX_READABLE", None)
 

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -77,7 +78,7 @@ def share_precompiled_headers(workdir: Path, env: dict[str, str]) -> None:
         return
 
 
-def clean_env(device: str, threads: int, memory_bytes: int, workdir: Path) -> dict[str, str]:
+def clean_env(device: str, threads: int, memory_bytes: int, workdir: Path, cpus: Sequence[int] = ()) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if _ALLOWED.match(k) and not _SECRET.search(k)}
     env.update(
         HOME=str(workdir),
@@ -104,6 +105,8 @@ def clean_env(device: str, threads: int, memory_bytes: int, workdir: Path) -> di
         # from it) outlives the call that started it, and the harness rightly reports work left running.
         TORCHINDUCTOR_COMPILE_THREADS="1",
     )
+    if cpus:  # the launcher pins the worker to these cores before any candidate code (launcher.pin_cpus)
+        env["KSCOUT_CPUS"] = ",".join(str(c) for c in sorted(cpus))
     if os.environ.get("KSCOUT_SANDBOX_NETWORK") == "allow":  # a kernel that must reach the network
         env["KSCOUT_SANDBOX_NETWORK"] = "allow"
     if os.environ.get("KSCOUT_SANDBOX_PIDS") == "shared":  # a system where a PID namespace breaks something
@@ -429,9 +432,10 @@ class WorkerProcess:
         return self._scratch.path
 
     def __init__(self, device: str = "cpu", threads: Optional[int] = None, memory_bytes: Optional[int] = None,
-                 fork: bool = True):
+                 fork: bool = True, cpus: Sequence[int] = ()):
         """`fork`: from the zygote where it serves (CPU, Linux; sandbox/zygote.py), else launched. A one-off
-        measurement launches: starting a zygote and forking from it takes about 0.5 s longer than one launch."""
+        measurement launches: starting a zygote and forking from it takes about 0.5 s longer than one launch.
+        `cpus`: the cores it runs on (all of the supervisor's when empty), fixed before candidate code runs."""
         self.device = device
         self.threads = threads or default_threads()
         self.memory_bytes = memory_bytes if memory_bytes is not None else default_memory_bytes()
@@ -439,7 +443,8 @@ class WorkerProcess:
         self.log_path = self.workdir / "worker.log"
         cmd_r, self._cmd_w = os.pipe()
         self._res_r, res_w = os.pipe()
-        env = clean_env(device, self.threads, self.memory_bytes if device.startswith("cpu") else 0, self.workdir)
+        env = clean_env(device, self.threads, self.memory_bytes if device.startswith("cpu") else 0, self.workdir,
+                        cpus if device.startswith("cpu") else ())
         share_precompiled_headers(self.workdir, env)
         protect_supervisor()
         self.proc: Any = None
@@ -604,15 +609,16 @@ def _rss_bytes(pids: list[int]) -> int:
 class _Spare(threading.Thread):
     """A worker being started in the background, to replace one that was retired."""
 
-    def __init__(self, device: str, threads: Optional[int], memory_bytes: Optional[int], fork: bool = True):
+    def __init__(self, device: str, threads: Optional[int], memory_bytes: Optional[int], fork: bool = True,
+                 cpus: Sequence[int] = ()):
         super().__init__(name=f"kscout-spare-{device}", daemon=True)
-        self.device, self.threads, self.memory_bytes, self.fork = device, threads, memory_bytes, fork
+        self.device, self.threads, self.memory_bytes, self.fork, self.cpus = device, threads, memory_bytes, fork, cpus
         self.worker: Optional[WorkerProcess] = None
         self.environ = dict(os.environ)  # what it was started under: a worker takes its settings from it
 
     def run(self) -> None:
         try:
-            worker = WorkerProcess(self.device, self.threads, self.memory_bytes, self.fork)
+            worker = WorkerProcess(self.device, self.threads, self.memory_bytes, self.fork, self.cpus)
         except Exception:  # acquire() starts one in the foreground, where the failure is reported
             return
         try:
@@ -645,11 +651,13 @@ class WorkerPool:
     """
 
     def __init__(self, threads: Optional[int] = None, memory_bytes: Optional[int] = None, spares: bool = True,
-                 reuse: bool = False, fork: Optional[bool] = None):
+                 reuse: bool = False, fork: Optional[bool] = None, cpus: Sequence[int] = ()):
         """`reuse=True` keeps a worker warm across candidates, as before the review: for candidates that
         are one's own (the test suite's shared pool), never for a search's. `fork`: workers from the zygote
-        (sandbox/zygote.py); by default where a pool starts more than one (`spares`)."""
+        (sandbox/zygote.py); by default where a pool starts more than one (`spares`). `cpus`: the cores its
+        CPU workers are pinned to (`--workers N` gives each slot its own share); all of them when empty."""
         self.threads = threads
+        self.cpus = tuple(cpus)
         self.memory_bytes = memory_bytes
         self.spares = spares
         self.fork = spares if fork is None else fork
@@ -668,7 +676,7 @@ class WorkerPool:
             if worker.alive:
                 return worker
             worker.close()
-        worker = WorkerProcess(device, self.threads, self.memory_bytes, self.fork)
+        worker = WorkerProcess(device, self.threads, self.memory_bytes, self.fork, self.cpus)
         try:
             worker.start(start_timeout)
         except Exception:
@@ -684,7 +692,7 @@ class WorkerPool:
             return
         worker.close()
         if self.spares and worker.device not in self._starting and not self._idle.get(worker.device):
-            spare = _Spare(worker.device, self.threads, self.memory_bytes, self.fork)
+            spare = _Spare(worker.device, self.threads, self.memory_bytes, self.fork, self.cpus)
             self._starting[worker.device] = spare
             spare.start()
 

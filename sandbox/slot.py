@@ -19,6 +19,7 @@ import socket
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
@@ -128,8 +129,8 @@ class MeasureSlot:
     """
 
     def __init__(self, name: str, device: str = "cpu", threads: Optional[int] = None, memory_bytes: Optional[int] = None,
-                 instance: str = ""):
-        self.name, self.device = name, device
+                 instance: str = "", cpus: Sequence[int] = ()):
+        self.name, self.device, self.cpus = name, device, tuple(cpus)
         self.host, self.pid = socket.gethostname(), os.getpid()
         self._lock = threading.Lock()
         self._scratch = ScratchDir("slot", _safe(name))  # swept by a later slot if this one is killed
@@ -137,7 +138,7 @@ class MeasureSlot:
         # and two runs on one machine never touch each other's workers
         self._pidfile = Path(tempfile.gettempdir()) / f"kscout-slot-{_safe(instance)}-{_safe(name)}.pgid"
         _reap_orphan(self._pidfile)  # a previous incarnation of this slot was killed mid-measurement
-        self._pool = _LoggedPool(self._remember, threads=threads, memory_bytes=memory_bytes)
+        self._pool = _LoggedPool(self._remember, threads=threads, memory_bytes=memory_bytes, cpus=cpus)
         self._spaces: dict[str, Any] = {}
 
     @property

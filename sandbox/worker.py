@@ -658,7 +658,8 @@ class Worker:
                 "pids": os.environ.get("KSCOUT_SANDBOX_PIDS", "shared (no PID namespace on this platform)"),
                 "proc": os.environ.get("KSCOUT_SANDBOX_PROC", "host"),
                 "files": os.environ.get("KSCOUT_SANDBOX_FILES", "open (no Landlock on this platform)"),
-                "sockets": os.environ.get("KSCOUT_SANDBOX_SOCKETS", "open (no seccomp on this platform)")}
+                "sockets": os.environ.get("KSCOUT_SANDBOX_SOCKETS", "open (no seccomp on this platform)"),
+                "cpus": os.environ.get("KSCOUT_SANDBOX_CPUS", "every core of the machine; changeable (no seccomp on this platform)")}
 
 
 def main() -> None:

@@ -302,17 +302,25 @@ def test_leaving_the_reference_fewer_threads_is_caught(measure_source):
 
 
 @pytest.mark.skipif(len(getattr(__import__("os"), "sched_getaffinity", lambda _: {0})(0)) < 2, reason="needs two cores")
-def test_pinning_the_references_threads_to_one_core_is_caught(measure_source):
+def test_pinning_the_references_threads_to_one_core_is_refused(measure_source, pool):
     # Every core for itself, all of the process's threads pinned to one core for the reference that
     # runs next: an unchanged softmax was timed at 5.1x that way (a review, thirty-fourth session).
+    # Workers now refuse to change their CPU mask at all (seccomp); where no filter can be installed,
+    # the change is still caught after the call, as a shared setting.
     header = "import os\n_ALL = os.sched_getaffinity(0)\n_one = lambda m: [os.sched_setaffinity(int(t), m) for t in os.listdir('/proc/self/task')]"
     body = """        _one(_ALL)
         out = torch.relu(x * self.scale + y) + 0.5 * x
         _one({min(_ALL)})
         return out"""
     m = measure_source(_model(body, header))
-    assert _caught(m), m
-    assert "CPU affinity" in (m.timing_invalid_reason or ""), m.timing_invalid_reason
+    worker = pool.acquire("cpu")
+    fixed = worker.info.get("cpus", "").endswith("fixed (seccomp)")
+    pool.release(worker, healthy=True)
+    if fixed:
+        assert m.status == MeasureStatus.runtime_error and "PermissionError" in m.message, m
+    else:
+        assert _caught(m), m
+        assert "CPU affinity" in (m.timing_invalid_reason or ""), m.timing_invalid_reason
 
 
 _SLOW_KERNEL = """_LIB = torch.library.Library("aten", "IMPL")

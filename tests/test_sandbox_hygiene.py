@@ -229,6 +229,8 @@ def test_kscout_sandbox_network_allow_opens_it_again(tmp_path, write, monkeypatc
                                    harness=QUICK), pool=own)
         with borrowed_worker(own) as worker:
             assert worker.info["network"] == "open (KSCOUT_SANDBOX_NETWORK=allow)"
+            # UNIX sockets too (until the thirty-eighth session the opt-out left them refused), not the CPU mask
+            assert worker.info["sockets"] in ("open (KSCOUT_SANDBOX_NETWORK=allow)", "open (no seccomp filter for " + os.uname().machine + ")")
 
         assert m.status == MeasureStatus.ok, m.message
         assert report.read_text() == "connected"
@@ -666,3 +668,25 @@ def test_a_candidate_cannot_reach_a_unix_socket_on_disk(tmp_path, write, pool):
     finally:
         server.close()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_workers_slot_pins_it_to_its_own_cores_and_its_candidate_cannot_widen_them(tmp_path, write):
+    # `--workers 2` on two cores gives each slot one thread. Capped but not pinned, a candidate could
+    # raise its thread count inside its call and take the other slot's core, while the reference it is
+    # compared with had one. Pinned before candidate code runs, with the mask fixed (seccomp), it cannot.
+    from kernelscout.agent.dispatch import cpu_shares
+
+    cores = sorted(os.sched_getaffinity(0))
+    assert cpu_shares(2, max(1, len(cores) // 2))[0] == tuple(cores[: max(1, len(cores) // 2)])
+    lines = ("mask = sorted(os.sched_getaffinity(0))\n"
+             "try:\n    os.sched_setaffinity(0, set(range(os.cpu_count())))\n    widened = 'widened'\n"
+             "except OSError as exc:\n    widened = type(exc).__name__\n"
+             "report = ','.join(map(str, mask)) + ' ' + widened")
+    with WorkerPool(spares=False, threads=1, cpus=(cores[-1],)) as own:
+        with borrowed_worker(own) as worker:
+            if not worker.info["cpus"].endswith("fixed (seccomp)"):
+                pytest.skip(f"no seccomp filter here: {worker.info['cpus']!r}")
+            assert worker.info["cpus"] == f"cores {cores[-1]}; fixed (seccomp)"
+        m = measure(MeasureRequest(problem=str(write("problem.py", SMALL_PROBLEM)), candidate=str(write("c.py", probe(lines))),
+                                   device="cpu", run_dir=str(tmp_path / "run"), harness=QUICK), pool=own)
+    assert f"REPORT {cores[-1]} PermissionError" in m.message, m.message
