@@ -247,7 +247,8 @@ def _print_search(result) -> None:
     table.add_row("result", escape(result.message) if result.status == "finished" else f"[red]{escape(result.message)}[/red]")
     table.add_row("stopped because", escape(result.stop_reason or "-"))
     table.add_row("measurements", str(result.measurements_used))
-    table.add_row("considered", f"{result.candidates_considered} ({result.considered_per_measurement:.1f} per measurement)")
+    per = f" ({result.considered_per_measurement:.1f} per measurement)" if result.measurements_used else ""
+    table.add_row("considered", f"{result.candidates_considered}{per}")
     if result.llm_tokens:
         table.add_row("LLM", f"{result.llm_tokens:,} tokens, ${result.llm_usd:.4f}")
     if result.best_path:

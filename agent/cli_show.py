@@ -89,8 +89,8 @@ def render(view: RunView) -> None:
                  + (f": {escape(view.running)}" if view.status == "running" else
                     "" if view.status == "finished" else f"; `kscout resume {escape(view.run_dir)}` goes on"))
     flight = f" ({view.budget.reserved} in flight)" if view.budget.reserved else ""
-    head.add_row("measurements", f"{spent}{flight}, {view.considered} candidates considered "
-                                 f"({view.considered_per_measurement:.1f} per measurement)")
+    per = f" ({view.considered_per_measurement:.1f} per measurement)" if view.budget.used else ""
+    head.add_row("measurements", f"{spent}{flight}, {view.considered} candidates considered{per}")
     head.add_row("candidates", ", ".join(f"{n} {s}" for s, n in sorted(view.states.items())))
     head.add_row("best", escape(_best_line(view.best)) if view.best else "no verified candidate yet")
     if view.best_file:

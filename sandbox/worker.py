@@ -265,6 +265,7 @@ class Worker:
         weak = correctness.weak_reference_reason(per_seed_outputs, input_scale)
         if weak:
             raise Failure("invalid_problem", f"{path}: too weak to check candidates: {weak}")
+        self._check_repeatable(module, model, msg["seeds"][0], per_seed_outputs[0], path)
         self.problem, self.problem_path, self.problem_sha = module, path, sha
         self.init_inputs = list(init_inputs)
         self.initial_settings, self.initial_hooks = integrity.shared_settings(), integrity.code_hooks()
@@ -276,6 +277,26 @@ class Worker:
             "status": "ok",
             "outputs": [[list(o.shape), str(o.dtype)] for o in per_seed_outputs[0]],
         }
+
+    def _check_repeatable(self, module, model, seed: int, first: list[torch.Tensor], path: str) -> None:
+        """The reference again on the first trial's inputs, with the random generators elsewhere: a forward
+        that draws random numbers (dropout left in training mode, torch.rand) or keeps state between calls
+        answers differently, so no candidate could ever be judged correct against it. Refused here, before
+        a search spends its budget on candidates that all come back incorrect. Costs one more forward."""
+        inputs = self._make_inputs(module, seed, path)
+        torch.manual_seed(seed ^ 0x5DEECE66D)
+        try:
+            with torch.no_grad():
+                again = correctness.flatten_outputs(model(*inputs), "reference")
+            _sync(self.device)
+            correctness.compare(again, first)
+        except CheckFailed as exc:
+            raise Failure("invalid_problem", f"{path}: the reference Model gives different outputs for the same inputs (a second call against the first: {exc}), "
+                          "so no candidate can be checked against it. Make its forward deterministic: a Model with dropout "
+                          "should call self.eval() in __init__ (or use p=0), and it should not draw random numbers or keep state "
+                          "between calls")
+        except Exception as exc:
+            raise Failure("invalid_problem", f"{path}: the reference Model raised when called a second time: {_short_error(exc, path)}")
 
     def _call_problem(self, fn: Callable, path: str, what: str) -> Any:
         try:

@@ -26,6 +26,54 @@ def test_kernelbench_problem_whose_output_is_always_zero_is_flagged(measure_sour
     assert "too weak" in m.message
 
 
+DROPOUT_PROBLEM = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, p):
+        super().__init__()
+        self.fc = nn.Linear(64, 32)
+        self.dropout = nn.Dropout(p)
+{eval}
+    def forward(self, x):
+        return torch.softmax(self.dropout(self.fc(x)), dim=1)
+
+def get_inputs():
+    return [torch.randn(128, 64)]
+
+def get_init_inputs():
+    return [0.2]
+"""
+
+DROPOUT_CANDIDATE = """
+import torch
+import torch.nn as nn
+
+class ModelNew(nn.Module):
+    def __init__(self, p):
+        super().__init__()
+        self.fc = nn.Linear(64, 32)
+        self.dropout = nn.Dropout(p)
+{eval}
+    def forward(self, x):
+        return torch.softmax(self.dropout(self.fc(x)), dim=1)
+"""
+
+
+def test_a_reference_with_dropout_in_training_mode_is_refused_before_any_budget_is_spent(measure_source):
+    # A forward that draws random numbers can never be matched, so every candidate of a search would come back
+    # incorrect and the budget would be gone; the problem is refused instead, saying what to change.
+    m = measure_source(DROPOUT_CANDIDATE.format(eval=""), problem=DROPOUT_PROBLEM.format(eval=""))
+    assert m.status == MeasureStatus.invalid_problem, m.message
+    assert "different outputs for the same inputs" in m.message and "self.eval()" in m.message
+    assert not m.charged
+    # the fix the message names works
+    fixed = "        self.eval()\n"
+    m = measure_source(DROPOUT_CANDIDATE.format(eval=fixed), problem=DROPOUT_PROBLEM.format(eval=fixed))
+    assert m.status == MeasureStatus.ok and m.correct, m.message
+
+
 def test_syntax_error_names_file_and_line(write):
     path = write("cand.py", "import torch\n\nclass ModelNew(\n    def forward(self, x):\n        return x\n")
     with pytest.raises(InputFileError) as err:
