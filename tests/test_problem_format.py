@@ -26,11 +26,11 @@ def test_kernelbench_problem_whose_output_is_always_zero_is_flagged(measure_sour
     assert "too weak" in m.message
 
 
-DROPOUT_PROBLEM = """
+DROPOUT_MODEL = """
 import torch
 import torch.nn as nn
 
-class Model(nn.Module):
+class {name}(nn.Module):
     def __init__(self, p):
         super().__init__()
         self.fc = nn.Linear(64, 32)
@@ -38,7 +38,8 @@ class Model(nn.Module):
 {eval}
     def forward(self, x):
         return torch.softmax(self.dropout(self.fc(x)), dim=1)
-
+"""
+DROPOUT_INPUTS = """
 def get_inputs():
     return [torch.randn(128, 64)]
 
@@ -46,31 +47,17 @@ def get_init_inputs():
     return [0.2]
 """
 
-DROPOUT_CANDIDATE = """
-import torch
-import torch.nn as nn
-
-class ModelNew(nn.Module):
-    def __init__(self, p):
-        super().__init__()
-        self.fc = nn.Linear(64, 32)
-        self.dropout = nn.Dropout(p)
-{eval}
-    def forward(self, x):
-        return torch.softmax(self.dropout(self.fc(x)), dim=1)
-"""
-
 
 def test_a_reference_with_dropout_in_training_mode_is_refused_before_any_budget_is_spent(measure_source):
     # A forward that draws random numbers can never be matched, so every candidate of a search would come back
     # incorrect and the budget would be gone; the problem is refused instead, saying what to change.
-    m = measure_source(DROPOUT_CANDIDATE.format(eval=""), problem=DROPOUT_PROBLEM.format(eval=""))
+    m = measure_source(DROPOUT_MODEL.format(name="ModelNew", eval=""), problem=DROPOUT_MODEL.format(name="Model", eval="") + DROPOUT_INPUTS)
     assert m.status == MeasureStatus.invalid_problem, m.message
     assert "different outputs for the same inputs" in m.message and "self.eval()" in m.message
     assert not m.charged
     # the fix the message names works
     fixed = "        self.eval()\n"
-    m = measure_source(DROPOUT_CANDIDATE.format(eval=fixed), problem=DROPOUT_PROBLEM.format(eval=fixed))
+    m = measure_source(DROPOUT_MODEL.format(name="ModelNew", eval=fixed), problem=DROPOUT_MODEL.format(name="Model", eval=fixed) + DROPOUT_INPUTS)
     assert m.status == MeasureStatus.ok and m.correct, m.message
 
 
