@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 
 from kernelscout.sandbox.pool import WorkerDied, WorkerOutOfMemory, WorkerPool, WorkerProcess, WorkerTimedOut
 from kernelscout.sandbox.problem import SourceFile
-from kernelscout.sandbox.stats import summarise, wall_clock_disagreement
+from kernelscout.sandbox.stats import after_the_other_ratio, slowed_after_the_other, summarise, wall_clock_disagreement
 from kernelscout.tools.schema import Measurement, MeasureStatus
 
 START_TIMEOUT_S = 120.0  # a fresh sandbox worker imports torch before it answers
@@ -231,6 +231,7 @@ def _recheck(measured: int, config: HarnessConfig, rng: random.Random) -> bool:
 
 def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float) -> Measurement:
     ref_t, cand_t, ref_w, cand_w = [], [], [], []
+    follows: dict[str, list[bool]] = {"ref": [], "cand": []}  # per timed call: did it come right after the other side's?
     rechecked = 0
     leaks: list[str] = []
     rng = random.Random(secrets.randbits(64))
@@ -262,7 +263,7 @@ def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float) -> Meas
         if reply["status"] != "ok":
             return _fail(reply)
         order = ("ref", "cand") if rounds % 2 == 0 else ("cand", "ref")
-        for side in order:
+        for position, side in enumerate(order):
             w0 = time.perf_counter()
             reply = worker.request("call", _left(deadline), side=side)
             wall_ms = (time.perf_counter() - w0) * 1e3
@@ -272,6 +273,7 @@ def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float) -> Meas
                 continue
             (ref_t if side == "ref" else cand_t).append(reply["timer_ms"])
             (ref_w if side == "ref" else cand_w).append(wall_ms)
+            follows[side].append(position == 1)
             timed_s += reply["timer_ms"] / 1e3
             if reply.get("thread_leak"):
                 leaks.append("the candidate left work running after returning: " + reply["thread_leak"])
@@ -301,7 +303,10 @@ def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float) -> Meas
             "supervisor wall clock cross-checked against the per-call timer",
         ],
     )
-    reason = wall_clock_disagreement(ref_t, cand_t, ref_w, cand_w)
+    r_ref, r_cand = after_the_other_ratio(ref_t, follows["ref"]), after_the_other_ratio(cand_t, follows["cand"])
+    if r_ref is not None and r_cand is not None:
+        m.checks.append(f"each side right after the other's call, against first in its round: reference {r_ref:.2f}x, candidate {r_cand:.2f}x")
+    reason = wall_clock_disagreement(ref_t, cand_t, ref_w, cand_w) or slowed_after_the_other(ref_t, cand_t, follows)
     if leaks:
         reason = leaks[0]
     if cand.median_ms <= 0:

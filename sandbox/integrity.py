@@ -378,7 +378,33 @@ def code_hooks() -> dict[str, Any]:
     }
     if _monitoring is not None:
         hooks["sys.monitoring tools"] = tuple(_monitoring.get_tool(i) for i in range(6))
+    # the collector's callbacks run at every collection, and collections run inside the harness's own
+    # code between calls: a review's candidate computed each round's answer there, in the supervisor's
+    # `prep`, from the input tensors it kept (refilled in place), and returned it in 0.03 ms (softmax 78x,
+    # linear_gelu 300x). A low threshold is what made collections frequent enough for it.
+    hooks["gc callbacks"] = tuple(id(cb) for cb in _GC_CALLBACKS)
+    hooks["gc thresholds"] = _gc_get_threshold()
     return hooks
+
+
+_AUDIT_VETO: list = []
+
+
+def refuse_audit_hooks() -> None:
+    """No audit hook may be added once a candidate loads. Audit hooks cannot be removed or listed, and
+    they run on events the harness itself raises between calls (imports, file and directory access),
+    so one would be a place for a candidate's code to run outside its timed call that no check could
+    see. Python asks the hooks already there before adding one (the "sys.addaudithook" event); this
+    one refuses, and the candidate's hook is silently not added. Installed once per worker."""
+    if _AUDIT_VETO:
+        return
+
+    def veto(event: str, args: tuple) -> None:
+        if event == "sys.addaudithook":
+            raise RuntimeError("kernelscout's sandbox: no audit hooks in a worker")
+
+    sys.addaudithook(veto)
+    _AUDIT_VETO.append(veto)
 
 
 def hooks_changed(initial: dict[str, Any]) -> list[str]:
@@ -454,7 +480,8 @@ else:
     OpRecorder = None
 
 
-gc_isenabled, gc_enable, gc_disable = gc.isenabled, gc.enable, gc.disable
+gc_isenabled, gc_enable, gc_disable, gc_collect = gc.isenabled, gc.enable, gc.disable, gc.collect
+_GC_CALLBACKS, _gc_get_threshold = gc.callbacks, gc.get_threshold  # the collector's own list, whatever gc.callbacks is rebound to
 
 
 def pin_precision() -> None:
@@ -464,3 +491,50 @@ def pin_precision() -> None:
     torch.set_float32_matmul_precision("highest")
     torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+
+
+# -- the C allocator's settings ----------------------------------------------------------------------
+# glibc's mallopt parameters (malloc.h) and the values every timed call starts from. The worker's
+# environment sets the mmap and trim thresholds (sandbox/pool.py, clean_env: freed blocks kept for
+# reuse, so a call does not page-fault its temporaries in again); the rest are glibc's defaults on a
+# 64-bit machine. glibc has no getter for them, so they are set again before every timed call, on
+# both sides: a review's candidate lowered the thresholds through ctypes at import, so every large
+# temporary of the reference became a fresh mmap that page-faults (softmax reference 3 ms to 14 ms,
+# 12x reported), while it wrote into buffers of its own.
+_M_MXFAST, _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD, _M_MMAP_MAX, _M_PERTURB, _M_ARENA_MAX = 1, -1, -2, -3, -4, -6, -8
+
+
+def _mallopt() -> Optional[Callable[[int, int], int]]:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        fn = libc.mallopt
+        fn.argtypes, fn.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+        libc.gnu_get_libc_version  # glibc's mallopt; musl has none of these parameters
+        return fn
+    except (OSError, AttributeError):
+        return None
+
+
+def _allocator_settings() -> list[tuple[int, int]]:
+    keep = int(os.environ.get("MALLOC_MMAP_THRESHOLD_", "0") or 0)
+    trim = int(os.environ.get("MALLOC_TRIM_THRESHOLD_", "0") or 0)
+    arenas = int(os.environ.get("MALLOC_ARENA_MAX", "0") or 0)
+    settings = [(_M_MXFAST, 128), (_M_TOP_PAD, 128 * 1024), (_M_MMAP_MAX, 65536), (_M_PERTURB, 0)]
+    settings += [(_M_MMAP_THRESHOLD, keep)] if keep else []
+    settings += [(_M_TRIM_THRESHOLD, trim)] if trim else []
+    settings += [(_M_ARENA_MAX, arenas)] if arenas else []
+    return settings
+
+
+_MALLOPT, _ALLOCATOR = _mallopt(), _allocator_settings()
+
+
+def pin_allocator() -> None:
+    """The C allocator's settings back to the worker's own, before a timed call (a few microseconds)."""
+    if _MALLOPT is not None:
+        for param, value in _ALLOCATOR:
+            _MALLOPT(param, value)

@@ -221,6 +221,7 @@ class Worker:
         self.children_cpu_at_timing: Optional[float] = None  # CPU seconds of reaped children when timing began
         self.settings_at_load: Optional[dict[str, Any]] = None  # integrity.shared_settings() once both models are built
         self.round: dict[str, Any] = {}
+        self.gc_held: Optional[bool] = None  # whether automatic gc was on before the timing rounds switched it off
         self.built: Optional[tuple] = None  # (reference, candidate, timer) as load_candidate made them
         self.reference_print: tuple = ()  # _module_fingerprint of the reference as built: (structure, weights)
         self.global_hooks: tuple = ()
@@ -363,6 +364,7 @@ class Worker:
         self.timed_candidate_ms = 0.0
         self.children_cpu_at_timing = None
         self.settings_at_load = None
+        integrity.refuse_audit_hooks()
         name = f"kscout_candidate_{msg['sha'][:16]}_{os.getpid()}"
         try:
             module = _import_file(path, name)
@@ -474,9 +476,21 @@ class Worker:
 
     # -- timing ------------------------------------------------------------------------------
     def prep(self, msg: dict) -> dict:
-        """Fresh inputs for one timing round, so a result cached by input identity never matches."""
-        fresh = self._fresh_inputs(msg["seed"])
+        """Fresh inputs for one timing round, so a result cached by input identity never matches.
+
+        From the refill to the round's last call no candidate code may run: a candidate that keeps its
+        input tensors (refilled in place) and gets code run in between computes the round's answer
+        there, outside every clock (a review did it from a gc callback: softmax at 78x). So the last
+        round's outputs are dropped and young garbage collected first, while only old inputs exist, and
+        automatic collection, whose callbacks and finalisers would run candidate code, is off from then
+        until the next round's prep (and after timing, once the candidate is unloaded)."""
         previous = self.round or {}
+        previous.pop("out", None)  # finalisers hung on the last outputs run now, before the new inputs exist
+        if self.gc_held is None:
+            self.gc_held = integrity.gc_isenabled()
+        integrity.gc_disable()
+        integrity.gc_collect(0)
+        fresh = self._fresh_inputs(msg["seed"])
         if previous.get("ref") is not None and _layout(previous["ref"]) != previous.get("ref_layout"):
             # the candidate reached the reference's own input tensors (gc) and re-strided or moved them:
             # same values, so no check would see it, only a reference that runs slower
@@ -607,6 +621,7 @@ class Worker:
         # as timeit does: no garbage collection inside a timed call, where it would run whatever
         # finalisers the other side's garbage carries
         integrity.gc_disable()
+        integrity.pin_allocator()
         try:
             out, timer_ms, host_ms = self.timer(run)
         except Exception as exc:
@@ -665,6 +680,9 @@ class Worker:
         if self.candidate_module:
             sys.modules.pop(self.candidate_module, None)
         self.candidate_module = None
+        if self.gc_held:  # switched off by prep for the timing rounds
+            integrity.gc_enable()
+        self.gc_held = None
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

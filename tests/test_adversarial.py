@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from kernelscout.sandbox import integrity
+from kernelscout.sandbox.harness import HarnessConfig
 from kernelscout.tools.schema import MeasureStatus
-from conftest import SMALL_PROBLEM, TEST_DEVICE
+from conftest import EXAMPLES, SMALL_PROBLEM, TEST_DEVICE
 
 
 def _caught(m) -> bool:
@@ -758,3 +759,121 @@ class ModelNew(nn.Module):
 '''
     m = measure_source(cand, problem=SLOW_INPUTS_PROBLEM)
     assert m.status == MeasureStatus.ok and m.correct, m  # never a hit, so never the RuntimeError
+
+
+# -- found in a second red-team review (thirty-eighth session) --------------------------------------
+_PRECOMPUTE_IN_GC = """
+import gc
+import torch
+import torch.nn as nn
+
+_MODELS = []
+
+def _on_gc(phase, info):
+    for m in _MODELS:
+        m.precompute()
+
+class ModelNew(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale, self.x, self.y, self.ready = scale, None, None, None
+        _MODELS.append(self)
+        {setup}
+
+    def precompute(self):
+        # the harness refills the tensors it passed last time: compute this round's answer from them now
+        if self.x is not None:
+            self.ready = (self.x._version, torch.relu(self.x * self.scale + self.y) + 0.5 * self.x)
+
+    def forward(self, x, y):
+        ready, self.ready = self.ready, None
+        self.x, self.y = x, y
+        if ready is not None and ready[0] == x._version:
+            return ready[1]
+        return torch.relu(x * self.scale + y) + 0.5 * x
+"""
+
+
+@pytest.mark.parametrize("setup, hook", [
+    ("gc.callbacks.append(_on_gc); gc.set_threshold(4, 100000, 100000)", "gc callbacks"),
+    ("gc.set_threshold(1, 1, 1)", "gc thresholds"),
+])
+def test_work_done_by_the_garbage_collector_between_calls_is_caught(measure_source, setup, hook):
+    # A review's candidate computed each round's answer in a gc callback while the harness prepared the
+    # round, and returned it in 0.03 ms: softmax 78x, linear_gelu 300x, every check passing.
+    m = measure_source(_PRECOMPUTE_IN_GC.replace("{setup}", setup))
+    assert m.status == MeasureStatus.incorrect, m
+    assert hook in m.message, m.message
+
+
+def test_an_audit_hook_the_candidate_adds_never_runs(measure_source):
+    # Audit hooks cannot be removed or listed, and fire on events the harness raises between calls.
+    cand = _model("""        sys.audit("kscout.probe")
+        return torch.relu(x * self.scale + y) + 0.5 * x""",
+                  "import sys\ndef _hook(event, args):\n    if event == 'kscout.probe':\n        raise RuntimeError('the hook ran')\n"
+                  "sys.addaudithook(_hook)")
+    m = measure_source(cand)
+    assert m.status == MeasureStatus.ok and m.correct, m.message
+
+
+_SOFTMAX = (EXAMPLES / "softmax" / "problem.py").read_text()
+_HONEST_SOFTMAX = (EXAMPLES / "softmax" / "fast.py").read_text()
+_RECYCLED_SOFTMAX = """
+import ctypes
+import weakref
+import torch
+import torch.nn as nn
+{allocator}
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pool = []  # its own output buffers, taken back once the harness drops them: it never page-faults
+
+    def forward(self, logits):
+        buf = next((b for b, alias in self.pool if alias() is None), None)
+        if buf is None:
+            buf = torch.empty_like(logits)
+        else:
+            self.pool = [(b, a) for b, a in self.pool if b is not buf]
+        torch.ops.aten._softmax.out(logits, -1, False, out=buf)
+        out = buf.detach()
+        self.pool.append((buf, weakref.ref(out)))
+        {after}
+        return out
+"""
+
+
+def _measure_once(write, tmp_path, candidate: str):
+    """As `kscout measure` does it: a one-off pool, whose worker is launched rather than forked from the
+    zygote (in a forked worker, the zygote's heap did not let the allocator cheats below gain)."""
+    from kernelscout.tools.measure import MeasureRequest, measure
+
+    problem, cand = write("problem.py", _SOFTMAX), write("candidate.py", candidate)
+    return measure(MeasureRequest(problem=str(problem), candidate=str(cand), device="cpu", run_dir=str(tmp_path / "run"),
+                                  harness=HarnessConfig(), again=True))
+
+
+_GLIBC = pytest.mark.skipif(TEST_DEVICE != "cpu" or not __import__("sys").platform.startswith("linux"), reason="glibc's allocator")
+
+
+@_GLIBC
+def test_slowing_the_references_allocations_through_the_c_allocator_is_undone(write, tmp_path):
+    # mallopt at import: every large temporary of the reference became a fresh mmap that page-faults
+    # (3 ms to 14 ms; 12x reported against 3x honest). The settings are now put back before every call.
+    lowered = "_libc = ctypes.CDLL('libc.so.6')\n_libc.mallopt(-3, 64 * 1024)\n_libc.mallopt(-1, 64 * 1024)"
+    honest = _measure_once(write, tmp_path, _HONEST_SOFTMAX)
+    cheat = _measure_once(write, tmp_path, _RECYCLED_SOFTMAX.format(allocator=lowered, after=""))
+    assert honest.status == cheat.status == MeasureStatus.ok and cheat.correct, (honest.message, cheat.message)
+    assert cheat.speedup < 1.6 * honest.speedup, (cheat.message, honest.message)
+
+
+@_GLIBC
+def test_handing_the_heap_back_at_the_end_of_the_call_is_caught(write, tmp_path):
+    # malloc_trim leaves no setting changed, only a reference whose next call page-faults (3.5x against 2.2x)
+    m = _measure_once(write, tmp_path, _HONEST_SOFTMAX.replace("return torch.softmax(logits, dim=-1)",
+                                                              "out = torch.softmax(logits, dim=-1)\n        _trim(0)\n        return out")
+                      + "\nimport ctypes\n_trim = ctypes.CDLL('libc.so.6').malloc_trim\n")
+    assert m.status == MeasureStatus.ok and m.correct, m.message
+    assert _caught(m), m.message
+    assert "slower right after the candidate" in m.timing_invalid_reason, m.timing_invalid_reason

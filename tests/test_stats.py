@@ -1,8 +1,8 @@
-"""The supervisor's wall-clock cross-check: honest timings agree, faked ones do not."""
+"""The supervisor's cross-checks of a timing: honest timings pass, faked or sabotaged ones do not."""
 
 import random
 
-from kernelscout.sandbox.stats import summarise, wall_clock_disagreement
+from kernelscout.sandbox.stats import slowed_after_the_other, summarise, wall_clock_disagreement
 
 
 def _rounds(true_ref, true_cand, claimed_cand=None, n=40, overhead=0.3, jitter=0.02, seed=0):
@@ -38,3 +38,30 @@ def test_summary_uses_median_and_iqr():
 def test_a_timer_that_over_reports_the_candidate_cannot_inflate_a_speedup_and_is_tolerated():
     # timer says the candidate is slower than the wall clock does: scheduling noise, not an attack
     assert wall_clock_disagreement(*_rounds(2.0, 2.0, claimed_cand=2.25)) is None
+
+
+def _alternating(n, ref_first, ref_after, cand_first, cand_after):
+    """Rounds alternate which side goes first: (ref, cand), then (cand, ref), ..."""
+    ref_t, cand_t, follows = [], [], {"ref": [], "cand": []}
+    for i in range(n):
+        ref_goes_first = i % 2 == 0
+        ref_t.append(ref_first if ref_goes_first else ref_after)
+        cand_t.append(cand_after if ref_goes_first else cand_first)
+        follows["ref"].append(not ref_goes_first)
+        follows["cand"].append(ref_goes_first)
+    return ref_t, cand_t, follows
+
+
+def test_a_pair_that_disturbs_each_other_alike_passes():
+    # caches and free lists: each side a little slower right after the other, the reference more so
+    assert slowed_after_the_other(*_alternating(20, 3.0, 3.5, 1.0, 1.05)) is None
+
+
+def test_a_candidate_that_leaves_the_reference_slow_right_after_it_is_caught():
+    # malloc_trim at the end of its call: the reference's next call page-faults its temporaries in again
+    reason = slowed_after_the_other(*_alternating(20, 2.4, 8.6, 1.0, 1.0))
+    assert reason and "slower right after the candidate" in reason
+
+
+def test_too_few_rounds_of_either_kind_say_nothing():
+    assert slowed_after_the_other(*_alternating(4, 2.4, 8.6, 1.0, 1.0)) is None
