@@ -203,10 +203,15 @@ def _finish(worker: WorkerProcess, m: Measurement) -> tuple[Measurement, bool]:
     if strays:  # pool.release() kills them with the worker
         problems.append(f"the candidate left {len(strays)} process(es) running ({', '.join(sorted(set(strays)))}); they were killed")
     if problems:
+        named = "; ".join(problems)
         if m.timing_valid:
             m.timing_valid = False
-            m.timing_invalid_reason = "; ".join(problems)
-            m.message += "; timing not valid: " + m.timing_invalid_reason
+            m.timing_invalid_reason = named
+            m.message += "; timing not valid: " + named
+        elif m.timing_invalid_reason and named not in m.timing_invalid_reason:
+            # the cause first: the clock checks before it (wall clock, after-the-other) only see that something happened
+            m.timing_invalid_reason = named + "; " + m.timing_invalid_reason
+            m.message += "; also: " + named
         m.warnings.extend(problems)
     if idle:
         m.warnings.append(idle)
