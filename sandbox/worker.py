@@ -112,7 +112,10 @@ def _refill(buffers: Optional[list[Any]], fresh: list[Any]) -> list[Any]:
 
 
 def _layout(buffers: list[Any]) -> list[tuple]:
-    return [(t.data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype, t.device) for t in tensors_in(buffers)]
+    """What the round's input tensors must still be at the next refill. Their exact class too: a review's
+    candidate reached the reference's inputs (gc) and gave them a subclass whose __torch_function__ made
+    every op of the reference slow or run in float64 (softmax 6.9x, layernorm 19.9x)."""
+    return [(type(t), t.data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype, t.device) for t in tensors_in(buffers)]
 
 
 def _refill_one(old: Any, new: Any) -> Any:
@@ -167,13 +170,17 @@ def _module_fingerprint(model: Any, weights: bool = True) -> tuple:
         return ()
 
     def attributes(m: torch.nn.Module) -> tuple:
-        return tuple(sorted((k, repr(v) if isinstance(v, (int, float, str, bool, type(None))) else id(v))
+        return tuple(sorted((k, repr(v) if isinstance(v, (int, float, str, bool, type(None))) else (id(v), type(v)))
                             for k, v in vars(m).items() if not k.startswith("_")))
 
     def hooks(m: torch.nn.Module) -> tuple:
         return tuple(tuple(getattr(m, h, {}).items()) for h in _HOOK_DICTS)
 
     subs = tuple((name, id(m), type(m), attributes(m), hooks(m)) for name, m in model.named_modules())
+    # the exact class of every parameter and buffer: a review's candidate gave one of the reference's
+    # parameters a subclass whose __torch_function__ slept in every op it took part in (layernorm 8.5x)
+    tensors = tuple((name, type(t)) for name, t in (*model.named_parameters(), *model.named_buffers()))
+    subs = (subs, tensors)
     if not weights:
         return (subs,)  # a prefix of the full fingerprint
     with torch.no_grad():
@@ -494,11 +501,11 @@ class Worker:
         if previous.get("ref") is not None and _layout(previous["ref"]) != previous.get("ref_layout"):
             # the candidate reached the reference's own input tensors (gc) and re-strided or moved them:
             # same values, so no check would see it, only a reference that runs slower
-            raise Failure("incorrect", "the candidate changed the layout or storage of the reference's input tensors")
+            raise Failure("incorrect", "the candidate changed the class, layout or storage of the reference's input tensors")
         if previous.get("cand") is not None and _layout(previous["cand"]) != previous.get("cand_layout"):
             # its own: re-strided once (to channels-last, say), the next rounds' inputs would arrive in
             # that layout, converted by this refill, outside the timed call
-            raise Failure("incorrect", "the candidate changed the layout or storage of its input tensors, so the harness "
+            raise Failure("incorrect", "the candidate changed the class, layout or storage of its input tensors, so the harness "
                                        "would convert later inputs for it outside the timed call")
         self.round = {
             "ref": _refill(previous.get("ref"), fresh),

@@ -877,3 +877,78 @@ def test_handing_the_heap_back_at_the_end_of_the_call_is_caught(write, tmp_path)
     assert m.status == MeasureStatus.ok and m.correct, m.message
     assert _caught(m), m.message
     assert "slower right after the candidate" in m.timing_invalid_reason, m.timing_invalid_reason
+
+
+# -- a third review: a tensor subclass slipped into the reference --------------------------------------
+_SLOW_SUBCLASS = """
+import gc
+import time
+import torch
+import torch.nn as nn
+
+class _Slow(torch.Tensor):
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        time.sleep(0.002)  # in every op the reference runs on it
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
+
+class _SlowParameter(nn.Parameter):
+    __torch_function__ = _Slow.__torch_function__
+"""
+
+
+def test_a_subclass_given_to_the_references_inputs_is_caught(measure_source):
+    # Reached through gc from its own inputs (the harness's round holds both sides'): softmax 6.9x, layernorm 19.9x
+    swap = """
+def _swap(x):
+    for holder in gc.get_referrers(x):
+        if isinstance(holder, list):
+            for round_ in gc.get_referrers(holder):
+                if isinstance(round_, dict) and round_.get("cand") is holder:
+                    for t in round_["ref"]:
+                        if type(t) is torch.Tensor:
+                            t.__class__ = _Slow
+"""
+    m = measure_source(_model("        _swap(x)\n        return torch.relu(x * self.scale + y) + 0.5 * x", _SLOW_SUBCLASS + swap))
+    assert m.status == MeasureStatus.incorrect, m
+    assert "class, layout or storage of the reference's input tensors" in m.message, m.message
+
+
+_LINEAR_PROBLEM = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(256, 128)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+
+def get_inputs():
+    return [torch.randn(64, 256)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_subclass_given_to_the_references_parameters_is_caught(measure_source):
+    # Found through gc from the candidate's constructor (the reference is built first): layernorm 8.5x
+    cand = _SLOW_SUBCLASS + """
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(256, 128)
+        for obj in gc.get_objects():
+            if type(obj).__name__ == "Model" and isinstance(obj, nn.Module):
+                obj.fc.weight.__class__ = _SlowParameter
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+"""
+    m = measure_source(cand, problem=_LINEAR_PROBLEM)
+    assert m.status == MeasureStatus.incorrect, m
+    assert "reference model's attributes or weights were changed" in m.message, m.message
