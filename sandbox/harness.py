@@ -18,7 +18,8 @@ from pydantic import BaseModel, Field
 
 from kernelscout.sandbox.pool import WorkerDied, WorkerOutOfMemory, WorkerPool, WorkerProcess, WorkerTimedOut
 from kernelscout.sandbox.problem import SourceFile
-from kernelscout.sandbox.stats import after_the_other_ratio, slowed_after_the_other, summarise, wall_clock_disagreement
+from kernelscout.sandbox.stats import (after_the_other_ratio, disturbed_reference, slowed_after_the_other, summarise,
+                                      wall_clock_disagreement)
 from kernelscout.tools.schema import Measurement, MeasureStatus
 
 START_TIMEOUT_S = 120.0  # a fresh sandbox worker imports torch before it answers
@@ -239,6 +240,7 @@ def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float) -> Meas
     follows: dict[str, list[bool]] = {"ref": [], "cand": []}  # per timed call: did it come right after the other side's?
     rechecked = 0
     leaks: list[str] = []
+    disturbed: list[str] = []  # per reference call that threads of the candidate's disturbed, how
     rng = random.Random(secrets.randbits(64))
     timed_s = 0.0
     rounds = 0
@@ -284,6 +286,8 @@ def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float) -> Meas
                 leaks.append("the candidate left work running after returning: " + reply["thread_leak"])
             if reply.get("unfair"):
                 leaks.append(reply["unfair"])
+            if reply.get("disturbed"):
+                disturbed.append(reply["disturbed"])
         # decided only now, after both calls returned: the candidate cannot learn during its call
         # whether this round's output will be compared
         if not warm and _recheck(measured, config, rng):
@@ -312,6 +316,11 @@ def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float) -> Meas
     if r_ref is not None and r_cand is not None:
         m.checks.append(f"each side right after the other's call, against first in its round: reference {r_ref:.2f}x, candidate {r_cand:.2f}x")
     reason = wall_clock_disagreement(ref_t, cand_t, ref_w, cand_w) or slowed_after_the_other(ref_t, cand_t, follows)
+    if disturbed:
+        m.checks.append(f"reference calls disturbed by threads the candidate started: {len(disturbed)} of {len(ref_t)}")
+    unfair = disturbed_reference(disturbed, len(ref_t))
+    if unfair:
+        leaks.append(unfair)
     if leaks:
         reason = leaks[0]
     if cand.median_ms <= 0:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import os
+import resource
 import signal
 import sys
 import threading
@@ -30,6 +31,8 @@ cuda_event = torch.cuda.Event
 event_record = torch.cuda.Event.record
 event_elapsed = torch.cuda.Event.elapsed_time
 process_times = os.times
+_listdir, _os_open, _os_read, _os_close = os.listdir, os.open, os.read, os.close
+_getrusage = resource.getrusage
 get_num_threads, set_num_threads = torch.get_num_threads, torch.set_num_threads
 get_default_dtype, set_default_dtype = torch.get_default_dtype, torch.set_default_dtype
 deterministic_enabled = torch.are_deterministic_algorithms_enabled
@@ -205,9 +208,45 @@ def children_cpu_s() -> float:
 
 def os_thread_count() -> int:
     try:
-        return len(os.listdir("/proc/self/task"))
+        return len(_listdir("/proc/self/task"))
     except OSError:
         return thread_count()
+
+
+def os_thread_ids() -> set[str]:
+    """The process's OS threads (their task ids), native ones included: a thread started with
+    `_thread` or from C is invisible to `threading` but not here."""
+    try:
+        return set(_listdir("/proc/self/task"))
+    except OSError:
+        return set()
+
+
+def thread_runs(tids: set[str]) -> dict[str, tuple[int, int]]:
+    """(times the scheduler has run it, nanoseconds it has spent on a CPU) for each thread still alive,
+    from its schedstat. A count that moved across a window means the thread ran in it, however
+    briefly: unlike CPU time, the count has no resolution to hide under."""
+    runs: dict[str, tuple[int, int]] = {}
+    for tid in tids:
+        try:
+            fd = _os_open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
+            try:
+                fields = _os_read(fd, 128).split()
+            finally:
+                _os_close(fd)
+            runs[tid] = (int(fields[2]), int(fields[0]))
+        except (OSError, IndexError, ValueError):
+            pass
+    return runs
+
+
+def voluntary_waits() -> int:
+    """Times the calling thread has given up its core to wait (for a lock, the GIL, I/O): Linux counts
+    them per thread."""
+    try:
+        return _getrusage(resource.RUSAGE_THREAD).ru_nvcsw
+    except (AttributeError, OSError, ValueError):
+        return 0
 
 
 def settle_os_threads(baseline: int, settle_s: float = 0.05) -> tuple[int, float]:

@@ -222,6 +222,7 @@ class Worker:
         self.candidate_module: Optional[str] = None
         self.snapshot: Optional[dict] = None
         self.threads_before_candidate: set[int] = set()
+        self.tasks_before_candidate: Optional[set[str]] = None
         self.thread_baseline: Optional[int] = None
         self.thread_cpu_at_timing: Optional[dict[int, Optional[float]]] = None
         self.timed_candidate_ms = 0.0
@@ -366,6 +367,7 @@ class Worker:
         self.snapshot = integrity.snapshot()
         self.global_hooks = _global_module_hooks()
         self.threads_before_candidate = {t.ident for t in integrity.list_threads()}
+        self.tasks_before_candidate = integrity.os_thread_ids()
         self.thread_baseline = None
         self.thread_cpu_at_timing = None
         self.timed_candidate_ms = 0.0
@@ -547,6 +549,41 @@ class Worker:
             return f"child processes that ran while the candidate was being timed used {used * 1e3:.0f} ms of CPU"
         return None
 
+    def _watch_candidate_threads(self) -> Optional[tuple[dict[str, tuple[int, int]], int]]:
+        """What `_disturbed` compares after the reference's call: how often each OS thread born since the
+        candidate loaded has run and for how long, and how often the worker's thread has waited."""
+        if self.tasks_before_candidate is None:
+            return None
+        born = integrity.os_thread_ids() - self.tasks_before_candidate
+        return integrity.thread_runs(born), integrity.voluntary_waits()
+
+    def _disturbed(self, watch: tuple[dict[str, tuple[int, int]], int], call_ms: float) -> Optional[str]:
+        """Whether threads the candidate started (native ones included) disturbed the reference's timed
+        call: "waited" if one ran while the reference had to wait, "burned" if they used more than a
+        tenth of the call's time on a CPU.
+
+        The reference runs on this thread alone, and between its operators it needs the interpreter
+        lock: a helper that sleeps in C *holding* that lock (ctypes.PyDLL) stalls every step of the
+        reference and almost none of a one-operator candidate, at next to no CPU, so no busy-thread
+        check sees it (softmax 5.5x, timing valid, before this check). Either half alone is innocent
+        (an idle pool thread waking briefly, a wait on OpenMP's barrier), and even both once may be a
+        pool thread finishing its bookkeeping late: the supervisor judges how often (`disturbed_reference`).
+        A thread of the candidate's that computes while the reference is timed (work queued with
+        `torch.jit.fork` runs on torch's native inter-op threads) is work left running, as
+        `thread_leak` is for Python threads."""
+        runs_before, waits_before = watch
+        born = integrity.os_thread_ids() - self.tasks_before_candidate
+        ran = cpu_ns = 0
+        for tid, (count, ns) in integrity.thread_runs(born).items():
+            count0, ns0 = runs_before.get(tid, (0, 0))
+            ran += count != count0
+            cpu_ns += ns - ns0
+        if ran and integrity.voluntary_waits() > waits_before:
+            return "waited"
+        if cpu_ns > 0.1 * call_ms * 1e6:
+            return "burned"
+        return None
+
     def _candidate_threads(self) -> list:
         return [t for t in integrity.list_threads() if t.ident not in self.threads_before_candidate]
 
@@ -624,6 +661,7 @@ class Worker:
             with torch.no_grad():
                 return model(*inputs)
 
+        watch = self._watch_candidate_threads() if side == "ref" else None
         collecting = integrity.gc_isenabled()
         # as timeit does: no garbage collection inside a timed call, where it would run whatever
         # finalisers the other side's garbage carries
@@ -656,6 +694,8 @@ class Worker:
             outputs = self._validate_candidate_output(out, inputs)
         else:
             outputs = correctness.flatten_outputs(out, "reference")
+        if watch and (disturbed := self._disturbed(watch, host_ms)):
+            reply["disturbed"] = disturbed
         unfair = self._process_leak() or self._hooks_changed() or (self._settings_changed() if side == "cand" else None)
         if unfair:
             reply["unfair"] = unfair

@@ -230,6 +230,31 @@ threading.Thread(target=_spin, args=(time.monotonic() + 60.0,), daemon=True).sta
     assert "thread" in (m.timing_invalid_reason or "")
 
 
+def test_the_scheduler_shows_which_threads_ran_and_when_this_one_waited():
+    import threading
+    import time
+
+    go = threading.Event()
+    t = threading.Thread(target=go.wait)
+    t.start()
+    try:
+        tid = str(t.native_id)
+        before = integrity.thread_runs({tid})
+        assert before[tid][0] >= 1
+        waits = integrity.voluntary_waits()
+        time.sleep(0.02)
+        assert integrity.thread_runs({tid}) == before  # blocked: never scheduled
+        assert integrity.voluntary_waits() > waits  # the sleep gave up the core
+        assert tid in integrity.os_thread_ids()
+    finally:
+        go.set()
+        t.join()
+    deadline = time.monotonic() + 2.0  # a joined thread's OS task lingers for a moment
+    while tid in integrity.os_thread_ids() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert integrity.thread_runs({tid}) == {}
+
+
 # A helper process that burns CPU while the reference is timed slows the reference, so an unchanged
 # kernel looks faster (a softmax identical to its reference was timed at 1.67x that way). Reaped before
 # the run ends, it escapes a check for processes left running; these are the checks that catch it.
@@ -952,3 +977,33 @@ class ModelNew(nn.Module):
     m = measure_source(cand, problem=_LINEAR_PROBLEM)
     assert m.status == MeasureStatus.incorrect, m
     assert "reference model's attributes or weights were changed" in m.message, m.message
+
+
+def test_a_thread_that_holds_the_interpreter_lock_while_the_reference_runs_is_caught(measure_source):
+    # Outside the candidate's calls it sleeps in C holding the GIL (ctypes.PyDLL does not release
+    # it), so every step of the reference waits for it, at next to no CPU cost; started with _thread,
+    # `threading` never lists it. Before this check: 5.5x, timing valid (torch.softmax alone: 2.4-3.1x).
+    candidate = """import _thread
+import ctypes
+import time
+import torch
+import torch.nn as nn
+_LIBC = ctypes.PyDLL(None)
+_IN_CALL = [False]
+def _hold():
+    while True:
+        time.sleep(0.0005)
+        if not _IN_CALL[0]:
+            _LIBC.usleep(2000)
+_thread.start_new_thread(_hold, ())
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        _IN_CALL[0] = True
+        out = torch.softmax(x, dim=-1)
+        _IN_CALL[0] = False
+        return out
+"""
+    m = measure_source(candidate, problem=_SOFTMAX)
+    assert _caught(m), m
+    assert "the reference had to wait" in (m.timing_invalid_reason or ""), m.timing_invalid_reason

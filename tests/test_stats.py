@@ -2,7 +2,7 @@
 
 import random
 
-from kernelscout.sandbox.stats import slowed_after_the_other, summarise, wall_clock_disagreement
+from kernelscout.sandbox.stats import disturbed_reference, slowed_after_the_other, summarise, wall_clock_disagreement
 
 
 def _rounds(true_ref, true_cand, claimed_cand=None, n=40, overhead=0.3, jitter=0.02, seed=0):
@@ -63,5 +63,21 @@ def test_a_candidate_that_leaves_the_reference_slow_right_after_it_is_caught():
     assert reason and "slower right after the candidate" in reason
 
 
+def test_a_burst_of_noise_in_one_half_of_the_run_is_not_a_cheat():
+    ref_t, cand_t, follows = _alternating(24, 3.0, 3.3, 1.0, 1.0)
+    ref_t[:12] = _alternating(12, 3.0, 6.0, 1.0, 1.0)[0]  # the machine got busy for the first half, by turns
+    assert slowed_after_the_other(ref_t, cand_t, follows) is None
+    ref_t[12:] = _alternating(12, 3.0, 6.0, 1.0, 1.0)[0]  # in every round: a cheat
+    assert "both halves" in slowed_after_the_other(ref_t, cand_t, follows)
+
+
 def test_too_few_rounds_of_either_kind_say_nothing():
     assert slowed_after_the_other(*_alternating(4, 2.4, 8.6, 1.0, 1.0)) is None
+
+
+def test_a_reference_disturbed_once_is_a_race_and_in_most_calls_is_a_cheat():
+    assert disturbed_reference(["waited"], 10) is None  # a pool thread finishing late, once
+    assert disturbed_reference(["waited", "burned"], 10) is None
+    assert "had to wait" in disturbed_reference(["waited"] * 3, 10)
+    assert "used a CPU" in disturbed_reference(["burned"] * 60 + ["waited"] * 40, 100)
+    assert "in 100 of its 100 calls" in disturbed_reference(["waited"] * 100, 100)
