@@ -239,7 +239,10 @@ def test_the_scheduler_shows_which_threads_ran_and_when_this_one_waited():
     t.start()
     try:
         tid = str(t.native_id)
-        before = integrity.thread_runs({tid})
+        before = {}
+        while (now := integrity.thread_runs({tid})) != before:  # until it has settled into its wait
+            before = now
+            time.sleep(0.02)
         assert before[tid][0] >= 1
         waits = integrity.voluntary_waits()
         time.sleep(0.02)
