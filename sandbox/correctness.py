@@ -81,10 +81,13 @@ def flatten_outputs(out: Any, who: str) -> Outputs:
     flat.paths = []
 
     def walk(item: Any, path: tuple[int, ...]) -> Any:
-        if isinstance(item, (tuple, list)):
+        if _sequence(item):
             if len(path) >= MAX_NESTING:
                 raise CheckFailed(f"{who} {_path_label(path)} is nested more than {MAX_NESTING} levels deep")
-            return tuple(walk(x, path + (j,)) for j, x in enumerate(item))
+            # tuple's or list's own iterator, never the subclass's: a review's candidate returned a list
+            # subclass whose __iter__ finished 65% of the softmax rows, here, after the timer (5.97x valid)
+            items = tuple.__iter__(item) if issubclass(type(item), tuple) else list.__iter__(item)
+            return tuple(walk(x, path + (j,)) for j, x in enumerate(items))
         if type(item) is not torch.Tensor:
             kind = type(item).__module__ + "." + type(item).__qualname__
             raise CheckFailed(f"{who} {_path_label(path)} is a {kind}, not a plain torch.Tensor")
@@ -94,8 +97,14 @@ def flatten_outputs(out: Any, who: str) -> Outputs:
         flat.paths.append(path)
         return "tensor"
 
-    flat.structure = walk(out, ()) if isinstance(out, (tuple, list)) else (walk(out, (0,)),)
+    flat.structure = walk(out, ()) if _sequence(out) else (walk(out, (0,)),)
     return flat
+
+
+def _sequence(item: Any) -> bool:
+    """A tuple or list by its real type (named tuples and torch.return_types included); `isinstance`
+    would believe an object that fakes `__class__`."""
+    return issubclass(type(item), (tuple, list))
 
 
 def _storage_span(t: torch.Tensor) -> tuple[int, int]:

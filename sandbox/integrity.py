@@ -7,8 +7,10 @@ afterwards changes a name, not the functions held here, and the snapshot diff na
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
+import re
 import resource
 import signal
 import sys
@@ -321,6 +323,31 @@ def _set_affinity(masks: tuple) -> None:
             continue
 
 
+def _openmp_settings() -> dict[str, tuple[Callable[[], Any], Callable[[Any], None]]]:
+    """OpenMP's own switches in every OpenMP runtime the process has loaded (torch's bundled libgomp,
+    an Intel or LLVM one). torch's thread count is OpenMP's max-threads and does not show these: a
+    review's candidate set max-active-levels to 0 at the end of its call, so every parallel loop of the
+    reference ran on one thread, and back at the start of its own (softmax 4.62x, linear_gelu 2.59x, with
+    honest figures of 2.55x and 1.45x, timings valid)."""
+    settings: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {}
+    try:
+        with open("/proc/self/maps") as f:
+            paths = sorted({line.split()[-1] for line in f if re.search(r"/lib(g|i|)omp[^/]*\.so", line)})
+    except OSError:
+        return settings
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path)
+            levels = (lib.omp_get_max_active_levels, lib.omp_set_max_active_levels)
+            dynamic = (lib.omp_get_dynamic, lib.omp_set_dynamic)
+        except (OSError, AttributeError):
+            continue
+        name = os.path.basename(path)
+        settings[f"OpenMP max active levels ({name})"] = levels
+        settings[f"OpenMP dynamic threads ({name})"] = dynamic
+    return settings
+
+
 _cuda = torch.backends.cuda
 # name -> (getter, setter), captured before any candidate loads
 _SHARED_SETTINGS: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {
@@ -341,6 +368,7 @@ _SHARED_SETTINGS: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {
     "cuDNN SDP": (_cuda.cudnn_sdp_enabled, _cuda.enable_cudnn_sdp),
     "preferred BLAS library": (_cuda.preferred_blas_library, _cuda.preferred_blas_library),
     "preferred linalg library": (_cuda.preferred_linalg_library, _cuda.preferred_linalg_library),
+    **_openmp_settings(),
 }
 
 
@@ -399,6 +427,41 @@ def _handler_key(handler: Any) -> Any:
     return handler if handler is None or isinstance(handler, int) else id(handler)
 
 
+_libc = ctypes.CDLL(None, use_errno=True)
+_sigaction = getattr(_libc, "sigaction", None)
+_SIGACTION_BUF = ctypes.create_string_buffer(256)  # larger than glibc's struct sigaction
+_KERNEL_SIGNALS = tuple(s for s in range(1, 65) if s not in (signal.SIGKILL, signal.SIGSTOP))
+
+
+def kernel_signal_handlers() -> tuple:
+    """The handler address the kernel holds for every signal. `signal.getsignal` shows only what
+    Python installed: a review's candidate installed libc's `usleep` as a C handler with `sigaction`
+    through ctypes, fired it from a `timer_create` timer every 300 us, and disarmed the timer during
+    its own call (softmax 5.2x, layernorm 6.2x, linear_gelu 2.8x, timings valid)."""
+    if _sigaction is None:
+        return ()
+    handlers = []
+    for sig in _KERNEL_SIGNALS:
+        ok = _sigaction(sig, None, _SIGACTION_BUF) == 0  # glibc refuses its own reserved signals (32, 33)
+        handlers.append(int.from_bytes(_SIGACTION_BUF.raw[:8], "little") if ok else None)
+    return tuple(handlers)
+
+
+def posix_timers() -> int:
+    """How many timer_create timers the process has (interval timers are `getitimer`'s)."""
+    try:
+        fd = _os_open("/proc/self/timers", os.O_RDONLY)
+    except OSError:
+        return 0
+    try:
+        data = b""
+        while chunk := _os_read(fd, 65536):
+            data += chunk
+    finally:
+        _os_close(fd)
+    return data.count(b"ID:")
+
+
 def code_hooks() -> dict[str, Any]:
     """What makes code run in the worker's main thread without being called: a timer signal's
     handler, a trace or profile function, a torch function or dispatch mode, a monitoring tool. Set up
@@ -410,6 +473,8 @@ def code_hooks() -> dict[str, Any]:
     hooks: dict[str, Any] = {
         "interval timers": tuple(_get_itimer(t) != (0.0, 0.0) for t in (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF)),
         "signal handlers": tuple((sig, _handler_key(_get_signal(sig))) for sig in _SIGNALS),
+        "C signal handlers": kernel_signal_handlers(),
+        "POSIX timers": posix_timers(),
         "sys.settrace": id(_gettrace()),
         "sys.setprofile": id(_getprofile()),
         "torch function modes": _function_modes(),

@@ -1010,3 +1010,75 @@ class ModelNew(nn.Module):
     m = measure_source(candidate, problem=_SOFTMAX)
     assert _caught(m), m
     assert "the reference had to wait" in (m.timing_invalid_reason or ""), m.timing_invalid_reason
+
+
+_C_TIMER = '''import ctypes
+import threading
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+class _Sigaction(ctypes.Structure):
+    _fields_ = [("handler", ctypes.c_void_p), ("mask", ctypes.c_ulong * 16), ("flags", ctypes.c_int), ("restorer", ctypes.c_void_p)]
+
+
+class _Sigevent(ctypes.Structure):
+    _fields_ = [("value", ctypes.c_void_p), ("signo", ctypes.c_int), ("notify", ctypes.c_int), ("tid", ctypes.c_int), ("pad", ctypes.c_int * 11)]
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("sec", ctypes.c_long), ("nsec", ctypes.c_long)]
+
+
+class _Itimerspec(ctypes.Structure):
+    _fields_ = [("interval", _Timespec), ("value", _Timespec)]
+
+
+_act = _Sigaction(handler=ctypes.cast(_LIBC.usleep, ctypes.c_void_p).value, flags=0x10000000)  # SA_RESTART
+assert _LIBC.sigaction(64, ctypes.byref(_act), None) == 0
+_event = _Sigevent(signo=64, notify=4, tid=threading.get_native_id())  # SIGEV_THREAD_ID: this thread
+_TIMER = ctypes.c_void_p()
+assert _LIBC.timer_create(1, ctypes.byref(_event), ctypes.byref(_TIMER)) == 0
+_ON = _Itimerspec(_Timespec(0, 300000), _Timespec(0, 300000))
+_OFF = _Itimerspec()
+'''
+
+
+def test_a_c_signal_handler_fired_by_a_posix_timer_outside_the_candidates_calls_is_caught(measure_source):
+    # libc's usleep as the handler (sigaction through ctypes: signal.getsignal never sees it), fired
+    # every 300 us by a timer_create timer (getitimer never sees it), off during the candidate's call.
+    # A review measured softmax 5.2x, layernorm 6.2x with valid timings before both were read.
+    body = """        _LIBC.timer_settime(_TIMER, 0, ctypes.byref(_OFF), None)
+        out = torch.relu(x * self.scale + y) + 0.5 * x
+        _LIBC.timer_settime(_TIMER, 0, ctypes.byref(_ON), None)
+        return out"""
+    m = measure_source(_model(body, _C_TIMER))
+    assert _caught(m), m
+    assert "C signal handlers" in m.message and "POSIX timers" in m.message, m.message
+
+
+def test_serialising_openmp_for_the_reference_is_caught(measure_source):
+    # max-active-levels 0 runs every parallel loop on one thread, while torch.get_num_threads() still
+    # says 2: softmax 4.62x against 2.55x honest, valid, before OpenMP's own switches were read
+    header = """import ctypes
+_GOMP = ctypes.CDLL(next(l.split()[-1] for l in open("/proc/self/maps") if "libgomp" in l))
+_LEVELS = _GOMP.omp_get_max_active_levels()"""
+    body = """        _GOMP.omp_set_max_active_levels(_LEVELS)
+        out = torch.relu(x * self.scale + y) + 0.5 * x
+        _GOMP.omp_set_max_active_levels(0)
+        return out"""
+    m = measure_source(_model(body, header))
+    assert _caught(m), m
+    assert "OpenMP max active levels" in (m.timing_invalid_reason or m.message), m
+
+
+def test_work_deferred_into_a_list_subclass_iterator_is_not_run(measure_source):
+    # The harness walks the output after its timer stops; a subclass's __iter__ would run there.
+    header = """class _Lazy(list):
+    def __iter__(self):
+        self[0].mul_(2.0)
+        return super().__iter__()"""
+    body = """        return _Lazy([(torch.relu(x * self.scale + y) + 0.5 * x) / 2.0])"""
+    problem = SMALL_PROBLEM.replace("return torch.relu(x * self.scale + y) + 0.5 * x", "return [torch.relu(x * self.scale + y) + 0.5 * x]")
+    assert problem != SMALL_PROBLEM
+    m = measure_source(_model(body, header), problem=problem)
+    assert m.status == MeasureStatus.incorrect, m
