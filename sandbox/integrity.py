@@ -34,6 +34,10 @@ event_record = torch.cuda.Event.record
 event_elapsed = torch.cuda.Event.elapsed_time
 process_times = os.times
 _listdir, _os_open, _os_read, _os_close = os.listdir, os.open, os.read, os.close
+try:
+    _libc: Any = ctypes.CDLL(None, use_errno=True)  # the C library the process already has
+except (OSError, TypeError):  # no such handle on this platform
+    _libc = None
 _getrusage = resource.getrusage
 get_num_threads, set_num_threads = torch.get_num_threads, torch.set_num_threads
 get_default_dtype, set_default_dtype = torch.get_default_dtype, torch.set_default_dtype
@@ -224,20 +228,33 @@ def os_thread_ids() -> set[str]:
         return set()
 
 
+def _read_proc(path: str) -> Optional[bytes]:
+    """A /proc file whole, through the functions captured at import, or None if it cannot be read."""
+    try:
+        fd = _os_open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        data = b""
+        while chunk := _os_read(fd, 65536):
+            data += chunk
+        return data
+    except OSError:
+        return None
+    finally:
+        _os_close(fd)
+
+
 def thread_runs(tids: set[str]) -> dict[str, tuple[int, int]]:
     """(times the scheduler has run it, nanoseconds it has spent on a CPU) for each thread still alive,
     from its schedstat. A count that moved across a window means the thread ran in it, however
     briefly: unlike CPU time, the count has no resolution to hide under."""
     runs: dict[str, tuple[int, int]] = {}
     for tid in tids:
+        fields = (_read_proc(f"/proc/self/task/{tid}/schedstat") or b"").split()
         try:
-            fd = _os_open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
-            try:
-                fields = _os_read(fd, 128).split()
-            finally:
-                _os_close(fd)
             runs[tid] = (int(fields[2]), int(fields[0]))
-        except (OSError, IndexError, ValueError):
+        except (IndexError, ValueError):  # the thread has ended
             pass
     return runs
 
@@ -301,11 +318,7 @@ def _affinity() -> tuple:
     if _getaffinity is None:
         return ()
     masks = set()
-    try:
-        tids = os.listdir("/proc/self/task")
-    except OSError:
-        tids = ["0"]
-    for tid in tids:
+    for tid in os_thread_ids() or {"0"}:
         try:
             masks.add(tuple(sorted(_getaffinity(int(tid)))))
         except OSError:  # the thread exited meanwhile
@@ -316,7 +329,7 @@ def _affinity() -> tuple:
 def _set_affinity(masks: tuple) -> None:
     if _setaffinity is None or len(masks) != 1:  # several masks: no way to tell which thread had which
         return
-    for tid in os.listdir("/proc/self/task"):
+    for tid in os_thread_ids():
         try:
             _setaffinity(int(tid), masks[0])
         except OSError:
@@ -427,7 +440,6 @@ def _handler_key(handler: Any) -> Any:
     return handler if handler is None or isinstance(handler, int) else id(handler)
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
 _sigaction = getattr(_libc, "sigaction", None)
 _SIGACTION_BUF = ctypes.create_string_buffer(256)  # larger than glibc's struct sigaction
 _KERNEL_SIGNALS = tuple(s for s in range(1, 65) if s not in (signal.SIGKILL, signal.SIGSTOP))
@@ -449,17 +461,7 @@ def kernel_signal_handlers() -> tuple:
 
 def posix_timers() -> int:
     """How many timer_create timers the process has (interval timers are `getitimer`'s)."""
-    try:
-        fd = _os_open("/proc/self/timers", os.O_RDONLY)
-    except OSError:
-        return 0
-    try:
-        data = b""
-        while chunk := _os_read(fd, 65536):
-            data += chunk
-    finally:
-        _os_close(fd)
-    return data.count(b"ID:")
+    return (_read_proc("/proc/self/timers") or b"").count(b"ID:")
 
 
 def code_hooks() -> dict[str, Any]:
@@ -611,15 +613,14 @@ _M_MXFAST, _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD, _M_MMAP_MAX, _M_PER
 def _mallopt() -> Optional[Callable[[int, int], int]]:
     if not sys.platform.startswith("linux"):
         return None
+    if _libc is None:
+        return None
     try:
-        import ctypes
-
-        libc = ctypes.CDLL(None)
-        fn = libc.mallopt
+        fn = _libc.mallopt
         fn.argtypes, fn.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-        libc.gnu_get_libc_version  # glibc's mallopt; musl has none of these parameters
+        _libc.gnu_get_libc_version  # glibc's mallopt; musl has none of these parameters
         return fn
-    except (OSError, AttributeError):
+    except AttributeError:
         return None
 
 

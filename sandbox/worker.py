@@ -676,6 +676,7 @@ class Worker:
         finally:
             if collecting:
                 integrity.gc_enable()
+        disturbed = self._disturbed(watch, host_ms) if watch else None  # read at once: the window is the call
         reply: dict[str, Any] = {"status": "ok", "timer_ms": timer_ms, "host_ms": host_ms}
         if side == "cand":
             if integrity.thread_count() > py_threads:
@@ -694,7 +695,7 @@ class Worker:
             outputs = self._validate_candidate_output(out, inputs)
         else:
             outputs = correctness.flatten_outputs(out, "reference")
-        if watch and (disturbed := self._disturbed(watch, host_ms)):
+        if disturbed:
             reply["disturbed"] = disturbed
         unfair = self._process_leak() or self._hooks_changed() or (self._settings_changed() if side == "cand" else None)
         if unfair:
