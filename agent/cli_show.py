@@ -121,6 +121,16 @@ def render(view: RunView) -> None:
         if not forecasts:
             out.print("no forecast columns: none of these was measured on an informative forecast")
 
+    if view.failures:
+        shown = f"the latest {len(view.failures)} of {view.failed}" if view.failed > len(view.failures) else str(view.failed)
+        table = Table(title=f"measurements that did not count ({shown})", title_justify="left")
+        table.add_column("id", justify="right", no_wrap=True)
+        table.add_column("status", no_wrap=True)
+        table.add_column("why", overflow="fold")
+        for f in view.failures:
+            table.add_row(f"#{f.id}", f.status, escape(f.why))
+        out.print(table)
+
     if view.forecast_check is not None:
         _render_check(out, view.forecast_check)
 

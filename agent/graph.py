@@ -34,6 +34,7 @@ from pydantic import BaseModel, Field
 from kernelscout.agent.dispatch import InlineExecutor
 from kernelscout.agent.policies.tuner import USER_ORIGIN
 from kernelscout.agent.selection import Node, select
+from kernelscout.sandbox.stats import BUSY_REASON
 from kernelscout.tools.archive import ROOT_ID, Archive, CandidateRecord
 from kernelscout.tools.budget import Budget
 from kernelscout.tools.rundir import RunDir
@@ -69,6 +70,11 @@ BUDGET_SPENT = "measurement budget spent"
 PROBLEM_UNUSABLE = "the problem cannot be measured"
 """Stop reason (followed by the measurement's message) when a measurement blames the problem, not the
 candidate: a reference that raises fails every candidate the same way, so searching on wastes the run."""
+MACHINE_BUSY = "the machine is busy"
+"""Stop reason when measurements in a row came back void because other processes held the worker's
+cores (`sandbox.stats.busy_machine`): each was charged and none taught the search anything, so the rest
+of the budget waits for `kscout resume` on an idle machine instead of going the same way."""
+BUSY_STREAK = 2
 
 
 class LoopState(TypedDict, total=False):
@@ -97,6 +103,7 @@ class SearchLoop:
         self._last_note: Optional[str] = None  # the policy's last reason for dropping an answer
         self._lay_dead_s = 0.0  # how long a killed search lay dead before this resume; `check` moves `started` by it
         self.workers = 1  # measurements in flight at once; see scale_out
+        self._busy_streak = 0  # measurements in a row whose timing a busy machine voided (MACHINE_BUSY)
         self._rebuild_predictor()
 
     def scale_out(self, dispatcher: Any) -> None:
@@ -208,6 +215,12 @@ class SearchLoop:
                         continue
                     if m.status == MeasureStatus.invalid_problem and stop is None:
                         stop, queue = f"{PROBLEM_UNUSABLE}: {m.message}", []
+                    if m.status == MeasureStatus.ok:
+                        busy = (m.timing_invalid_reason or "").startswith(BUSY_REASON)
+                        self._busy_streak = self._busy_streak + 1 if busy else 0
+                        if self._busy_streak >= BUSY_STREAK and stop is None:
+                            stop, queue = (f"{MACHINE_BUSY}: {self._busy_streak} measurements in a row were timed while other processes "
+                                           "held the worker's cores, so their timings are void; resume the run when it is idle"), []
                     repaired = self._record(rec, m, progress, state["iteration"])
                     if repaired is not None and stop is None:
                         queue.insert(0, repaired)
@@ -223,7 +236,9 @@ class SearchLoop:
         used = self.budget.status().used
         if m.speedup and m.timing_valid and m.correct and not suspect and m.speedup > progress["best_speedup"]:
             progress.update(best_speedup=m.speedup, last_improvement=used)
-        self._emit("measure", candidate=rec.id, status=m.status.value, speedup=m.speedup, timing_valid=m.timing_valid,
+        # why it does not count, for the log line: a failure's message, or what voided the timing
+        why = m.message if m.status != MeasureStatus.ok else (None if m.timing_valid else m.timing_invalid_reason)
+        self._emit("measure", candidate=rec.id, status=m.status.value, speedup=m.speedup, timing_valid=m.timing_valid, why=why or None,
                    suspect=suspect or None, used=used, best=progress["best_speedup"])
         return self._repair(rec, m, iteration)
 
@@ -345,6 +360,8 @@ class SearchLoop:
         """What now lets a finished search go on: its ledger has room again after the budget ran out
         (`kscout budget DIR --set N`), or the limit that stopped it was raised or lifted (`kscout resume
         DIR --max-usd X`, ...). None if nothing did."""
+        if (values.get("stop_reason") or "").startswith(MACHINE_BUSY):
+            return "resumed after the machine was busy"
         if values.get("stop_reason") == BUDGET_SPENT:
             remaining = self._remaining()
             return f"budget raised to {self.budget.status().cap}" if remaining is None or remaining > 0 else None

@@ -58,18 +58,19 @@ class SearchProgress:
 
     def _describe(self, kind: str, d: dict) -> Optional[str]:
         if kind == "propose":
-            return f"iteration from parent #{d['parent']}: {d['new']} new candidates, {d['pending']} pending"
+            return f"iteration from parent #{d['parent']}: {d['new']} new candidate{'' if d['new'] == 1 else 's'}, {d['pending']} pending"
         if kind == "predict":
             self.considered = d.get("total_considered", self.considered)
             return f"forecast {d['considered']} candidates, measuring {d['measure'] or 'none'}"
         if kind == "measure":
             self.used = d.get("used", self.used)
             self.best = max(self.best, d.get("best") or self.best)
-            sp = f"{d['speedup']:.3f}x" if d.get("speedup") else "-"
-            flag = "" if d.get("timing_valid") else " (timing not valid)"
+            sp = f" {d['speedup']:.3f}x" if d.get("speedup") else ""
+            flag = " (timing not valid)" if d["status"] == "ok" and not d.get("timing_valid") else ""
             # until something beats it, the best kernel is the reference itself: say so rather than print a bare 1.000x
             best = f"{self.best:.3f}x" if self.best > 1.0 else "still the reference"
-            return f"measured #{d['candidate']}: {d['status']} {sp}{flag}; budget {self.used}/{self.budget}, best {best}"
+            why = f" - {_clip(d['why'])}" if d.get("why") else ""
+            return f"measured #{d['candidate']}: {d['status']}{sp}{flag}; budget {self.used}/{self.budget}, best {best}{why}"
         if kind == "confirm":
             self.used = d.get("used", self.used)
             sp = f"{d['speedup']:.3f}x" if d.get("speedup") else d["status"]
@@ -85,3 +86,9 @@ class SearchProgress:
         if kind in ("stop", "budget_exhausted"):
             return f"stop: {d.get('reason', 'budget spent')}"
         return None
+
+
+def _clip(text: str, limit: int = 160) -> str:
+    """One line of a measurement's message for the log: `kscout show DIR` has it whole."""
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 3].rstrip() + "..."

@@ -21,7 +21,7 @@ from kernelscout.tools.forecast_check import ForecastCheck, check_forecasts, dec
 from kernelscout.tools.measure import MeasuredFile, measured_files
 from kernelscout.tools.rundir import RunDir
 from kernelscout.tools.runlock import holder
-from kernelscout.tools.schema import BudgetStatus
+from kernelscout.tools.schema import BudgetStatus, Measurement, MeasureStatus
 
 
 class RunViewError(ValueError):
@@ -44,6 +44,12 @@ class CandidateRow(BaseModel):
     decision: str = ""
 
 
+class FailedRow(BaseModel):
+    id: int
+    status: str = Field(description="the measurement's status, or 'timing not valid' for a correct one whose timing was void")
+    why: str = Field(description="the measurement's message, or what voided its timing")
+
+
 class RunView(BaseModel):
     run_dir: str
     kind: Optional[str] = Field(None, description="problem or space; None when the directory holds no search")
@@ -62,6 +68,8 @@ class RunView(BaseModel):
     best: Optional[CandidateRow] = None
     best_file: Optional[str] = None
     top: list[CandidateRow] = Field(default_factory=list, description="measured candidates, fastest first")
+    failed: int = Field(0, description="candidates whose measurement did not count (failed, or timing not valid)")
+    failures: list[FailedRow] = Field(default_factory=list, description="the latest of them, newest first")
     forecast_check: Optional[ForecastCheck] = None
     report: Optional[str] = None
     llm_usage: Optional[UsageState] = Field(None, description="the search's LLM calls: tokens, USD, the caps they ran under "
@@ -116,6 +124,12 @@ def _row(archive: Archive, rec: CandidateRecord, deciding: dict[int, dict]) -> C
     )
 
 
+def _failure(candidate_id: int, m: Measurement) -> FailedRow:
+    if m.status == MeasureStatus.ok and m.correct and not m.timing_valid:
+        return FailedRow(id=candidate_id, status="timing not valid", why=m.timing_invalid_reason or m.message)
+    return FailedRow(id=candidate_id, status=m.status.value, why=m.message)
+
+
 def view_run(path: str | Path, top: int = 10) -> RunView:
     run = open_run(path)
     from kernelscout.agent.session import SPEC_KEY, SearchSpec
@@ -138,6 +152,7 @@ def view_run(path: str | Path, top: int = 10) -> RunView:
     best_file = next((str(run.path / n) for n in ("best.py", "best.json") if (run.path / n).is_file()), None)
     used = status.used
     considered = len({f["candidate_id"] for f in forecasts})
+    failed, failures = archive.failures()
     return RunView(
         run_dir=str(run.path), kind=spec.kind, target=spec.path, device=spec.device, policy=spec.policy, surrogate=spec.surrogate,
         status="running" if live else "finished" if finished else "unfinished", running=live,
@@ -145,6 +160,7 @@ def view_run(path: str | Path, top: int = 10) -> RunView:
         continue_with=None if live else (finished or {}).get("continue_with"),
         states=archive.counts(), considered=considered, considered_per_measurement=round(considered / used, 2) if used else 0.0,
         best=_row(archive, best, deciding) if best else None, best_file=best_file if best else None, top=rows[:top],
+        failed=failed, failures=[_failure(cid, m) for cid, m in failures],
         forecast_check=check_forecasts(archive),
         report=str(run.path / "report.html") if (run.path / "report.html").is_file() else None,
         llm_usage=llm_calls(run), chat_llm_usage=llm_calls(run, CHAT_USAGE_META),

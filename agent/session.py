@@ -151,8 +151,10 @@ def continue_command(run: RunDir, state: dict) -> Optional[str]:
     """How to search on after a stop the user's own numbers caused: the budget, or a limit given at the start.
     The value offered is twice the old one (any larger one works). Other stops (nothing left worth measuring,
     speed of light reached) have nothing to raise."""
-    from kernelscout.agent.graph import BUDGET_SPENT
+    from kernelscout.agent.graph import BUDGET_SPENT, MACHINE_BUSY
 
+    if (state.get("stop_reason") or "").startswith(MACHINE_BUSY):
+        return f"kscout resume {run.path}"
     if state.get("stop_reason") == BUDGET_SPENT:
         cap = Budget(run).status().cap
         return f"kscout budget {run.path} --set {2 * cap} && kscout resume {run.path}" if cap else None

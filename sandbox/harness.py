@@ -18,8 +18,8 @@ from pydantic import BaseModel, Field
 
 from kernelscout.sandbox.pool import WorkerDied, WorkerOutOfMemory, WorkerPool, WorkerProcess, WorkerTimedOut
 from kernelscout.sandbox.problem import SourceFile
-from kernelscout.sandbox.stats import (after_the_other_ratio, disturbed_reference, slowed_after_the_other, summarise,
-                                      wall_clock_disagreement)
+from kernelscout.sandbox.stats import (after_the_other_ratio, busy_machine, crowded, disturbed_reference, slowed_after_the_other,
+                                      summarise, wall_clock_disagreement)
 from kernelscout.tools.schema import Measurement, MeasureStatus
 
 START_TIMEOUT_S = 120.0  # a fresh sandbox worker imports torch before it answers
@@ -238,11 +238,12 @@ def _recheck(measured: int, config: HarnessConfig, rng: random.Random) -> bool:
 def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float) -> Measurement:
     ref_t, cand_t, ref_w, cand_w = [], [], [], []
     follows: dict[str, list[bool]] = {"ref": [], "cand": []}  # per timed call: did it come right after the other side's?
+    left_out: list[dict[str, tuple[float, float, bool]]] = []  # rounds whose reference call was crowded off its CPU
     rechecked = 0
     leaks: list[str] = []
     disturbed: list[str] = []  # per reference call that threads of the candidate's disturbed, how
     rng = random.Random(secrets.randbits(64))
-    timed_s = 0.0
+    timed_s = kept_s = 0.0
     rounds = 0
     total_rounds_cap = config.warmup_rounds + config.max_rounds
     t0 = time.monotonic()
@@ -251,7 +252,7 @@ def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float) -> Meas
         measured = rounds - config.warmup_rounds
         if not warm:
             elapsed = time.monotonic() - t0
-            enough = measured >= config.min_rounds and timed_s >= config.timing_budget_s
+            enough = len(ref_t) >= config.min_rounds and kept_s >= config.timing_budget_s
             # A kernel whose few rounds already fill the budget needs no more; a loaded machine that
             # makes the rounds slow still gets min_rounds before the wall-clock stop.
             slow = (measured >= 3 and timed_s >= 3 * config.timing_budget_s) or (
@@ -270,6 +271,8 @@ def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float) -> Meas
         if reply["status"] != "ok":
             return _fail(reply)
         order = ("ref", "cand") if rounds % 2 == 0 else ("cand", "ref")
+        got: dict[str, tuple[float, float, bool]] = {}  # side -> (timer ms, wall ms, came right after the other's call)
+        queued_ms = 0.0
         for position, side in enumerate(order):
             w0 = time.perf_counter()
             reply = worker.request("call", _left(deadline), side=side)
@@ -278,9 +281,8 @@ def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float) -> Meas
                 return _fail(reply)
             if warm:
                 continue
-            (ref_t if side == "ref" else cand_t).append(reply["timer_ms"])
-            (ref_w if side == "ref" else cand_w).append(wall_ms)
-            follows[side].append(position == 1)
+            got[side] = (reply["timer_ms"], wall_ms, position == 1)
+            queued_ms += reply.get("queued_ms", 0.0)
             timed_s += reply["timer_ms"] / 1e3
             if reply.get("thread_leak"):
                 leaks.append("the candidate left work running after returning: " + reply["thread_leak"])
@@ -288,6 +290,15 @@ def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float) -> Meas
                 leaks.append(reply["unfair"])
             if reply.get("disturbed"):
                 disturbed.append(reply["disturbed"])
+        if got:
+            if crowded(queued_ms, got["ref"][0]):
+                left_out.append(got)
+            else:
+                for side, (timer_ms, wall_ms, after) in got.items():
+                    (ref_t if side == "ref" else cand_t).append(timer_ms)
+                    (ref_w if side == "ref" else cand_w).append(wall_ms)
+                    follows[side].append(after)
+                    kept_s += timer_ms / 1e3
         # decided only now, after both calls returned: the candidate cannot learn during its call
         # whether this round's output will be compared
         if not warm and _recheck(measured, config, rng):
@@ -296,6 +307,13 @@ def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float) -> Meas
                 return _fail(reply)
             rechecked += 1
         rounds += 1
+    busy = busy_machine(len(left_out), len(ref_t))
+    if busy:  # too few quiet rounds to stand on their own: the numbers shown are every round's, and not valid
+        for got in left_out:
+            for side, (timer_ms, wall_ms, after) in got.items():
+                (ref_t if side == "ref" else cand_t).append(timer_ms)
+                (ref_w if side == "ref" else cand_w).append(wall_ms)
+                follows[side].append(after)
     cand, ref = summarise(cand_t), summarise(ref_t)
     m = Measurement(
         status=MeasureStatus.ok,
@@ -316,11 +334,17 @@ def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float) -> Meas
     if r_ref is not None and r_cand is not None:
         m.checks.append(f"each side right after the other's call, against first in its round: reference {r_ref:.2f}x, candidate {r_cand:.2f}x")
     reason = wall_clock_disagreement(ref_t, cand_t, ref_w, cand_w) or slowed_after_the_other(ref_t, cand_t, follows)
+    ref_calls = len(ref_t) + (0 if busy else len(left_out))
+    if left_out:
+        m.checks.append(f"{len(left_out)} of {ref_calls} timed rounds " + ("kept although " if busy else "left out: ")
+                        + "the reference's threads waited for a CPU for over a tenth of its call (another process was running on the worker's cores)")
     if disturbed:
-        m.checks.append(f"reference calls disturbed by threads the candidate started: {len(disturbed)} of {len(ref_t)}")
-    unfair = disturbed_reference(disturbed, len(ref_t))
+        m.checks.append(f"reference calls disturbed by threads the candidate started: {len(disturbed)} of {ref_calls}")
+    unfair = disturbed_reference(disturbed, ref_calls)
     if unfair:
         leaks.append(unfair)
+    if busy:  # the cause of whatever else looks off in these numbers
+        reason = busy
     if leaks:
         reason = leaks[0]
     if cand.median_ms <= 0:

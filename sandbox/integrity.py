@@ -259,6 +259,21 @@ def thread_runs(tids: set[str]) -> dict[str, tuple[int, int]]:
     return runs
 
 
+def waited_for_cpu_ns() -> int:
+    """Nanoseconds the process's threads, all together, have spent runnable but waiting for a CPU (the
+    second field of each thread's schedstat). On an idle machine a timed call adds next to nothing; when
+    another process holds the cores the worker runs on, each of its threads queues behind it, and a
+    multi-threaded operator waits at every barrier for the thread that was pushed off its core."""
+    total = 0
+    for tid in os_thread_ids():
+        fields = (_read_proc(f"/proc/self/task/{tid}/schedstat") or b"").split()
+        try:
+            total += int(fields[1])
+        except (IndexError, ValueError):  # the thread has ended, or no schedstat (a kernel without it)
+            pass
+    return total
+
+
 def voluntary_waits() -> int:
     """Times the calling thread has given up its core to wait (for a lock, the GIL, I/O): Linux counts
     them per thread."""

@@ -130,3 +130,29 @@ def disturbed_reference(disturbed: Sequence[str], ref_calls: int) -> Optional[st
         how = "they used a CPU meanwhile"
     return (f"threads the candidate started ran while the reference was being timed, and {how} in "
             f"{len(disturbed)} of its {ref_calls} calls: its time was not its own")
+
+
+BUSY_REASON = "the machine was busy"  # how `busy_machine`'s reason begins (a search stops on it)
+CROWDED_SHARE = 0.1  # of a reference call's time its threads may spend waiting for a CPU before the round is left out
+
+
+def crowded(queued_ms: float, call_ms: float) -> bool:
+    """Whether a round's reference call was slowed by another process on the worker's cores: its threads,
+    all together, waited for a CPU for over a tenth of the call.
+
+    On a 2-core VM with one busy process beside it, an op-by-op softmax reference went from 2.7 ms to
+    15-50 ms (every operator's threads wait at a barrier for the one pushed off its core), a fused
+    candidate far less, and the timing passed every other check at 5.0x against 2.4x on the idle
+    machine. Only the reference's calls decide: the candidate cannot crowd them without running
+    something while they are timed (which the worker reports), so it cannot choose which rounds count,
+    while its own calls could be crowded by its own threads."""
+    return queued_ms > CROWDED_SHARE * call_ms
+
+
+def busy_machine(left_out: int, kept: int) -> Optional[str]:
+    """Whether too few rounds were quiet to stand on their own: fewer than 3, or fewer than those left out."""
+    if not left_out or (kept >= 3 and kept >= left_out):
+        return None
+    return (f"{BUSY_REASON}: in {left_out} of {left_out + kept} timed rounds the reference's threads waited for a CPU "
+            "for over a tenth of its call, because another process was running on the worker's cores. Measure again when "
+            "the machine is idle (or give the worker cores no other process uses)")

@@ -667,6 +667,7 @@ class Worker:
         # finalisers the other side's garbage carries
         integrity.gc_disable()
         integrity.pin_allocator()
+        queued_ns = integrity.waited_for_cpu_ns() if side == "ref" else None
         try:
             out, timer_ms, host_ms = self.timer(run)
         except Exception as exc:
@@ -678,6 +679,9 @@ class Worker:
                 integrity.gc_enable()
         disturbed = self._disturbed(watch, host_ms) if watch else None  # read at once: the window is the call
         reply: dict[str, Any] = {"status": "ok", "timer_ms": timer_ms, "host_ms": host_ms}
+        if queued_ns is not None:
+            # the reference's threads kept off a CPU during its call: another process on the worker's cores
+            reply["queued_ms"] = (integrity.waited_for_cpu_ns() - queued_ns) / 1e6
         if side == "cand":
             if integrity.thread_count() > py_threads:
                 reply["thread_leak"] = f"{integrity.thread_count() - py_threads} Python thread(s) still running after the call returned"

@@ -16,4 +16,14 @@ def test_the_best_is_the_reference_until_a_candidate_beats_it(capsys):
                   ("measure", {"candidate": 3, "status": "incorrect", "speedup": None, "timing_valid": False, "used": 3})], capsys)
     assert lines == ["measured #1: ok 0.880x; budget 1/4, best still the reference",
                      "measured #2: ok 1.700x; budget 2/4, best 1.700x",
-                     "measured #3: incorrect - (timing not valid); budget 3/4, best 1.700x"]
+                     "measured #3: incorrect; budget 3/4, best 1.700x"]
+
+
+def test_a_measurement_that_does_not_count_says_why_on_its_line(capsys):
+    wrong = "trial with seed 7: output 0 has shape (2, 8, 256, 1023), expected (2, 8, 256, 1024)"
+    busy = "the machine was busy: in 35 of 35 timed rounds the reference's threads waited for a CPU " + "for long " * 30
+    lines = _log([("measure", {"candidate": 1, "status": "incorrect", "timing_valid": False, "used": 1, "why": wrong}),
+                  ("measure", {"candidate": 2, "status": "ok", "speedup": 4.74, "timing_valid": False, "used": 2, "why": busy})], capsys)
+    assert lines[0] == f"measured #1: incorrect; budget 1/4, best still the reference - {wrong}"
+    assert lines[1].startswith("measured #2: ok 4.740x (timing not valid); budget 2/4, best still the reference - the machine was busy: in 35")
+    assert lines[1].endswith("...") and len(lines[1]) < 260  # one line; `kscout show` has the whole message

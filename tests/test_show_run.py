@@ -240,3 +240,20 @@ def test_a_chat_only_run_directory_shows_what_the_chat_spent(tmp_path):
     assert "4 calls, 3,500 tokens (3,000 in, 500 out), $0.0210" in line
     shown = json.loads(CliRunner().invoke(app, ["show", str(tmp_path / "chat"), "--json"]).output)
     assert shown["chat_llm_usage"]["calls"] == 4 and shown["llm_usage"] is None
+
+
+def test_show_says_why_a_measurement_did_not_count(tmp_path):
+    """A start kernel with the wrong output shape: the reason is in the log line, and `kscout show` lists it."""
+    from conftest import SMALL_PROBLEM
+
+    problem, start = tmp_path / "problem.py", tmp_path / "wrong.py"
+    problem.write_text(SMALL_PROBLEM)
+    start.write_text(SMALL_PROBLEM.replace("class Model(", "class ModelNew(").replace(
+        "return torch.relu(x * self.scale + y) + 0.5 * x", "return (torch.relu(x * self.scale + y) + 0.5 * x)[:, :-1]"))
+    start_search(problem=str(problem), space=None, budget=1, run_dir=str(tmp_path / "run"), quiet=True, start=[str(start)], confirm=0)
+    view = json.loads(CliRunner().invoke(app, ["show", str(tmp_path / "run"), "--json"]).output)
+    assert view["failed"] == 1
+    [failure] = view["failures"]
+    assert failure["status"] == "incorrect" and "shape (256, 511), expected (256, 512)" in failure["why"]
+    text = CliRunner().invoke(app, ["show", str(tmp_path / "run")], env={"COLUMNS": "200"}).output
+    assert "measurements that did not count (1)" in text and failure["why"][:40] in text

@@ -2,7 +2,8 @@
 
 import random
 
-from kernelscout.sandbox.stats import disturbed_reference, slowed_after_the_other, summarise, wall_clock_disagreement
+from kernelscout.sandbox.stats import (busy_machine, crowded, disturbed_reference, slowed_after_the_other, summarise,
+                                      wall_clock_disagreement)
 
 
 def _rounds(true_ref, true_cand, claimed_cand=None, n=40, overhead=0.3, jitter=0.02, seed=0):
@@ -81,3 +82,17 @@ def test_a_reference_disturbed_once_is_a_race_and_in_most_calls_is_a_cheat():
     assert "had to wait" in disturbed_reference(["waited"] * 3, 10)
     assert "used a CPU" in disturbed_reference(["burned"] * 60 + ["waited"] * 40, 100)
     assert "in 100 of its 100 calls" in disturbed_reference(["waited"] * 100, 100)
+
+
+def test_a_reference_call_whose_threads_queued_for_a_cpu_is_crowded():
+    assert not crowded(queued_ms=0.02, call_ms=2.7)  # an idle machine: wake-ups only
+    assert crowded(queued_ms=20.0, call_ms=40.0)  # a busy process on the same cores
+
+
+def test_a_few_crowded_rounds_are_left_out_and_most_make_the_machine_busy():
+    assert busy_machine(left_out=0, kept=40) is None
+    assert busy_machine(left_out=5, kept=40) is None
+    reason = busy_machine(left_out=27, kept=0)
+    assert reason and "machine was busy" in reason and "27 of 27" in reason
+    assert busy_machine(left_out=12, kept=10)  # more crowded rounds than quiet ones
+    assert busy_machine(left_out=1, kept=2)  # too few quiet rounds to stand on

@@ -178,6 +178,15 @@ class Archive:
                 (state, m.measurement_id, m.speedup if usable else None, candidate_id),
             )
 
+    def failures(self, limit: int = 8) -> tuple[int, list[tuple[int, Measurement]]]:
+        """(how many candidates' measurements did not count, the latest `limit` of them with their
+        measurement): a failure's message, or what voided its timing, is what a user needs to fix it."""
+        with self.run.connect() as db:
+            total = db.execute("SELECT COUNT(*) FROM candidates WHERE state = 'failed'").fetchone()[0]
+            rows = db.execute("SELECT c.id, m.result_json FROM candidates c JOIN measurements m ON m.id = c.measurement_id"
+                              " WHERE c.state = 'failed' ORDER BY c.id DESC LIMIT ?", (limit,)).fetchall()
+        return total, [(cid, Measurement.model_validate_json(result)) for cid, result in rows]
+
     def forecasts(self) -> list[dict]:
         """Every forecast with the measured outcome next to it (None where the candidate was never measured)."""
         with self.run.connect() as db:
