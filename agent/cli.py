@@ -69,7 +69,12 @@ def measure(
         fail(validation_message(exc, _MEASURE_FLAGS), as_json)
     if not as_json:
         err.print(f"[dim]measuring {candidate} against {problem} ...[/dim]", soft_wrap=True)
-    result = run_measure(request)
+    try:
+        result = run_measure(request)
+    except KeyboardInterrupt:  # typer would exit 130 without a word
+        where = request.run_dir or "runs/scratch"
+        fail(f"interrupted: the measurement stays reserved in {where}'s ledger, and the same `kscout measure` command "
+             "takes it up without charging it again", as_json, code=130)
     if as_json:
         print(result.model_dump_json())
     else:
