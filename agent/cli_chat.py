@@ -143,8 +143,8 @@ def open_chat(problem: Optional[str], run_dir: Optional[str] = None, *, device: 
         device = resolve_device(device)  # the header and every tool name the device that measures, not "auto"
     except InputFileError as exc:
         raise ChatSetupError(f"--device {exc}") from None
+    ensure_cap(str(run_path), budget, default_more=DEFAULT_CHAT_BUDGET)  # a bad --budget refused before the folder exists
     run = RunDir(run_path)
-    ensure_cap(str(run_path), budget, default_more=DEFAULT_CHAT_BUDGET)
     reason = ""
     if isinstance(model, str) and model == AUTO:
         model, reason = make_model(run, llm_flags)

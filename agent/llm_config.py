@@ -17,6 +17,7 @@ set for its ``openai-compatible`` server is not sent to Anthropic.
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -97,15 +98,38 @@ def default_config_files(cwd: Path | None = None, env: Mapping[str, str] | None 
     return [(cwd or Path.cwd()) / "kscout.toml", config_home / "kscout" / "config.toml"]
 
 
-def load_config_file(path: Path) -> LLMConfig | None:
-    """The [llm] section of a TOML file, or None if the file or section is absent."""
+CONFIG_SECTIONS = ("llm", "search")
+"""The sections of kscout.toml: `[llm]` read here, `[search]` in search_config.py. Each reader checks the
+whole file, so a misspelt `[serch]` is an error whichever reads the file first, not a table nobody reads."""
+
+
+def read_config_file(path: Path, error: type[ValueError]) -> dict[str, Any]:
+    """A config file's sections ({} when there is no file); `error` when it cannot be read or holds
+    something no reader would look at."""
     if not path.is_file():
-        return None
+        return {}
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise LLMConfigError(f"cannot read {path}: {exc}") from exc
-    section = data.get("llm")
+        raise error(f"cannot read {path}: {exc}") from exc
+    for name, value in data.items():
+        if name not in CONFIG_SECTIONS:
+            raise error(_unknown_section(path, name, value))
+    return data
+
+
+def _unknown_section(path: Path, name: str, value: Any) -> str:
+    known = [f"[{s}]" for s in CONFIG_SECTIONS]
+    if not isinstance(value, dict):
+        return f"{name} in {path} is outside any section; put it under {' or '.join(known)}"
+    close = difflib.get_close_matches(name, CONFIG_SECTIONS, n=1)
+    guess = f" (did you mean [{close[0]}]?)" if close else ""
+    return f"unknown section [{name}] in {path}{guess}; kscout reads only {' and '.join(known)}"
+
+
+def load_config_file(path: Path) -> LLMConfig | None:
+    """The [llm] section of a TOML file, or None if the file or section is absent."""
+    section = read_config_file(path, LLMConfigError).get("llm")
     if section is None:
         return None
     try:
@@ -192,12 +216,14 @@ def resolve_llm_config(
     if model is None:
         if provider not in DEFAULT_MODELS:
             raise LLMConfigError(
-                f"provider {provider} needs a model name (the one the server serves): set {ENV_MODEL} or --model"
+                f"provider {provider} needs a model name (the one the server serves): set {ENV_MODEL}, or model in the [llm] "
+                "section of kscout.toml (`kscout chat` also takes --model)"
             )
         model, where["model"] = DEFAULT_MODELS[provider], "default"
     if provider == "openai-compatible" and not base_url:
         raise LLMConfigError(
-            f"provider openai-compatible needs the server's URL: set {ENV_BASE_URL} (or --base-url),"
+            f"provider openai-compatible needs the server's URL: set {ENV_BASE_URL}, or base_url in the [llm] section of "
+            "kscout.toml (`kscout chat` also takes --base-url),"
             " e.g. http://localhost:8000/v1 for vLLM or http://localhost:11434/v1 for Ollama"
         )
     if provider in ("anthropic", "openai") and api_key is None:

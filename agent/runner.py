@@ -12,7 +12,8 @@ from pydantic import BaseModel, Field
 
 from kernelscout.agent.graph import SearchSettings
 from kernelscout.agent.progress import SearchProgress
-from kernelscout.agent.session import OptimizeResult, SearchSpec, build_loop, change_limits, load_spec, save_spec, summarise
+from kernelscout.agent.session import (OptimizeResult, SearchSpec, build_loop, change_limits, check_spec, load_spec, save_spec,
+                                       summarise)
 from kernelscout.tools.budget import Budget
 from kernelscout.tools.rundir import RunDir
 
@@ -174,11 +175,9 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
                           start=_check_start(start or [], budget, device, quiet), history=_check_history(history))
         name = problem_name(path)
     run = _open_run(run_dir or Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    _take_folder(run, spec)  # before the lock, so a refused folder is left as it was
     with _searching(run):
-        try:
-            save_spec(run, spec)
-        except ValueError as exc:
-            raise OptimizeError(str(exc)) from None
+        _take_folder(run, spec, save=True)  # again under the lock: another search may have started here meanwhile
         ledger = Budget(run)
         used = ledger.status().used
         notice = None
@@ -209,6 +208,14 @@ def _open_run(path: Path | str) -> RunDir:
     try:
         return RunDir(path)
     except RunDirError as exc:
+        raise OptimizeError(str(exc)) from None
+
+
+def _take_folder(run: RunDir, spec: SearchSpec, save: bool = False) -> None:
+    """Refuse a folder that holds another search, or measurements made outside one; `save`: store this search there."""
+    try:
+        (save_spec if save else check_spec)(run, spec)
+    except ValueError as exc:
         raise OptimizeError(str(exc)) from None
 
 

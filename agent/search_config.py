@@ -14,7 +14,8 @@ started with; the files only shape new searches.
     workers = 2
     history = ["runs"]   # earlier runs for the learned surrogate's prior, relative to this file
 
-Unknown keys and bad values are errors that name the file, as in `[llm]`: a typo must not be ignored.
+Unknown keys and bad values are errors that name the file, as in `[llm]`: a typo must not be ignored. So is an
+unknown section (`[serch]`), whichever of the two readers meets it first.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
-from kernelscout.agent.llm_config import default_config_files, tomllib
+from kernelscout.agent.llm_config import default_config_files, read_config_file
 from kernelscout.tools.schema import DEVICE_PATTERN
 
 
@@ -72,13 +73,7 @@ class SearchDefaults(BaseModel):
 
 
 def _section(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise SearchConfigError(f"cannot read {path}: {exc}") from exc
-    section = data.get("search", {})
+    section = read_config_file(path, SearchConfigError).get("search", {})
     if not isinstance(section, dict):
         raise SearchConfigError(f"{path}: [search] must be a table of settings")
     try:

@@ -56,9 +56,7 @@ SPEC_KEY = "search_spec"
 
 
 def save_spec(run: RunDir, spec: SearchSpec) -> None:
-    existing = run.get_meta(SPEC_KEY)
-    if existing and SearchSpec.model_validate_json(existing).model_dump() != spec.model_dump():
-        raise ValueError(f"{run.path} already holds a different search; use `kscout resume {run.path}` or a new --run-dir")
+    check_spec(run, spec)
     run.set_meta(SPEC_KEY, spec.model_dump_json())
 
 
@@ -66,6 +64,59 @@ def save_spec(run: RunDir, spec: SearchSpec) -> None:
 # Changing one changes no measurement, so unlike the rest of the spec it is not fixed at the start.
 LIMIT_FLAGS = {"max_usd": "--max-usd", "max_llm_tokens": "--max-tokens", "max_wall_s": "--max-wall",
                "max_device_s": "--max-device-seconds", "patience": "--patience"}
+
+
+def check_spec(run: RunDir, spec: SearchSpec) -> None:
+    """Refuse a folder that holds something else. Measurements made there outside a search (`kscout measure`,
+    the MCP server, the chat) would be charged to this search's budget and shown as its own; a different
+    search would be mixed with this one. Reads only, so it can run before the folder is locked or changed."""
+    existing = run.get_meta(SPEC_KEY)
+    if existing:
+        differences = spec_differences(SearchSpec.model_validate_json(existing), spec)
+        if differences:
+            raise ValueError(_different_search(run, differences))
+        return
+    used = Budget(run).status().used
+    if used:
+        raise ValueError(f"{run.path} already holds {used} measurement{'s' if used > 1 else ''} made outside a search "
+                         "(`kscout measure`, the MCP server or the chat), which this search would count as its own; pick a "
+                         f"new --run-dir (`kscout show {run.path}` lists what is there)")
+
+
+# Each stored setting by the flag that sets it, to name a difference as the user typed it.
+SPEC_NAMES = {"kind": "kind of search", "path": "file searched", "device": "--device", "policy": "--policy",
+              "surrogate": "--surrogate", "budget": "--budget", "proposals_per_iteration": "--proposals",
+              "confirm": "--confirm", "seed": "--seed", "warm_start": "--warm-start", "start": "--start",
+              "history": "--history", **LIMIT_FLAGS}
+
+
+def spec_differences(stored: SearchSpec, asked: SearchSpec) -> dict[str, tuple[Any, Any]]:
+    """Setting -> (stored value, asked value) for each one that differs, settings' fields at the top level."""
+    def flat(spec: SearchSpec) -> dict[str, Any]:
+        fields = spec.model_dump()
+        settings = fields.pop("settings")
+        return {**fields, **settings}
+
+    before, after = flat(stored), flat(asked)
+    return {name: (before[name], value) for name, value in after.items() if before.get(name) != value}
+
+
+def _different_search(run: RunDir, differences: dict[str, tuple[Any, Any]]) -> str:
+    what = "; ".join(f"{SPEC_NAMES.get(name, name)} {_shown(old)} there, {_shown(new)} here"
+                     for name, (old, new) in differences.items())
+    if set(differences) == {"budget"}:
+        budget = differences["budget"][1]
+        todo = (f"to go on with it under the new budget: `kscout budget {run.path} --set {budget} && kscout resume "
+                f"{run.path}`, or give a new --run-dir")
+    else:
+        todo = f"use `kscout resume {run.path}` to go on with it, or a new --run-dir"
+    return f"{run.path} already holds a different search ({what}); {todo}"
+
+
+def _shown(value: Any) -> str:
+    if value is None or value == []:
+        return "none"
+    return ", ".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 def change_limits(run: RunDir, spec: SearchSpec, **limits: Any) -> SearchSpec:
@@ -184,9 +235,13 @@ def _runtime(run: RunDir, measurement_id: Optional[int]) -> Optional[float]:
 
 
 def confirmation_note(search_speedup: float, confirmed: list[float], wanted: int) -> str:
+    """How far to trust the reported speedup: a best measured once is reported at the draw that made it the best,
+    which reads high, so the line says so. Nothing that failed to beat the reference is re-measured (graph.py)."""
     if confirmed:
         again = "re-measured" if len(confirmed) == 1 else f"median of {len(confirmed)} re-measurements"
         return f" ({again}; {search_speedup:.3f}x when the search chose it)"
-    if wanted and search_speedup > 1.0:
+    if search_speedup <= 1.0:
+        return ""
+    if wanted:
         return " (not re-measured: no budget was left to confirm it)"
-    return ""
+    return " (measured once, not re-measured: --confirm was 0)"

@@ -167,6 +167,7 @@ def _drive(worker: WorkerProcess, problem: SourceFile, candidate: SourceFile, co
         worker.request("unload", 60.0)
         return _fail(reply), False
     phase.name = "run"
+    reset = reply.get("reset") or []
     if reply["tampered"]:
         m = Measurement(status=MeasureStatus.incorrect, message="the candidate tampered with the harness or the reference while being imported: " + ", ".join(reply["tampered"]))
         return m, True
@@ -185,6 +186,9 @@ def _drive(worker: WorkerProcess, problem: SourceFile, candidate: SourceFile, co
     phase.name = "time"
     m = _time(worker, config, deadline)
     m.checks = checks + m.checks
+    if reset:
+        m.warnings.append("the candidate changed how many cores both sides compute on while it was imported or built ("
+                          + ", ".join(reset) + "); put back, so the reference ran as the problem set it up")
     return _finish(worker, m)
 
 

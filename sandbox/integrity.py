@@ -417,6 +417,15 @@ def restore_settings(settings: dict[str, Any]) -> None:
                 pass
 
 
+def is_parallelism(name: str) -> bool:
+    """The shared settings that decide how many cores the reference computes on. Unlike the others
+    (cudnn.benchmark, a default dtype), a candidate's choice of these at import is not a choice both
+    sides benefit from alike: the reference was written for the machine's cores, and a candidate that
+    chose one thread for everyone at import ran the softmax example at 2.6x against 2.35x for the same
+    kernel without the setting."""
+    return name in ("torch threads", "CPU affinity") or name.startswith("OpenMP")
+
+
 _get_itimer, _get_signal = signal.getitimer, signal.getsignal
 _gettrace, _getprofile, _settrace, _setprofile = sys.gettrace, sys.getprofile, sys.settrace, sys.setprofile
 try:

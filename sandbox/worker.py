@@ -395,11 +395,17 @@ class Worker:
         self.candidate = self._build(module.ModelNew, self.init_inputs, seed, path, "ModelNew")
         self.built = (self.reference, self.candidate, self.timer)
         # after the candidate's import and constructor, before its first call: a setting it chose there
-        # (cudnn.benchmark, say) holds for both sides alike; one its calls flip would not
+        # (cudnn.benchmark, say) holds for both sides alike; one its calls flip would not. How many cores
+        # the reference runs on is not the candidate's to choose, so those are put back and named.
+        now = integrity.shared_settings()
+        reset = {k: v for k, v in self.initial_settings.items() if integrity.is_parallelism(k) and now.get(k) != v}
+        if reset:
+            integrity.restore_settings(reset)
         self.settings_at_load = integrity.shared_settings()
         tampered = integrity.changed_since(self.snapshot) + self._reference_tampering()
         tampered += [f"torch's kernel for {op} was replaced" for op in integrity.kernels_replaced(self.kernels)]
-        return {"status": "ok", "tampered": tampered, "triton": "triton" in sys.modules}
+        return {"status": "ok", "tampered": tampered, "triton": "triton" in sys.modules,
+                "reset": [f"{k} from {now[k]} back to {v}" for k, v in reset.items()]}
 
     def _reference_tampering(self, weights: bool = True) -> list[str]:
         """What the candidate changed in the objects it is judged against: the worker's reference,

@@ -468,9 +468,11 @@ class _Junk:
 
 
 def test_a_setting_chosen_at_import_holds_for_both_sides_and_is_fair(measure_source):
+    # cudnn.benchmark holds for both sides; the thread count is put back (the test after the last one below)
     header = "torch.backends.cudnn.benchmark = True\ntorch.set_num_threads(1)"
     m = measure_source(_model(_HONEST, header))
     assert m.status == MeasureStatus.ok and m.timing_valid, m.message
+    assert not any("cudnn" in w for w in m.warnings), m.warnings
 
 
 def test_the_next_candidate_in_a_warm_worker_starts_from_the_workers_own_settings(measure_source, tmp_path):
@@ -1082,3 +1084,16 @@ def test_work_deferred_into_a_list_subclass_iterator_is_not_run(measure_source):
     assert problem != SMALL_PROBLEM
     m = measure_source(_model(body, header), problem=problem)
     assert m.status == MeasureStatus.incorrect, m
+
+
+def test_a_thread_count_chosen_at_import_is_put_back_for_both_sides(measure_source):
+    # One thread for everyone, chosen at import, ran the softmax example at 2.6x against 2.35x for the
+    # same kernel without it: the reference was written for the machine's cores, so they are put back.
+    header = "_CORES = torch.get_num_threads()\ntorch.set_num_threads(1)"
+    body = """        if _CORES > 1 and torch.get_num_threads() == 1:
+            raise RuntimeError("running on the thread count the candidate chose")
+        return torch.relu(x * self.scale + y) + 0.5 * x"""
+    m = measure_source(_model(body, header))
+    assert m.status == MeasureStatus.ok, m.message
+    if torch.get_num_threads() > 1:  # on one core there is nothing to put back
+        assert any("torch threads from 1 back to" in w for w in m.warnings), m.warnings

@@ -59,6 +59,15 @@ def test_the_last_measurement_re_measures_the_best_and_that_is_what_is_reported(
     assert json.loads(Path(result.best_path).read_text())["speedup"] == pytest.approx(speedup)
 
 
+def test_a_best_that_was_not_re_measured_says_it_was_measured_once(tmp_path):
+    result = start_search(None, str(noisy_space(tmp_path)), budget=4, surrogate="none", confirm=0,
+                          run_dir=str(tmp_path / "run"), quiet=True)
+
+    assert result.best_speedup > 1.0 and result.confirmed_speedups == []
+    assert result.message == (f"best verified kernel: {result.best_speedup:.3f}x over the reference "
+                              "(measured once, not re-measured: --confirm was 0)")
+
+
 def test_replaying_the_confirmation_after_a_kill_spends_nothing(tmp_path):
     """A kill -9 between the re-measurement and the checkpoint replays the node: its label is found, not re-spent."""
     from kernelscout.agent.session import build_loop, load_spec

@@ -542,6 +542,17 @@ def test_flags_beat_environment_beat_project_file_beat_user_file(clean_env, monk
     assert from_files.sources["base_url"].endswith("kscout.toml")
 
 
+def test_the_llm_settings_share_their_file_with_search_defaults_but_not_with_a_typo(clean_env):
+    write_toml(clean_env / "project" / "kscout.toml",
+               '[llm]\nprovider = "openai-compatible"\nmodel = "qwen"\nbase_url = "http://localhost:8000/v1"\n'
+               '\n[search]\nbudget = 5\n')
+    assert resolve_llm_config().model == "qwen"  # [search] is the search defaults' section, not an error
+
+    write_toml(clean_env / "project" / "kscout.toml", '[lmm]\nprovider = "anthropic"\n')
+    with pytest.raises(LLMConfigError, match=r"\[lmm\] in .*kscout\.toml \(did you mean \[llm\]\?\)"):
+        resolve_llm_config()
+
+
 def test_environment_key_beats_file_key_and_caps_come_from_env(clean_env, monkeypatch):
     write_toml(clean_env / "project" / "kscout.toml", '[llm]\nprovider = "anthropic"\napi_key = "sk-file"\n')
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-env")

@@ -272,6 +272,16 @@ def test_serve_caps_an_uncapped_run_directory(tmp_path):
     assert ensure_cap(str(tmp_path / "run"), None).cap == 5  # an existing cap is kept
 
 
+def test_serve_with_a_negative_budget_is_refused_before_the_run_directory_exists(tmp_path):
+    from typer.testing import CliRunner
+
+    from kernelscout.agent.cli import app
+
+    result = CliRunner().invoke(app, ["serve", "--budget", "-5", "--device", "cpu", "--run-dir", str(tmp_path / "run")])
+    assert result.exit_code == 2 and "cannot be negative" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "run").exists()
+
+
 def test_candidates_join_the_search_archive_and_direct_measurements(tmp_path, files):
     """No sandbox here: measurements are recorded through the ledger with made-up results."""
     from mcp.server.mcpserver.exceptions import ToolError

@@ -107,6 +107,42 @@ def test_a_resume_while_the_search_is_still_running_is_refused(tmp_path):
     assert after.status == "finished" and after.budget == before.budget
 
 
+def _contents(folder: Path) -> tuple[list[str], list[str]]:
+    """A folder's files and its run.db's rows (SQLite's own -wal and -shm come and go with connections)."""
+    import sqlite3
+
+    files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if not p.name.endswith(("-wal", "-shm")))
+    with sqlite3.connect(folder / "run.db") as db:
+        return files, list(db.iterdump())
+
+
+def test_a_folder_of_kscout_measure_results_is_not_taken_over_by_a_search(problem, tmp_path):
+    run = tmp_path / "run"
+    candidate = tmp_path / "candidate.py"
+    candidate.write_text(GOOD_CANDIDATE)
+    assert kscout("measure", str(problem), str(candidate), "--device", "cpu", "--run-dir", str(run), "--json").exit_code == 0
+    before = _contents(run)
+
+    space = write_cache(tmp_path / "k.json", timed(8))
+    refused = kscout("optimize", "--space", str(space), "--budget", "2", "--run-dir", str(run))
+    assert_usage_error(refused, "already holds 1 measurement", "new --run-dir", f"kscout show {run}")
+    assert _contents(run) == before  # not a lock file, not a budget, not a stored search
+
+
+def test_a_search_started_again_with_another_budget_says_how_to_raise_it(tmp_path):
+    run = tmp_path / "run"
+    space = write_cache(tmp_path / "k.json", timed(8))
+    assert kscout("optimize", "--space", str(space), "--budget", "3", "--run-dir", str(run), "--json").exit_code == 0
+
+    more = kscout("optimize", "--space", str(space), "--budget", "5", "--run-dir", str(run))
+    assert_usage_error(more, "already holds a different search", "--budget 3 there, 5 here",
+                       f"kscout budget {run} --set 5 && kscout resume {run}")
+
+    other = kscout("optimize", "--space", str(space), "--budget", "5", "--seed", "1", "--run-dir", str(run))
+    assert_usage_error(other, "--budget 3 there, 5 here", "--seed 0 there, 1 here", "new --run-dir")
+    assert "kscout budget" not in other.output  # more than the budget differs: resuming would not give what was asked
+
+
 def test_warm_start_on_a_code_problem_is_refused_not_ignored(problem, tmp_path):
     space = write_cache(tmp_path / "k.json", timed(8))
     assert_usage_error(kscout("optimize", str(problem), "--warm-start", str(space), "--run-dir", str(tmp_path / "run")),

@@ -46,6 +46,27 @@ def test_a_bad_setting_is_an_error_that_names_the_file(project, text, phrase):
     assert phrase in str(err.value)
 
 
+@pytest.mark.parametrize("text, section", [
+    ('[serch]\nbudget = 3\n', "[serch]"),
+    ('[search]\nbudget = 3\n\n[extra]\nnote = "x"\n', "[extra]"),
+    ('budget = 3\n', "budget"),  # a setting above every section
+])
+def test_an_unknown_section_is_an_error_that_names_the_file_and_the_known_ones(project, text, section):
+    (project / "proj" / "kscout.toml").write_text(text)
+    with pytest.raises(SearchConfigError, match="kscout.toml") as err:
+        search_defaults()
+    assert section in str(err.value) and "[llm]" in str(err.value) and "[search]" in str(err.value)
+
+
+def test_a_typo_in_a_section_name_stops_optimize_before_anything_is_made(project):
+    (project / "proj" / "kscout.toml").write_text('[serch]\nbudget = 3\n')
+    failed = CliRunner().invoke(app, ["optimize", "anything.py", "--run-dir", "r", "--json"])
+    assert failed.exit_code == 2
+    message = json.loads(failed.stdout)["message"]
+    assert "[serch]" in message and "did you mean [search]" in message
+    assert not (project / "proj" / "r").exists()
+
+
 @needs_hub
 def test_optimize_takes_its_defaults_from_the_project_file_and_flags_win(project):
     (project / "proj" / "kscout.toml").write_text('[search]\nbudget = 4\nsurrogate = "none"\n')

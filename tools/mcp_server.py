@@ -427,6 +427,8 @@ def build_server(run_dir: Optional[str] = None, device: str = "auto", budget: Op
 
 def ensure_cap(run_dir: str, budget: Optional[int], default_more: int = DEFAULT_SERVE_BUDGET) -> BudgetStatus:
     """The cap `kscout serve` runs under: --budget if given, else the directory's own, else `default_more` beyond what it has used."""
+    if budget is not None and budget < 0:  # said before RunDir makes the folder, not after
+        raise ValueError(f"--budget {budget}: a measurement budget cannot be negative; give 0 (measure nothing) or more")
     ledger = Budget(RunDir(run_dir))
     if budget is not None:
         ledger.set_cap(budget)
