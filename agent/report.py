@@ -19,7 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from kernelscout.agent.llm_pricing import UsageState, usage_line  # noqa: E402
-from kernelscout.agent.run_view import llm_calls  # noqa: E402
+from kernelscout.agent.run_view import failure_row, llm_calls  # noqa: E402
 from kernelscout.tools.archive import ROOT_ID, Archive  # noqa: E402
 from kernelscout.tools.budget import Budget  # noqa: E402
 from kernelscout.tools.forecast_check import ForecastCheck, check_forecasts, deciding_forecasts, scored_search_forecasts  # noqa: E402
@@ -146,6 +146,12 @@ def write_report(run_dir: Path | str, title: str = "kernelscout run") -> Path:
             f"<td>{'' if c.speedup is None else f'{c.speedup:.3f}x'}</td>"
             f"<td>{html.escape(decision['reason']) if decision else ''}</td></tr>"
         )
+    failed, failures = archive.failures(limit=50)
+    failure_rows = "".join(f"<tr><td>#{f.id}</td><td>{f.status}</td><td>{html.escape(_cut(f.why, 400))}</td></tr>"
+                           for f in (failure_row(cid, m) for cid, m in failures))
+    failure_table = "" if not failures else (
+        f"<h2>Measurements that did not count ({failed if failed == len(failures) else f'the latest {len(failures)} of {failed}'})</h2>"
+        f"<table><tr><th>id</th><th>status</th><th>why</th></tr>{failure_rows}</table>")
     best_line = f"best verified: #{best.id} at {best.speedup:.3f}x" if best else "no verified candidate beat the reference"
     confirmed = [sp for _, sp in archive.confirmations(best.id)] if best else []
     if confirmed:
@@ -162,7 +168,7 @@ candidates considered: {len([c for c in candidates])}. Every speedup below was m
 <img src="data:image/png;base64,{calibration_plot(check.reliability)}">
 <p>{html.escape(forecast_line(check))}</p>
 <h2>Lineage</h2><table><tr><th>id</th><th>parent</th><th>origin</th><th>params</th><th>state</th><th>measured</th><th>last decision</th></tr>
-{''.join(rows)}</table></body></html>"""
+{''.join(rows)}</table>{failure_table}</body></html>"""
     path = run.path / "report.html"
     path.write_text(body)
     return path

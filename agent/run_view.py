@@ -124,7 +124,8 @@ def _row(archive: Archive, rec: CandidateRecord, deciding: dict[int, dict]) -> C
     )
 
 
-def _failure(candidate_id: int, m: Measurement) -> FailedRow:
+def failure_row(candidate_id: int, m: Measurement) -> FailedRow:
+    """What `kscout show` and the report say of a measurement that did not count."""
     if m.status == MeasureStatus.ok and m.correct and not m.timing_valid:
         return FailedRow(id=candidate_id, status="timing not valid", why=m.timing_invalid_reason or m.message)
     return FailedRow(id=candidate_id, status=m.status.value, why=m.message)
@@ -160,7 +161,7 @@ def view_run(path: str | Path, top: int = 10) -> RunView:
         continue_with=None if live else (finished or {}).get("continue_with"),
         states=archive.counts(), considered=considered, considered_per_measurement=round(considered / used, 2) if used else 0.0,
         best=_row(archive, best, deciding) if best else None, best_file=best_file if best else None, top=rows[:top],
-        failed=failed, failures=[_failure(cid, m) for cid, m in failures],
+        failed=failed, failures=[failure_row(cid, m) for cid, m in failures],
         forecast_check=check_forecasts(archive),
         report=str(run.path / "report.html") if (run.path / "report.html").is_file() else None,
         llm_usage=llm_calls(run), chat_llm_usage=llm_calls(run, CHAT_USAGE_META),

@@ -257,3 +257,6 @@ def test_show_says_why_a_measurement_did_not_count(tmp_path):
     assert failure["status"] == "incorrect" and "shape (256, 511), expected (256, 512)" in failure["why"]
     text = CliRunner().invoke(app, ["show", str(tmp_path / "run")], env={"COLUMNS": "200"}).output
     assert "measurements that did not count (1)" in text and failure["why"][:40] in text
+    report = CliRunner().invoke(app, ["show", str(tmp_path / "run"), "--report"])
+    assert report.exit_code == 0
+    assert "Measurements that did not count (1)" in (tmp_path / "run" / "report.html").read_text()
