@@ -18,8 +18,8 @@ from pydantic import BaseModel, Field
 
 from kernelscout.sandbox.pool import WorkerDied, WorkerOutOfMemory, WorkerPool, WorkerProcess, WorkerTimedOut
 from kernelscout.sandbox.problem import SourceFile
-from kernelscout.sandbox.stats import (after_the_other_ratio, busy_machine, crowded, disturbed_reference, slowed_after_the_other,
-                                      summarise, wall_clock_disagreement)
+from kernelscout.sandbox.stats import (after_the_other_ratio, busy_machine, crowded, disturbed_reference, heap_handed_back,
+                                      slowed_after_the_other, summarise, wall_clock_disagreement)
 from kernelscout.tools.schema import Measurement, MeasureStatus
 
 START_TIMEOUT_S = 120.0  # a fresh sandbox worker imports torch before it answers
@@ -157,6 +157,7 @@ def _drive(worker: WorkerProcess, problem: SourceFile, candidate: SourceFile, co
     reply = worker.request("load_problem", config.compile_timeout_s, path=_stage(worker, problem, "problem", phase), sha=problem.sha, seeds=[_seed() for _ in range(3)])
     if reply["status"] != "ok":
         return _fail(reply), False
+    faults_at_load = reply.get("reference_faults")
     phase.name = "import"
     worker.ran_candidate = True
     # modules it imports that are files beside it: the worker sees only its copy, so it cannot look
@@ -184,7 +185,7 @@ def _drive(worker: WorkerProcess, problem: SourceFile, candidate: SourceFile, co
                         message="correct; " + TRITON_INTERPRETER_REASON, checks=checks)
         return _finish(worker, m)
     phase.name = "time"
-    m = _time(worker, config, deadline)
+    m = _time(worker, config, deadline, faults_at_load)
     m.checks = checks + m.checks
     if reset:
         m.warnings.append("the candidate changed how many cores both sides compute on while it was imported or built ("
@@ -239,8 +240,9 @@ def _recheck(measured: int, config: HarnessConfig, rng: random.Random) -> bool:
     return rng.random() < min(config.recheck_fraction, config.recheck_target / (measured + 1))
 
 
-def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float) -> Measurement:
+def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float, faults_at_load: Optional[int] = None) -> Measurement:
     ref_t, cand_t, ref_w, cand_w = [], [], [], []
+    ref_faults: list[int] = []  # pages the reference faulted in per kept call
     follows: dict[str, list[bool]] = {"ref": [], "cand": []}  # per timed call: did it come right after the other side's?
     left_out: list[dict[str, tuple[float, float, bool]]] = []  # rounds whose reference call was crowded off its CPU
     rechecked = 0
@@ -276,7 +278,7 @@ def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float) -> Meas
             return _fail(reply)
         order = ("ref", "cand") if rounds % 2 == 0 else ("cand", "ref")
         got: dict[str, tuple[float, float, bool]] = {}  # side -> (timer ms, wall ms, came right after the other's call)
-        queued_ms = 0.0
+        queued_ms, faults = 0.0, 0
         for position, side in enumerate(order):
             w0 = time.perf_counter()
             reply = worker.request("call", _left(deadline), side=side)
@@ -287,6 +289,7 @@ def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float) -> Meas
                 continue
             got[side] = (reply["timer_ms"], wall_ms, position == 1)
             queued_ms += reply.get("queued_ms", 0.0)
+            faults += reply.get("faults", 0)
             timed_s += reply["timer_ms"] / 1e3
             if reply.get("thread_leak"):
                 leaks.append("the candidate left work running after returning: " + reply["thread_leak"])
@@ -298,6 +301,7 @@ def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float) -> Meas
             if crowded(queued_ms, got["ref"][0]):
                 left_out.append(got)
             else:
+                ref_faults.append(faults)
                 for side, (timer_ms, wall_ms, after) in got.items():
                     (ref_t if side == "ref" else cand_t).append(timer_ms)
                     (ref_w if side == "ref" else cand_w).append(wall_ms)
@@ -337,7 +341,8 @@ def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float) -> Meas
     r_ref, r_cand = after_the_other_ratio(ref_t, follows["ref"]), after_the_other_ratio(cand_t, follows["cand"])
     if r_ref is not None and r_cand is not None:
         m.checks.append(f"each side right after the other's call, against first in its round: reference {r_ref:.2f}x, candidate {r_cand:.2f}x")
-    reason = wall_clock_disagreement(ref_t, cand_t, ref_w, cand_w) or slowed_after_the_other(ref_t, cand_t, follows)
+    reason = (heap_handed_back(ref_faults, faults_at_load) or wall_clock_disagreement(ref_t, cand_t, ref_w, cand_w)
+              or slowed_after_the_other(ref_t, cand_t, follows))
     ref_calls = len(ref_t) + (0 if busy else len(left_out))
     if left_out:
         m.checks.append(f"{len(left_out)} of {ref_calls} timed rounds " + ("kept although " if busy else "left out: ")

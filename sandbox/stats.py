@@ -156,3 +156,28 @@ def busy_machine(left_out: int, kept: int) -> Optional[str]:
     return (f"{BUSY_REASON}: in {left_out} of {left_out + kept} timed rounds the reference's threads waited for a CPU "
             "for over a tenth of its call, because another process was running on the worker's cores. Measure again when "
             "the machine is idle (or give the worker cores no other process uses)")
+
+
+PAGE_BYTES = 4096
+FAULTS_FLOOR = 256  # pages (1 MiB) a reference call may fault in beyond what it did before the candidate loaded
+
+
+def heap_handed_back(faults: Sequence[int], at_load: Optional[int]) -> Optional[str]:
+    """Whether the reference's memory was taken back by the OS between its timed calls.
+
+    A warm reference reuses the memory of its temporaries (the worker keeps blocks under 1 GiB in the
+    heap): every honest example faults in 0 pages a call once warm. Handing the heap's free pages back
+    to the OS (malloc_trim) from anywhere between calls makes it fault its temporaries in again, every
+    call, in both positions of the round, so the after-the-other check cannot see it: a review's
+    candidate did it from a finaliser it planted in the harness's round (softmax 7.9x against 2.9x
+    honest, 4,096 pages a call). `at_load` is what the reference's repeat call faulted in before any
+    candidate existed: a reference with temporaries above the heap's threshold faults every call, and
+    that is its own cost."""
+    if at_load is None or len(faults) < 3:
+        return None
+    typical = statistics.median(faults)
+    if typical <= max(FAULTS_FLOOR, 4 * at_load):
+        return None
+    return (f"the reference faulted in {typical:.0f} pages ({typical * PAGE_BYTES / 2**20:.1f} MiB) of memory in a typical timed call, "
+            f"against {at_load} in a call before the candidate loaded: memory it reuses when left alone was handed back to the "
+            "OS between its calls (malloc_trim or madvise from the candidate's code), so every call paid to fault it in again")

@@ -234,13 +234,14 @@ class Worker:
         self.reference_print: tuple = ()  # _module_fingerprint of the reference as built: (structure, weights)
         self.global_hooks: tuple = ()
         self.kernels: dict[str, int] = {}  # integrity.kernel_tables() once the problem is loaded
+        self.reference_faults = 0  # page faults of the reference's repeat call at load (`_check_repeatable`)
         self.reference_kernels: dict[str, int] = {}  # the same for the operators the reference calls
 
     # -- problem -----------------------------------------------------------------------------
     def load_problem(self, msg: dict) -> dict:
         path, sha = msg["path"], msg["sha"]
         if self.problem_sha == sha:
-            return {"status": "ok", "cached": True}
+            return {"status": "ok", "cached": True, "reference_faults": self.reference_faults}
         integrity.restore_settings(self.own_settings)  # not what a candidate of another problem left
         try:
             module = _import_file(path, f"kscout_problem_{sha[:16]}")
@@ -285,6 +286,7 @@ class Worker:
         return {
             "status": "ok",
             "outputs": [[list(o.shape), str(o.dtype)] for o in per_seed_outputs[0]],
+            "reference_faults": self.reference_faults,
         }
 
     def _check_repeatable(self, module, model, seed: int, first: list[torch.Tensor], path: str) -> None:
@@ -295,9 +297,14 @@ class Worker:
         inputs = self._make_inputs(module, seed, path)
         torch.manual_seed(seed ^ 0x5DEECE66D)
         try:
+            faults = integrity.page_faults()
             with torch.no_grad():
-                again = correctness.flatten_outputs(model(*inputs), "reference")
+                out = model(*inputs)
             _sync(self.device)
+            # a warm reference reuses its temporaries' memory: what it faults in here, before any candidate
+            # exists, is what it needs afresh every call (blocks above the allocator's 1 GiB threshold)
+            self.reference_faults = integrity.page_faults() - faults
+            again = correctness.flatten_outputs(out, "reference")
             correctness.compare(again, first)
         except CheckFailed as exc:
             raise Failure("invalid_problem", f"{path}: the reference Model gives different outputs for the same inputs (a second call against the first: {exc}), "
@@ -499,12 +506,24 @@ class Worker:
         round's outputs are dropped and young garbage collected first, while only old inputs exist, and
         automatic collection, whose callbacks and finalisers would run candidate code, is off from then
         until the next round's prep (and after timing, once the candidate is unloaded)."""
-        previous = self.round or {}
-        previous.pop("out", None)  # finalisers hung on the last outputs run now, before the new inputs exist
+        # Only the input buffers are kept; everything else the last round held goes now, before the new
+        # inputs exist, with whatever finalisers hang on it: its outputs, and anything the candidate put into
+        # the round (a review's candidate left an object there whose __del__ handed the heap back to the OS
+        # as the old round was dropped, after the refill: softmax 7.9x, the reference page-faulting its
+        # temporaries in every call). Candidate code can still run between calls by such means; what it
+        # does there is judged by its effect on the reference (`stats.heap_handed_back`, the other checks).
+        previous = {k: v for k, v in (self.round or {}).items() if k in ("ref", "cand", "ref_layout", "cand_layout")}
+        if self.round:
+            self.round.clear()
+        self.round = {}
         if self.gc_held is None:
             self.gc_held = integrity.gc_isenabled()
         integrity.gc_disable()
         integrity.gc_collect(0)
+        if msg.get("baseline_threads"):  # before the refill too: it replaces what the last baseline left
+            self.thread_baseline = integrity.os_thread_count()
+            self.thread_cpu_at_timing = {t.ident: integrity.thread_cpu_ms(t.ident) for t in self._candidate_threads()}
+            self.children_cpu_at_timing = integrity.children_cpu_s()
         fresh = self._fresh_inputs(msg["seed"])
         if previous.get("ref") is not None and _layout(previous["ref"]) != previous.get("ref_layout"):
             # the candidate reached the reference's own input tensors (gc) and re-strided or moved them:
@@ -522,10 +541,6 @@ class Worker:
         }
         self.round["ref_layout"], self.round["cand_layout"] = _layout(self.round["ref"]), _layout(self.round["cand"])
         _sync(self.device)
-        if msg.get("baseline_threads"):
-            self.thread_baseline = integrity.os_thread_count()
-            self.thread_cpu_at_timing = {t.ident: integrity.thread_cpu_ms(t.ident) for t in self._candidate_threads()}
-            self.children_cpu_at_timing = integrity.children_cpu_s()
         return {"status": "ok"}
 
     def _settings_changed(self) -> Optional[str]:
@@ -674,6 +689,7 @@ class Worker:
         integrity.gc_disable()
         integrity.pin_allocator()
         queued_ns = integrity.waited_for_cpu_ns() if side == "ref" else None
+        faults = integrity.page_faults()
         try:
             out, timer_ms, host_ms = self.timer(run)
         except Exception as exc:
@@ -685,6 +701,8 @@ class Worker:
                 integrity.gc_enable()
         disturbed = self._disturbed(watch, host_ms) if watch else None  # read at once: the window is the call
         reply: dict[str, Any] = {"status": "ok", "timer_ms": timer_ms, "host_ms": host_ms}
+        if side == "ref":  # memory the reference had to fault in again: the heap handed back to the OS between calls
+            reply["faults"] = integrity.page_faults() - faults
         if queued_ns is not None:
             # the reference's threads kept off a CPU during its call: another process on the worker's cores
             reply["queued_ms"] = (integrity.waited_for_cpu_ns() - queued_ns) / 1e6

@@ -906,7 +906,8 @@ def test_handing_the_heap_back_at_the_end_of_the_call_is_caught(write, tmp_path)
                       + "\nimport ctypes\n_trim = ctypes.CDLL('libc.so.6').malloc_trim\n")
     assert m.status == MeasureStatus.ok and m.correct, m.message
     assert _caught(m), m.message
-    assert "slower right after the candidate" in m.timing_invalid_reason, m.timing_invalid_reason
+    # named by the reference's page faults (since the fortieth session), or by its slowing after the candidate
+    assert "faulted in" in m.timing_invalid_reason or "slower right after the candidate" in m.timing_invalid_reason, m.timing_invalid_reason
 
 
 # -- a third review: a tensor subclass slipped into the reference --------------------------------------
@@ -1097,3 +1098,55 @@ def test_a_thread_count_chosen_at_import_is_put_back_for_both_sides(measure_sour
     assert m.status == MeasureStatus.ok, m.message
     if torch.get_num_threads() > 1:  # on one core there is nothing to put back
         assert any("torch threads from 1 back to" in w for w in m.warnings), m.warnings
+
+
+def test_mkls_own_per_thread_thread_count_is_a_shared_setting(measure_source):
+    # MKL keeps a per-thread count that torch's thread count and OpenMP do not show: set to 1 at the
+    # end of the candidate's call, the linear_gelu reference's matmul ran on one thread (2.13x against
+    # 1.36x honest, timing valid)
+    import ctypes
+    import os
+
+    if not hasattr(ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")), "MKL_Set_Num_Threads_Local"):
+        pytest.skip("no MKL in this torch build")
+    header = """import ctypes, os
+_MKL = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))"""
+    body = """        _MKL.MKL_Set_Num_Threads_Local(0)
+        out = torch.relu(x * self.scale + y) + 0.5 * x
+        _MKL.MKL_Set_Num_Threads_Local(1)
+        return out"""
+    m = measure_source(_model(body, header))
+    assert _caught(m), m
+    assert "MKL threads" in (m.timing_invalid_reason or m.message), m
+
+
+def test_handing_the_heap_back_from_a_finaliser_planted_in_the_harness_is_caught(measure_source):
+    # A finaliser left in the worker's round runs malloc_trim as the harness drops the round, between the
+    # calls, so the reference faults its temporaries in again in every call, first in its round or not:
+    # softmax 7.9x against 2.9x honest, timing valid, before the reference's page faults were counted
+    header = """import ctypes, sys
+_TRIM = ctypes.CDLL(None).malloc_trim
+
+
+class _Trigger:
+    def __del__(self):
+        _TRIM(0)
+
+
+def _worker():
+    f = sys._getframe(1)
+    while f is not None:
+        s = f.f_locals.get("self")
+        if isinstance(getattr(s, "round", None), dict) and hasattr(s, "prep"):
+            return s
+        f = f.f_back"""
+    body = """        out = torch.softmax(logits, dim=-1)
+        w = _worker()
+        if w is not None:
+            w.round["_t"] = _Trigger()
+        return out"""
+    source = _model(body, header).replace("def __init__(self, scale):", "def __init__(self):").replace(
+        "        self.scale = scale\n", "").replace("def forward(self, x, y):", "def forward(self, logits):")
+    m = measure_source(source, problem=(EXAMPLES / "softmax" / "problem.py").read_text())
+    assert _caught(m), m
+    assert "faulted in" in (m.timing_invalid_reason or m.message), m
