@@ -360,6 +360,23 @@ def _set_affinity(masks: tuple) -> None:
             continue
 
 
+def _loaded_libraries(pattern: str) -> list[tuple[str, ctypes.CDLL]]:
+    """The shared libraries this process has mapped whose path matches `pattern`, opened (already loaded,
+    so opening them again only hands back a handle)."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = sorted({line.split()[-1] for line in f if re.search(pattern, line)})
+    except OSError:
+        return []
+    libraries = []
+    for path in paths:
+        try:
+            libraries.append((path, ctypes.CDLL(path)))
+        except OSError:
+            continue
+    return libraries
+
+
 def _openmp_settings() -> dict[str, tuple[Callable[[], Any], Callable[[Any], None]]]:
     """OpenMP's own switches in every OpenMP runtime the process has loaded (torch's bundled libgomp,
     an Intel or LLVM one). torch's thread count is OpenMP's max-threads and does not show these: a
@@ -367,17 +384,11 @@ def _openmp_settings() -> dict[str, tuple[Callable[[], Any], Callable[[Any], Non
     reference ran on one thread, and back at the start of its own (softmax 4.62x, linear_gelu 2.59x, with
     honest figures of 2.55x and 1.45x, timings valid)."""
     settings: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {}
-    try:
-        with open("/proc/self/maps") as f:
-            paths = sorted({line.split()[-1] for line in f if re.search(r"/lib(g|i|)omp[^/]*\.so", line)})
-    except OSError:
-        return settings
-    for path in paths:
+    for path, lib in _loaded_libraries(r"/lib(g|i|)omp[^/]*\.so"):
         try:
-            lib = ctypes.CDLL(path)
             levels = (lib.omp_get_max_active_levels, lib.omp_set_max_active_levels)
             dynamic = (lib.omp_get_dynamic, lib.omp_set_dynamic)
-        except (OSError, AttributeError):
+        except AttributeError:
             continue
         name = os.path.basename(path)
         settings[f"OpenMP max active levels ({name})"] = levels
@@ -392,16 +403,10 @@ def _mkl_settings() -> dict[str, tuple[Callable[[], Any], Callable[[Any], None]]
     at the start, and the linear_gelu reference's matmul ran on one thread (2.13x against 1.36x honest,
     timing valid). Put back by clearing the per-thread count, then setting it if that is not enough."""
     settings: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {}
-    try:
-        with open("/proc/self/maps") as f:
-            paths = sorted({line.split()[-1] for line in f if re.search(r"/lib(torch_cpu|mkl[^/]*)\.so", line)})
-    except OSError:
-        return settings
-    for path in paths:
+    for path, lib in _loaded_libraries(r"/lib(torch_cpu|mkl[^/]*)\.so"):
         try:
-            lib = ctypes.CDLL(path)
             get, local = lib.MKL_Get_Max_Threads, lib.MKL_Set_Num_Threads_Local
-        except (OSError, AttributeError):
+        except AttributeError:
             continue
 
         def put(value: Any, get: Callable[[], int] = get, local: Callable[[int], int] = local) -> None:

@@ -1065,13 +1065,20 @@ def test_serialising_openmp_for_the_reference_is_caught(measure_source):
     header = """import ctypes
 _GOMP = ctypes.CDLL(next(l.split()[-1] for l in open("/proc/self/maps") if "libgomp" in l))
 _LEVELS = _GOMP.omp_get_max_active_levels()"""
-    body = """        _GOMP.omp_set_max_active_levels(_LEVELS)
+    _assert_serialising_around_the_call_is_caught(measure_source, header, "_GOMP.omp_set_max_active_levels(_LEVELS)",
+                                                  "_GOMP.omp_set_max_active_levels(0)", "OpenMP max active levels")
+
+
+def _assert_serialising_around_the_call_is_caught(measure_source, header: str, own: str, theirs: str, named: str) -> None:
+    """A candidate that sets a parallelism switch back for its own call (`own`) and serialises whatever runs
+    next (`theirs`) before it returns: caught, and the reason names the setting."""
+    body = f"""        {own}
         out = torch.relu(x * self.scale + y) + 0.5 * x
-        _GOMP.omp_set_max_active_levels(0)
+        {theirs}
         return out"""
     m = measure_source(_model(body, header))
     assert _caught(m), m
-    assert "OpenMP max active levels" in (m.timing_invalid_reason or m.message), m
+    assert named in (m.timing_invalid_reason or m.message), m
 
 
 def test_work_deferred_into_a_list_subclass_iterator_is_not_run(measure_source):
@@ -1111,13 +1118,8 @@ def test_mkls_own_per_thread_thread_count_is_a_shared_setting(measure_source):
         pytest.skip("no MKL in this torch build")
     header = """import ctypes, os
 _MKL = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))"""
-    body = """        _MKL.MKL_Set_Num_Threads_Local(0)
-        out = torch.relu(x * self.scale + y) + 0.5 * x
-        _MKL.MKL_Set_Num_Threads_Local(1)
-        return out"""
-    m = measure_source(_model(body, header))
-    assert _caught(m), m
-    assert "MKL threads" in (m.timing_invalid_reason or m.message), m
+    _assert_serialising_around_the_call_is_caught(measure_source, header, "_MKL.MKL_Set_Num_Threads_Local(0)",
+                                                  "_MKL.MKL_Set_Num_Threads_Local(1)", "MKL threads")
 
 
 def test_handing_the_heap_back_from_a_finaliser_planted_in_the_harness_is_caught(measure_source):
