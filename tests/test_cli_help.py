@@ -21,3 +21,10 @@ def test_optimize_help_names_the_run_directory_default_the_ray_extra_and_the_con
 def test_measure_and_run_help_name_their_run_directory_defaults():
     assert "[default: runs/scratch]" in help_text("measure")
     assert "[default: runs/run-<time>]" in help_text("run")
+
+
+def test_flags_that_take_no_value_show_none():
+    # typer 0.29 printed "<bool>" after every such flag (--json, --again, --help); pyproject.toml skips it
+    for command in ((), ("measure",), ("optimize",), ("show",)):
+        text = help_text(*command)
+        assert "--help" in text and "<bool>" not in text, command
