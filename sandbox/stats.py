@@ -97,7 +97,11 @@ def slowed_after_the_other(ref_timer: Sequence[float], cand_timer: Sequence[floa
         r_cand = after_the_other_ratio(cand_timer[lo:hi], cand_f[lo:hi])
         if r_ref is None or r_cand is None:
             return None
-        return (r_ref, r_cand) if r_ref > AFTER_THE_OTHER_LIMIT * max(r_cand, 1.0) else (0.0, 0.0)
+        after = r_ref > AFTER_THE_OTHER_LIMIT * max(r_cand, 1.0)
+        # and the mirror: slower in the rounds it opens, where code the candidate left to run between calls
+        # (a finaliser planted in the harness) acts only before rounds that start with the reference
+        opening = r_ref * AFTER_THE_OTHER_LIMIT < min(r_cand, 1.0)
+        return (r_ref, r_cand) if after or opening else (0.0, 0.0)
 
     n = min(len(ref_timer), len(cand_timer), len(ref_f), len(cand_f))
     whole = slowed(0, n)
@@ -107,6 +111,10 @@ def slowed_after_the_other(ref_timer: Sequence[float], cand_timer: Sequence[floa
     if all(h is not None for h in halves) and not all(h[0] for h in halves):
         return None
     r_ref, r_cand = whole
+    if r_ref < 1.0:
+        return (f"the reference ran {1 / r_ref:.2f}x slower first in its round than right after the candidate's call, while the "
+                f"candidate's ratio was {r_cand:.2f}x (limit {AFTER_THE_OTHER_LIMIT}x), in both halves of the run: something "
+                "slows the rounds the reference opens")
     return (f"the reference ran {r_ref:.2f}x slower right after the candidate's call than first in its round, while the "
             f"candidate ran {r_cand:.2f}x after the reference's (limit {AFTER_THE_OTHER_LIMIT}x), in both halves of the "
             "run: the candidate leaves something behind that slows the next call")
