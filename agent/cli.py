@@ -77,6 +77,8 @@ def measure(
              "takes it up without charging it again", as_json, code=130)
     if as_json:
         print(result.model_dump_json())
+    elif result.measurement_id is None and not result.charged and result.status.value in ("compile_error", "invalid_problem"):
+        fail(result.message, as_json)  # a file or device refused before anything ran: a usage error, not a measurement
     else:
         _print_measurement(result)
     raise typer.Exit(EXIT_CODES.get(result.status.value, 1))

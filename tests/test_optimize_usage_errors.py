@@ -179,3 +179,11 @@ def test_a_triton_start_kernel_on_the_cpu_is_flagged_before_it_costs_a_measureme
         kernels += ["--start", str(path)]
     result = kscout("optimize", str(problem), "--device", "cpu", "--budget", "1", *kernels, "--run-dir", str(tmp_path / "run"))
     assert_usage_error(result, "is a Triton kernel", "timing is refused", "--budget is 1")
+
+
+def test_a_missing_candidate_file_is_a_usage_error_with_nothing_measured(problem, tmp_path):
+    run = tmp_path / "run"
+    result = kscout("measure", str(problem), str(tmp_path / "nope.py"), "--run-dir", str(run))
+    assert_usage_error(result, "nope.py: no such file")
+    assert "compile_error" not in result.output and "charged" not in result.output  # no measurement table
+    assert not run.exists()
