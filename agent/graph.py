@@ -236,9 +236,7 @@ class SearchLoop:
         used = self.budget.status().used
         if m.speedup and m.timing_valid and m.correct and not suspect and m.speedup > progress["best_speedup"]:
             progress.update(best_speedup=m.speedup, last_improvement=used)
-        # why it does not count, for the log line: a failure's message, or what voided the timing
-        why = m.message if m.status != MeasureStatus.ok else (None if m.timing_valid else m.timing_invalid_reason)
-        self._emit("measure", candidate=rec.id, status=m.status.value, speedup=m.speedup, timing_valid=m.timing_valid, why=why or None,
+        self._emit("measure", candidate=rec.id, status=m.status.value, speedup=m.speedup, timing_valid=m.timing_valid, why=m.unusable_reason,
                    suspect=suspect or None, used=used, best=progress["best_speedup"])
         return self._repair(rec, m, iteration)
 

@@ -21,7 +21,7 @@ from kernelscout.tools.forecast_check import ForecastCheck, check_forecasts, dec
 from kernelscout.tools.measure import MeasuredFile, measured_files
 from kernelscout.tools.rundir import RunDir
 from kernelscout.tools.runlock import holder
-from kernelscout.tools.schema import BudgetStatus, Measurement, MeasureStatus
+from kernelscout.tools.schema import BudgetStatus, Measurement
 
 
 class RunViewError(ValueError):
@@ -126,9 +126,7 @@ def _row(archive: Archive, rec: CandidateRecord, deciding: dict[int, dict]) -> C
 
 def failure_row(candidate_id: int, m: Measurement) -> FailedRow:
     """What `kscout show` and the report say of a measurement that did not count."""
-    if m.status == MeasureStatus.ok and m.correct and not m.timing_valid:
-        return FailedRow(id=candidate_id, status="timing not valid", why=m.timing_invalid_reason or m.message)
-    return FailedRow(id=candidate_id, status=m.status.value, why=m.message)
+    return FailedRow(id=candidate_id, status="timing not valid" if m.timing_voided else m.status.value, why=m.unusable_reason or "")
 
 
 def view_run(path: str | Path, top: int = 10) -> RunView:

@@ -251,6 +251,13 @@ def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float, faults_
     rng = random.Random(secrets.randbits(64))
     timed_s = kept_s = 0.0
     rounds = 0
+
+    def keep(got: dict[str, tuple[float, float, bool]]) -> None:
+        for side, (timer_ms, wall_ms, after) in got.items():
+            (ref_t if side == "ref" else cand_t).append(timer_ms)
+            (ref_w if side == "ref" else cand_w).append(wall_ms)
+            follows[side].append(after)
+
     total_rounds_cap = config.warmup_rounds + config.max_rounds
     t0 = time.monotonic()
     while rounds < total_rounds_cap:
@@ -302,11 +309,8 @@ def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float, faults_
                 left_out.append(got)
             else:
                 ref_faults.append(faults)
-                for side, (timer_ms, wall_ms, after) in got.items():
-                    (ref_t if side == "ref" else cand_t).append(timer_ms)
-                    (ref_w if side == "ref" else cand_w).append(wall_ms)
-                    follows[side].append(after)
-                    kept_s += timer_ms / 1e3
+                keep(got)
+                kept_s += sum(timer_ms for timer_ms, _, _ in got.values()) / 1e3
         # decided only now, after both calls returned: the candidate cannot learn during its call
         # whether this round's output will be compared
         if not warm and _recheck(measured, config, rng):
@@ -318,10 +322,7 @@ def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float, faults_
     busy = busy_machine(len(left_out), len(ref_t))
     if busy:  # too few quiet rounds to stand on their own: the numbers shown are every round's, and not valid
         for got in left_out:
-            for side, (timer_ms, wall_ms, after) in got.items():
-                (ref_t if side == "ref" else cand_t).append(timer_ms)
-                (ref_w if side == "ref" else cand_w).append(wall_ms)
-                follows[side].append(after)
+            keep(got)
     cand, ref = summarise(cand_t), summarise(ref_t)
     m = Measurement(
         status=MeasureStatus.ok,

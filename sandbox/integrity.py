@@ -245,33 +245,30 @@ def _read_proc(path: str) -> Optional[bytes]:
         _os_close(fd)
 
 
+def _schedstat(tid: str) -> Optional[tuple[int, int, int]]:
+    """(nanoseconds on a CPU, nanoseconds runnable but waiting for one, times run) of one thread, or None
+    when it has ended (or the kernel keeps no schedstat)."""
+    fields = (_read_proc(f"/proc/self/task/{tid}/schedstat") or b"").split()
+    try:
+        return int(fields[0]), int(fields[1]), int(fields[2])
+    except (IndexError, ValueError):
+        return None
+
+
 def thread_runs(tids: set[str]) -> dict[str, tuple[int, int]]:
     """(times the scheduler has run it, nanoseconds it has spent on a CPU) for each thread still alive,
     from its schedstat. A count that moved across a window means the thread ran in it, however
     briefly: unlike CPU time, the count has no resolution to hide under."""
-    runs: dict[str, tuple[int, int]] = {}
-    for tid in tids:
-        fields = (_read_proc(f"/proc/self/task/{tid}/schedstat") or b"").split()
-        try:
-            runs[tid] = (int(fields[2]), int(fields[0]))
-        except (IndexError, ValueError):  # the thread has ended
-            pass
-    return runs
+    return {tid: (stat[2], stat[0]) for tid in tids if (stat := _schedstat(tid)) is not None}
 
 
-def waited_for_cpu_ns() -> int:
-    """Nanoseconds the process's threads, all together, have spent runnable but waiting for a CPU (the
-    second field of each thread's schedstat). On an idle machine a timed call adds next to nothing; when
-    another process holds the cores the worker runs on, each of its threads queues behind it, and a
-    multi-threaded operator waits at every barrier for the thread that was pushed off its core."""
-    total = 0
-    for tid in os_thread_ids():
-        fields = (_read_proc(f"/proc/self/task/{tid}/schedstat") or b"").split()
-        try:
-            total += int(fields[1])
-        except (IndexError, ValueError):  # the thread has ended, or no schedstat (a kernel without it)
-            pass
-    return total
+def thread_schedstats() -> dict[str, tuple[int, int, int]]:
+    """`_schedstat` of every thread of the process, read once: what the worker compares across a timed
+    reference call, for the threads the candidate started (`Worker._disturbed`) and for the time all
+    threads spent runnable but off a CPU. On an idle machine a timed call adds next to nothing to the
+    second; when another process holds the cores the worker runs on, each of its threads queues behind
+    it, and a multi-threaded operator waits at every barrier for the thread that was pushed off its core."""
+    return {tid: stat for tid in os_thread_ids() if (stat := _schedstat(tid)) is not None}
 
 
 def page_faults() -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import resource
 import statistics
 from typing import Optional, Sequence
 
@@ -166,8 +167,8 @@ def busy_machine(left_out: int, kept: int) -> Optional[str]:
             "the machine is idle (or give the worker cores no other process uses)")
 
 
-PAGE_BYTES = 4096
-FAULTS_FLOOR = 256  # pages (1 MiB) a reference call may fault in beyond what it did before the candidate loaded
+PAGE_BYTES = resource.getpagesize()
+FAULTS_FLOOR = 256  # pages (1 MiB of 4 KiB pages) a reference call may fault in beyond what it did before the candidate loaded
 
 
 def heap_handed_back(faults: Sequence[int], at_load: Optional[int]) -> Optional[str]:

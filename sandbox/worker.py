@@ -408,7 +408,7 @@ class Worker:
         reset = {k: v for k, v in self.initial_settings.items() if integrity.is_parallelism(k) and now.get(k) != v}
         if reset:
             integrity.restore_settings(reset)
-        self.settings_at_load = integrity.shared_settings()
+        self.settings_at_load = integrity.shared_settings() if reset else now
         tampered = integrity.changed_since(self.snapshot) + self._reference_tampering()
         tampered += [f"torch's kernel for {op} was replaced" for op in integrity.kernels_replaced(self.kernels)]
         return {"status": "ok", "tampered": tampered, "triton": "triton" in sys.modules,
@@ -570,15 +570,14 @@ class Worker:
             return f"child processes that ran while the candidate was being timed used {used * 1e3:.0f} ms of CPU"
         return None
 
-    def _watch_candidate_threads(self) -> Optional[tuple[dict[str, tuple[int, int]], int]]:
-        """What `_disturbed` compares after the reference's call: how often each OS thread born since the
-        candidate loaded has run and for how long, and how often the worker's thread has waited."""
-        if self.tasks_before_candidate is None:
-            return None
-        born = integrity.os_thread_ids() - self.tasks_before_candidate
-        return integrity.thread_runs(born), integrity.voluntary_waits()
+    @staticmethod
+    def _reference_window() -> tuple[dict[str, tuple[int, int, int]], int]:
+        """What is compared across a timed reference call: every thread's schedstat, and how often the
+        worker's thread has waited."""
+        return integrity.thread_schedstats(), integrity.voluntary_waits()
 
-    def _disturbed(self, watch: tuple[dict[str, tuple[int, int]], int], call_ms: float) -> Optional[str]:
+    def _disturbed(self, before: tuple[dict[str, tuple[int, int, int]], int], after: tuple[dict[str, tuple[int, int, int]], int],
+                   call_ms: float) -> Optional[str]:
         """Whether threads the candidate started (native ones included) disturbed the reference's timed
         call: "waited" if one ran while the reference had to wait, "burned" if they used more than a
         tenth of the call's time on a CPU.
@@ -592,14 +591,17 @@ class Worker:
         A thread of the candidate's that computes while the reference is timed (work queued with
         `torch.jit.fork` runs on torch's native inter-op threads) is work left running, as
         `thread_leak` is for Python threads."""
-        runs_before, waits_before = watch
-        born = integrity.os_thread_ids() - self.tasks_before_candidate
+        if self.tasks_before_candidate is None:
+            return None
+        (stats_before, waits_before), (stats_after, waits_after) = before, after
         ran = cpu_ns = 0
-        for tid, (count, ns) in integrity.thread_runs(born).items():
-            count0, ns0 = runs_before.get(tid, (0, 0))
+        for tid, (ns, _, count) in stats_after.items():
+            if tid in self.tasks_before_candidate:
+                continue
+            ns0, _, count0 = stats_before.get(tid, (0, 0, 0))
             ran += count != count0
             cpu_ns += ns - ns0
-        if ran and integrity.voluntary_waits() > waits_before:
+        if ran and waits_after > waits_before:
             return "waited"
         if cpu_ns > 0.1 * call_ms * 1e6:
             return "burned"
@@ -682,14 +684,13 @@ class Worker:
             with torch.no_grad():
                 return model(*inputs)
 
-        watch = self._watch_candidate_threads() if side == "ref" else None
         collecting = integrity.gc_isenabled()
         # as timeit does: no garbage collection inside a timed call, where it would run whatever
         # finalisers the other side's garbage carries
         integrity.gc_disable()
         integrity.pin_allocator()
-        queued_ns = integrity.waited_for_cpu_ns() if side == "ref" else None
-        faults = integrity.page_faults()
+        window = self._reference_window() if side == "ref" else None
+        faults = integrity.page_faults() if side == "ref" else 0
         try:
             out, timer_ms, host_ms = self.timer(run)
         except Exception as exc:
@@ -699,13 +700,15 @@ class Worker:
         finally:
             if collecting:
                 integrity.gc_enable()
-        disturbed = self._disturbed(watch, host_ms) if watch else None  # read at once: the window is the call
         reply: dict[str, Any] = {"status": "ok", "timer_ms": timer_ms, "host_ms": host_ms}
-        if side == "ref":  # memory the reference had to fault in again: the heap handed back to the OS between calls
-            reply["faults"] = integrity.page_faults() - faults
-        if queued_ns is not None:
+        disturbed = None
+        if window is not None:
+            closed = self._reference_window()  # read at once: the window is the call
+            disturbed = self._disturbed(window, closed, host_ms)
             # the reference's threads kept off a CPU during its call: another process on the worker's cores
-            reply["queued_ms"] = (integrity.waited_for_cpu_ns() - queued_ns) / 1e6
+            reply["queued_ms"] = (sum(stat[1] for stat in closed[0].values()) - sum(stat[1] for stat in window[0].values())) / 1e6
+            # memory the reference had to fault in again: the heap handed back to the OS between calls
+            reply["faults"] = integrity.page_faults() - faults
         if side == "cand":
             if integrity.thread_count() > py_threads:
                 reply["thread_leak"] = f"{integrity.thread_count() - py_threads} Python thread(s) still running after the call returned"

@@ -62,6 +62,19 @@ class Measurement(BaseModel):
         """A speedup that may be reported: it ran, was correct and its timing is valid."""
         return self.status == MeasureStatus.ok and self.correct and self.timing_valid and self.speedup is not None
 
+    @property
+    def timing_voided(self) -> bool:
+        """Correct, but its timing does not count."""
+        return self.status == MeasureStatus.ok and self.correct and not self.timing_valid
+
+    @property
+    def unusable_reason(self) -> Optional[str]:
+        """Why it gives no speedup to report (None when `usable`): what voided the timing of a correct
+        one, else its message. The search's log line, `kscout show` and the report say this."""
+        if self.usable:
+            return None
+        return (self.timing_invalid_reason if self.timing_voided else None) or self.message
+
 
 class BudgetStatus(BaseModel):
     """The measurement ledger of a run directory."""
