@@ -362,6 +362,35 @@ class ChatREPL:
 # -- formatting helpers --------------------------------------------------------------------------------------------
 
 
+class _ConsoleLogHandler(logging.Handler):
+    """A log record as one dim line of the conversation ("warning: LLM call attempt 1 failed ...; retrying").
+
+    The MCP SDK's server setup installs Rich's log handler on the root logger, whose time, level column and
+    source file:line read like a crash report in the middle of a chat.
+    """
+
+    def __init__(self, console: Console) -> None:
+        super().__init__(logging.WARNING)
+        self.console = console
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = f"{record.levelname.lower()}: {self.format(record)}"
+            self.console.print(f"[dim]{_escape(text)}[/dim]", highlight=False, soft_wrap=True)
+        except Exception:  # noqa: BLE001 - logging must never end a conversation
+            self.handleError(record)
+
+
+def log_to_console(console: Console) -> None:
+    """Warnings and errors of any logger go to the chat's console, in its style; INFO (the SDK's) is dropped."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    root.addHandler(_ConsoleLogHandler(console))
+    root.setLevel(logging.WARNING)
+
+
+
 def _escape(text: str) -> str:
     from rich.markup import escape
 
@@ -519,8 +548,7 @@ def register(app: typer.Typer) -> None:
         except (ChatSetupError, ToolFailure, ValueError) as exc:
             console.print(f"[red]error:[/red] {_escape(str(exc))}")
             raise typer.Exit(2) from None
-        # The MCP SDK's server setup turns on INFO logging for the whole process; a conversation wants warnings only.
-        logging.getLogger().setLevel(logging.WARNING)
+        log_to_console(console)
         try:
             ChatREPL(session, console=console).run()
         finally:

@@ -297,6 +297,34 @@ def test_the_real_openai_sdk_against_a_local_server(tmp_path, problem, fake_llm_
     assert (usage["calls"], usage["input_tokens"], usage["output_tokens"]) == (2, 22, 14)
 
 
+def test_a_retried_provider_error_is_one_dim_line_of_the_conversation(tmp_path, problem, fake_llm_server, monkeypatch):  # noqa: F811
+    import logging
+
+    from kernelscout.agent.cli_chat import log_to_console
+    from fake_llm_server import server_error
+
+    monkeypatch.setenv("KSCOUT_PROVIDER", "openai-compatible")
+    monkeypatch.setenv("KSCOUT_BASE_URL", fake_llm_server.openai_base_url)
+    monkeypatch.setenv("KSCOUT_MODEL", "local-coder")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.chdir(tmp_path)
+    fake_llm_server.script(server_error(503), reply_text("Back again."))
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    session = open_chat("problem.py", "run", device="cpu", budget=2)
+    term = Terminal("hello")
+    log_to_console(term.console)  # what `kscout chat` does once the session is open
+    try:
+        logging.getLogger("mcp.server").info("Processing request of type ListToolsRequest")  # the SDK's chatter
+        ChatREPL(session, term.input, term.console).run()
+    finally:
+        session.close()
+        root.handlers[:], root.level = saved
+    lines = [line for line in term.text.splitlines() if "LLM call attempt 1 failed" in line]
+    assert len(lines) == 1 and lines[0].startswith("warning: LLM call attempt 1 failed") and "retrying" in lines[0]
+    assert "Back again." in term.text and "ListToolsRequest" not in term.text
+
+
 def test_kscout_chat_command_starts_in_slash_command_mode(tmp_path, problem, monkeypatch):
     from typer.testing import CliRunner
 
