@@ -26,7 +26,10 @@ def render_bounds(bounds: SolBounds) -> str:
     """The bound as a few aligned lines for a terminal."""
     from kernelscout.tools.sol import format_si
 
-    precision = bounds.precision + (" (TF32 off)" if bounds.precision == "fp32" else "")
+    on_cpu = bounds.device_key == "cpu"
+    precision = bounds.precision + (" (TF32 off)" if bounds.precision == "fp32" and not on_cpu else "")
+    if not bounds.flops:  # no counted FLOPs: no peak rate enters the bound
+        precision = "- (no FLOPs counted; the bound is the memory side)"
     intensity = "-" if bounds.arithmetic_intensity is None else f"{bounds.arithmetic_intensity:.3g} FLOP/B"
     other = f"memory side {_time(bounds.memory_ms)}" if bounds.bound == "compute" else f"compute side {_time(bounds.compute_ms)}"
     rows = [

@@ -165,7 +165,11 @@ def summarise(run: RunDir, spec: SearchSpec, loop: SearchLoop, state: dict) -> O
         if confirmations:  # the runtime to go with the reported speedup: the re-measurements' median
             times = [t for mid, _ in confirmations if (t := _runtime(run, mid)) is not None]
             best_ms = median(times) if times else best_ms
-        if best.path:
+        for stale in ("best.py", "best.json"):  # a later re-measurement can take the lead away from it
+            (run.path / stale).unlink(missing_ok=True)
+        if speedup is not None and speedup <= 1.0:
+            pass  # nothing beat the reference: a best.py would be a regression waiting to be copied
+        elif best.path:
             best_path = str(run.path / "best.py")
             shutil.copyfile(best.path, best_path)
         else:

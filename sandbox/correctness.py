@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -113,15 +113,28 @@ def _storage_span(t: torch.Tensor) -> tuple[int, int]:
     return start, start + storage.nbytes()
 
 
-def check_no_alias(outputs: list[torch.Tensor], inputs: list[Any]) -> None:
-    spans = [_storage_span(x) for x in inputs if isinstance(x, torch.Tensor) and x.untyped_storage().nbytes()]
+def aliased_inputs(outputs: list[torch.Tensor], inputs: list[Any]) -> frozenset[tuple[int, int]]:
+    """(output index, input index) for each output whose memory overlaps an input tensor's: the output is
+    that input, updated in place, or a view of it."""
+    spans = [(j, _storage_span(x)) for j, x in enumerate(inputs) if isinstance(x, torch.Tensor) and x.untyped_storage().nbytes()]
+    pairs = set()
     for i, out in enumerate(outputs):
         lo, hi = _storage_span(out)
         if hi == lo:
             continue
-        for a, b in spans:
-            if lo < b and a < hi:
-                raise CheckFailed(f"candidate {_label(outputs, i)} shares memory with an input (it returns or views its input)")
+        pairs.update((i, j) for j, (a, b) in spans if lo < b and a < hi)
+    return frozenset(pairs)
+
+
+def check_no_alias(outputs: list[torch.Tensor], inputs: list[Any], allowed: frozenset[tuple[int, int]] = frozenset()) -> None:
+    """An output may share memory with an input only where the reference's output does (a model that
+    updates its input in place and returns it, or returns a view of it); anywhere else the caller's data
+    and the result would be one buffer, which a drop-in replacement must not make them."""
+    for i, j in sorted(aliased_inputs(outputs, inputs) - allowed):
+        where = "; the reference returns a new tensor there" if not any(k == i for k, _ in allowed) else \
+            f"; the reference's shares memory only with input {sorted(k for o, k in allowed if o == i)}"
+        raise CheckFailed(f"candidate {_label(outputs, i)} shares memory with input tensor {j} "
+                          f"(it returns or views its input){where}")
 
 
 def _real_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -205,7 +218,9 @@ def compare(cand: list[torch.Tensor], ref: list[torch.Tensor]) -> Comparison:
             raise CheckFailed(f"{name} is on {c.device}, expected {r.device}")
         if not (c.is_floating_point() or c.is_complex()):
             if not torch.equal(c, r):
-                raise CheckFailed(f"{name} ({c.dtype}) differs from the reference in {int((c != r).sum())} elements")
+                hint = (" (integer outputs are compared exactly: if these are indices from a sort, topk or argmax, tied values "
+                        "must come out in the reference's order, e.g. stable=True only if the reference sorts stably)") if c.dtype == torch.int64 else ""
+                raise CheckFailed(f"{name} ({c.dtype}) differs from the reference in {int((c != r).sum())} elements{hint}")
             continue
         c64, r64 = _components(c), _components(r)
         mismatches = _nonfinite_mismatches(c64, r64)
@@ -236,15 +251,24 @@ def compare(cand: list[torch.Tensor], ref: list[torch.Tensor]) -> Comparison:
     return result
 
 
-def check_inputs_kept(cand_inputs: list[torch.Tensor], ref_inputs: list[torch.Tensor]) -> None:
+def check_inputs_kept(cand_inputs: list[torch.Tensor], ref_inputs: list[torch.Tensor],
+                      originals: Optional[Callable[[], list[torch.Tensor]]] = None) -> None:
     """After both calls, the candidate's inputs must be as the reference leaves its own (both started
     equal). A kernel that writes into its arguments destroys its caller's data, so it is no drop-in
-    replacement, whatever its output; one whose reference updates an input in place must do the same."""
+    replacement, whatever its output; one whose reference updates an input in place must do the same.
+    `originals` makes the inputs again as they were before either call, only to say which side wrote."""
     for i, (c, r) in enumerate(zip(cand_inputs, ref_inputs)):
         if c.shape != r.shape or c.dtype != r.dtype:
             raise CheckFailed(f"the candidate changed input tensor {i} in place (now shape {tuple(c.shape)}, {c.dtype})")
         if torch.equal(c, r) or _passes([c], [r]):
             continue
+        before = originals()[i] if originals is not None else None
+        if before is not None and before.shape == c.shape and torch.equal(c, before):
+            raise CheckFailed(f"the reference updates input tensor {i} (shape {tuple(c.shape)}) in place and the candidate "
+                              "left it unchanged: a drop-in replacement must make the same update")
+        if before is not None and before.shape == r.shape and torch.equal(r, before):
+            raise CheckFailed(f"the candidate wrote into input tensor {i} (shape {tuple(c.shape)}), which the reference "
+                              "leaves unchanged. A kernel must leave its caller's tensors as the reference does")
         raise CheckFailed(f"the candidate wrote into input tensor {i} (shape {tuple(c.shape)}): after the call it differs "
                           "from the reference's copy. A kernel must leave its caller's tensors as the reference does")
 
@@ -285,6 +309,9 @@ def weak_reference_reason(per_seed_outputs: list[list[torch.Tensor]], input_scal
     dtype's epsilon times the largest finite input) is numerical noise no candidate can match.
     """
     first = per_seed_outputs[0]
+    if first and all(out.numel() == 0 for out in first):
+        return ("every reference output is empty (0 elements), so there is nothing to check a candidate against: "
+                "give get_inputs() sizes above zero")
     for i, out in enumerate(first):
         if not (out.is_floating_point() or out.is_complex()) or out.numel() == 0:
             continue
@@ -316,7 +343,7 @@ def weak_reference_reason(per_seed_outputs: list[list[torch.Tensor]], input_scal
             if not others:
                 continue
             inexact = out.is_floating_point() or out.is_complex()
-            if (out.numel() > 1 or inexact) and all(torch.equal(out, o) for o in others):
+            if out.numel() and (out.numel() > 1 or inexact) and all(torch.equal(out, o) for o in others):
                 return f"reference {name} is identical for different random inputs: a cached answer would pass"
             if (
                 inexact

@@ -235,6 +235,7 @@ class Worker:
         self.global_hooks: tuple = ()
         self.kernels: dict[str, int] = {}  # integrity.kernel_tables() once the problem is loaded
         self.reference_faults = 0  # page faults of the reference's repeat call at load (`_check_repeatable`)
+        self.reference_aliases: frozenset = frozenset()  # (output, input) pairs where the reference returns its input
         self.reference_kernels: dict[str, int] = {}  # the same for the operators the reference calls
 
     # -- problem -----------------------------------------------------------------------------
@@ -272,11 +273,14 @@ class Worker:
                 per_seed_outputs.append([o.detach() for o in correctness.flatten_outputs(out, "reference")])
             except CheckFailed as exc:
                 raise Failure("invalid_problem", f"{path}: {exc}")
+            if len(per_seed_outputs) == 1:
+                aliases = correctness.aliased_inputs(per_seed_outputs[0], tensors_in(inputs))
         weak = correctness.weak_reference_reason(per_seed_outputs, input_scale)
         if weak:
             raise Failure("invalid_problem", f"{path}: too weak to check candidates: {weak}")
         self._check_repeatable(module, model, msg["seeds"][0], per_seed_outputs[0], path)
         self.problem, self.problem_path, self.problem_sha = module, path, sha
+        self.reference_aliases = aliases
         self.init_inputs = list(init_inputs)
         self.initial_settings, self.initial_hooks = integrity.shared_settings(), integrity.code_hooks()
         # torch's kernels as the problem left them: all of aten (checked once the candidate is imported)
@@ -448,7 +452,7 @@ class Worker:
     def _validate_candidate_output(self, out: Any, inputs: list[Any]) -> list[torch.Tensor]:
         try:
             outputs = correctness.flatten_outputs(out, "candidate")
-            correctness.check_no_alias(outputs, tensors_in(inputs))
+            correctness.check_no_alias(outputs, tensors_in(inputs), self.reference_aliases)
         except CheckFailed as exc:
             raise Failure("incorrect", str(exc))
         if integrity.precision_flags() != self._pinned_flags():
@@ -489,7 +493,8 @@ class Worker:
             _sync(self.device)
             try:
                 cmp = correctness.compare(cand_out, ref_out)
-                correctness.check_inputs_kept(tensors_in(cand_inputs), tensors_in(ref_inputs))
+                correctness.check_inputs_kept(tensors_in(cand_inputs), tensors_in(ref_inputs), lambda seed=seed: tensors_in(
+                    self._make_inputs(self.problem, seed, self.problem_path)))
             except CheckFailed as exc:
                 raise Failure("incorrect", f"trial with seed {seed}: {exc}")
             worst.max_abs_diff = max(worst.max_abs_diff, cmp.max_abs_diff)

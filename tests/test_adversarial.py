@@ -93,7 +93,42 @@ def get_init_inputs():
 def test_returning_an_input_is_incorrect(measure_source):
     m = measure_source(_model("        x.mul_(self.scale).add_(y).relu_()\n        return x"))
     assert m.status == MeasureStatus.incorrect
-    assert "shares memory with an input" in m.message
+    assert "shares memory with input tensor 0" in m.message and "the reference returns a new tensor" in m.message
+
+
+RETURNS_UPDATED_INPUT = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x, y):
+        x.mul_(self.scale).add_(y)
+        return torch.relu_(x)
+
+def get_inputs():
+    return [torch.randn(256, 512), torch.randn(256, 512)]
+
+def get_init_inputs():
+    return [1.5]
+'''
+
+
+@pytest.mark.parametrize("forward, verdict", [
+    # the reference's own contract: update x in place and hand it back
+    ("        torch.add(y, x, alpha=self.scale, out=x)\n        return x.relu_()", "ok"),
+    ("        return torch.relu(x * self.scale + y)", "the reference updates input tensor 0 (shape (256, 512)) in place and the candidate left it unchanged"),
+    ("        x.mul_(self.scale).add_(y).relu_()\n        return y.copy_(x)", "shares memory with input tensor 1"),
+])
+def test_a_reference_that_returns_its_updated_input_is_matched_only_by_the_same_contract(measure_source, forward, verdict):
+    m = measure_source(_model(forward), problem=RETURNS_UPDATED_INPUT)
+    if verdict == "ok":
+        assert m.status == MeasureStatus.ok and m.correct, m.message
+    else:
+        assert m.status == MeasureStatus.incorrect and verdict in m.message, m.message
 
 
 @pytest.mark.gpu

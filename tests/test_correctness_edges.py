@@ -248,3 +248,19 @@ def test_a_non_tensor_inside_a_nested_output_is_refused(lstm_output):
     loop.append(loop)
     with pytest.raises(CheckFailed, match="nested more than"):
         flatten_outputs(loop, "candidate")
+
+
+def test_a_reference_with_only_empty_outputs_is_refused_as_such():
+    empty = [[torch.randn(0, 64)], [torch.randn(0, 64)]]
+    assert "every reference output is empty (0 elements)" in weak_reference_reason(empty)
+    # an empty output beside a real one is checked by shape like any other, not called a cached answer
+    mixed = [[torch.randn(0, 64), torch.randn(32, 64)] for _ in range(2)]
+    assert weak_reference_reason(mixed) is None
+
+
+def test_indices_that_differ_only_over_ties_are_named_as_a_possible_cause():
+    values = torch.tensor([3.0, 1.0, 3.0, 2.0])
+    ref = torch.sort(values, stable=True).indices
+    cand = ref.clone()
+    cand[2], cand[3] = ref[3], ref[2]  # the two 3.0s the other way round
+    assert_rejected([cand], [ref], "differs from the reference in 2 elements", "tied values must come out in the reference's order")

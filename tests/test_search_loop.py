@@ -294,6 +294,7 @@ def test_unseen_kernelbench_problems_run_to_completion_and_report_honestly(probl
     assert result.measurements_used <= 2
     if result.best_speedup is None or result.best_speedup <= 1.0:
         assert "nothing beat" in result.message or "reference stands" in result.message
+        assert result.best_path is None and not (tmp_path / "run" / "best.py").exists()  # no regression to copy
     else:
         assert Path(result.best_path).exists()
         assert f"{result.best_speedup:.3f}x" in result.message
