@@ -88,7 +88,7 @@ class ProblemOutcome(BaseModel):
     kind: str
     path: str
     status: ProblemStatus = "pending"
-    reason: Optional[str] = Field(None, description="why it failed or was skipped")
+    reason: Optional[str] = Field(None, description="why it failed or was skipped, or why a finished one has no verified kernel")
     stop_reason: Optional[str] = None
     best_speedup: Optional[float] = Field(None, description="measured speedup of the best verified kernel")
     best_path: Optional[str] = None
@@ -410,7 +410,7 @@ class RunProgress:
         sp = f"{o.best_speedup:.3f}x" if o.best_speedup is not None else "no verified kernel"
         detail = (f"{o.status}: best {sp}, {o.measurements_used} measurements, {o.candidates_considered} considered"
                   + (f", {o.wall_s:.0f} s" if o.wall_s is not None else ""))
-        if o.status != "finished" and o.reason:
+        if (o.status != "finished" or o.best_speedup is None) and o.reason:
             detail += f" ({o.reason.splitlines()[0].replace(o.path, Path(o.path).name)})"
         colour = {"finished": "green", "failed": "red", "skipped": "yellow"}.get(o.status, "white")
         self._say(f"\\[{index}/{self.total}] {escape(o.name)}: [{colour}]{escape(detail)}[/{colour}]", f"[{index}/{self.total}] {o.name}: {detail}")
@@ -569,8 +569,10 @@ class HeadlessRun:
                     confirm=None if m.confirm is None else min(m.confirm, allow["budget"] - 1),
                     history=m.history if ref.kind == "problem" else None,
                 )
-            failure = _failure_of_measurements(sub)
-            update = {"status": "failed" if failure else "finished", "reason": failure, "stop_reason": result.stop_reason,
+            failure, failure_note = _failure_of_measurements(sub), None
+            if failure is None and result.best_speedup is None:  # finished with nothing to report: say why
+                failure_note = result.message
+            update = {"status": "failed" if failure else "finished", "reason": failure or failure_note, "stop_reason": result.stop_reason,
                       "best_path": result.best_path, "device": result.device, "policy": result.policy}
         except SearchPaused as exc:  # the LLM provider failed: this problem waits, and so does the rest of the run
             outcome = outcome.model_copy(update={"status": "pending", "reason": str(exc), **self._numbers(ref)})
@@ -630,7 +632,8 @@ def _fmt_speedup(s: Optional[float]) -> str:
 
 
 def _why(o: ProblemOutcome) -> str:
-    text = o.reason if o.status in ("failed", "skipped") and o.reason else (o.stop_reason or "")
+    shown = o.status in ("failed", "skipped") or (o.status == "finished" and o.best_speedup is None)
+    text = o.reason if shown and o.reason else (o.stop_reason or "")
     return text.splitlines()[0].replace(o.path, Path(o.path).name) if text else ""
 
 

@@ -178,6 +178,10 @@ def summarise(run: RunDir, spec: SearchSpec, loop: SearchLoop, state: dict) -> O
                                                "search_speedup": best.speedup}, indent=2, default=str))
     if best is None:
         message = "no candidate beat or matched the reference with a verified, valid timing; the reference stands"
+        failed, latest = archive.failures(limit=1)
+        if failed and latest:  # what to fix is what the user needs, not only that nothing counted
+            why = (latest[0][1].unusable_reason or latest[0][1].status.value).splitlines()[0]
+            message += f" ({failed} measured candidate(s) did not count; the last: {why})"
     elif speedup <= 1.0:
         message = f"nothing beat the reference: the best verified candidate ran at {speedup:.3f}x"
     else:

@@ -474,3 +474,21 @@ def test_with_its_own_folder_as_history_each_problem_learns_from_those_searched_
     read = {name: json.loads(RunDir(run / "problems" / name).get_meta("history_runs")) for name in ("a_first", "b_second")}
     assert read["a_first"] == []  # nothing was searched before it
     assert read["b_second"] == [str((run / "problems" / "a_first").resolve())]
+
+
+@pytest.mark.slow
+def test_a_problem_where_nothing_counted_says_why_in_its_row(tmp_path):
+    from kernelscout.agent.headless import RunSummary, summary_rows
+
+    suite = tmp_path / "suite"
+    (suite / "softmax").mkdir(parents=True)
+    shutil.copyfile(EXAMPLES / "softmax" / "problem.py", suite / "softmax" / "problem.py")
+    (suite / "softmax" / "mine.py").write_text("import torch\nimport torch.nn as nn\nclass ModelNew(nn.Module):\n"
+                                               "    def forward(self, logits):\n        return torch.softmax(logits, dim=0)\n")
+    result, summary = _run([str(suite), "--start", "mine.py", "--budget", "1", "--policy", "tuner", "--device", "cpu",
+                            "--run-dir", str(tmp_path / "run")])
+    problem = summary["problems"][0]
+    assert problem["status"] == "finished" and problem["best_speedup"] is None, result.output
+    assert "1 measured candidate(s) did not count; the last: trial with seed" in problem["reason"]
+    row = summary_rows(RunSummary.model_validate(summary))[0]
+    assert "did not count" in row[-1] and "differs from the reference" in row[-1]
