@@ -273,12 +273,17 @@ def test_a_turn_that_keeps_calling_tools_is_stopped(tmp_path, problem):
     assert "Sorry." in term.text
 
 
-def test_the_real_openai_sdk_against_a_local_server(tmp_path, problem, fake_llm_server, monkeypatch):  # noqa: F811
+def _configure_local_server(server, tmp_path, monkeypatch) -> None:
+    """What a user of a local OpenAI-compatible server sets: provider, address and model, no key."""
     monkeypatch.setenv("KSCOUT_PROVIDER", "openai-compatible")
-    monkeypatch.setenv("KSCOUT_BASE_URL", fake_llm_server.openai_base_url)
+    monkeypatch.setenv("KSCOUT_BASE_URL", server.openai_base_url)
     monkeypatch.setenv("KSCOUT_MODEL", "local-coder")
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.chdir(tmp_path)
+
+
+def test_the_real_openai_sdk_against_a_local_server(tmp_path, problem, fake_llm_server, monkeypatch):  # noqa: F811
+    _configure_local_server(fake_llm_server, tmp_path, monkeypatch)
     fake_llm_server.script(reply_tool_call("budget_status", {}), reply_text("You have 2 measurements left."))
     session = open_chat("problem.py", "run", device="cpu", budget=2)
     try:
@@ -303,11 +308,7 @@ def test_a_retried_provider_error_is_one_dim_line_of_the_conversation(tmp_path, 
     from kernelscout.agent.cli_chat import log_to_console
     from fake_llm_server import server_error
 
-    monkeypatch.setenv("KSCOUT_PROVIDER", "openai-compatible")
-    monkeypatch.setenv("KSCOUT_BASE_URL", fake_llm_server.openai_base_url)
-    monkeypatch.setenv("KSCOUT_MODEL", "local-coder")
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    monkeypatch.chdir(tmp_path)
+    _configure_local_server(fake_llm_server, tmp_path, monkeypatch)
     fake_llm_server.script(server_error(503), reply_text("Back again."))
     root = logging.getLogger()
     saved = (list(root.handlers), root.level)
