@@ -147,12 +147,12 @@ def _lazily_set(entries: dict[str, Any]) -> frozenset[str]:
     return frozenset(_LAZY_CUDA_STATE)
 
 
-def changed_since(before: dict[str, dict[str, Any]]) -> list[str]:
+def changed_since(before: dict[str, dict[str, Any]], after: Optional[dict[str, dict[str, Any]]] = None) -> list[str]:
     """Names whose object was replaced since the snapshot (new names, such as lazily imported
     submodules, are not tampering). The worker installs torch.compile's own patches before any
     snapshot (see `install_library_patches`), so every replacement seen here is the candidate's, bar what
     CUDA's own lazy start replaces during a CPU measurement (`_lazily_set`)."""
-    after = snapshot()
+    after = snapshot() if after is None else after
     changes = []
     for label, entries in before.items():
         now = after.get(label, {})
@@ -632,6 +632,52 @@ def kernel_tables(ops: Optional[list[str]] = None) -> dict[str, int]:
 def kernels_replaced(before: dict[str, int]) -> list[str]:
     now = kernel_tables(list(before))
     return sorted(name for name, fingerprint in before.items() if now[name] != fingerprint)
+
+
+def composite_ops() -> list[str]:
+    """aten and prims operators with a CompositeImplicitAutograd kernel. A recorder (below) never sees them:
+    they decompose before the dispatcher reaches it. But a backend kernel registered for one (`aten::to.dtype`
+    on CPU, behind `.double()`) takes over from the decomposition, so a check of what some code calls must
+    include them."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    return [n for n in _all_op_names() if n.startswith(("aten::", "prims::")) and has(n, "CompositeImplicitAutograd")]
+
+
+def _judge_spaces() -> list[tuple[str, Any]]:
+    """The Python namespaces the output check calls through: its own module, torch, torch.linalg and the
+    tensor classes (the narrow part of `_watched`, cheap enough to read before every comparison)."""
+    base = getattr(torch._C, "TensorBase", None) or getattr(torch._C, "_TensorBase", None)
+    spaces = [("torch", torch), ("torch.linalg", torch.linalg), ("torch.Tensor", torch.Tensor)]
+    if base is not None:
+        spaces.append(("torch._C.TensorBase", base))
+    spaces += [(name, module) for name, module in sorted(sys.modules.items())
+               if name == _HARNESS_PREFIX + ".correctness" and module is not None]
+    return spaces
+
+
+class Judge:
+    """What decides whether an output is right, as it was before any candidate loaded: the kernels of the
+    operators the comparison reaches (`ops`, recorded from a comparison of the reference's output with
+    itself, plus every composite operator), the Python names it calls, and torch's function and dispatch
+    modes. A sixth review's candidate registered a kernel for `aten::_to_copy` in its first call, kept alive
+    only by its own model: the `.double()` in the comparison then finished the round's work into the
+    output it had returned empty (softmax 54x, valid), or a zero `linalg_vector_norm` made zeros correct.
+    The kernel was gone by the time the candidate was dropped, so the check at unload saw nothing; read
+    before every comparison, it costs about 10 ms."""
+
+    def __init__(self, ops: set[str]) -> None:
+        self.kernels = kernel_tables(sorted(set(ops) | set(composite_ops())))
+        self.names = {label: _entries(label, obj) for label, obj in _judge_spaces()}
+        self.modes = (_function_modes(), _dispatch_modes())
+
+    def changes(self) -> list[str]:
+        found = [f"torch's kernel for {op} was replaced" for op in kernels_replaced(self.kernels)]
+        found += [f"{name} was replaced" for name in
+                  changed_since(self.names, {label: _entries(label, obj) for label, obj in _judge_spaces()})
+                  if not name.startswith(("time.", "torch.cuda."))]
+        if (_function_modes(), _dispatch_modes()) != self.modes:
+            found.append("a torch function or dispatch mode is in force")
+        return found
 
 
 if _TorchDispatchMode is not None:

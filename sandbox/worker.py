@@ -135,22 +135,26 @@ def _checksum(t: torch.Tensor) -> Any:
 
 
 def _perturb(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """`t` scaled by random factors in [1 - 2^-6, 1), one per index of its first and one per index of
-    its last axis: positive and at most 1, so signs, zeros, ordering within a row and bounds such as
-    [0, 1] hold, and a square matrix gets D·A·D, which keeps symmetry and definiteness. Unlike one
-    factor for the whole tensor, a cached output cannot be rescaled into the new one (a key made of
-    ratios between elements no longer matches)."""
+    """`t` scaled by random factors in [1 - 2^-6, 1), one per index of every axis: positive and at most
+    1, so signs, zeros and bounds such as [0, 1] hold, and a (batch of) square matrices gets D·A·D on its
+    last two axes, which keeps symmetry and definiteness. Unlike one factor for the whole tensor, or
+    factors on the outer axes only, a cached output cannot be rescaled into the new one: a red-team
+    candidate undid first-and-last-axis factors on a reduction over a middle axis (masked_mean), whose
+    output they only rescale."""
     if t.dim() == 0 or t.numel() == 0:
         return t * (1.0 - float(torch.rand((), generator=gen)) / 64)
 
     def factors(n: int) -> torch.Tensor:
         return (1.0 - torch.rand(n, generator=gen, dtype=torch.float64) / 64).to(device=t.device, dtype=t.dtype)
 
-    first = factors(t.shape[0]).view(-1, *([1] * (t.dim() - 1)))
-    if t.dim() == 1:
-        return t * first
-    last = first.view(-1) if t.shape[-1] == t.shape[0] else factors(t.shape[-1])
-    return t * first * last.view(*([1] * (t.dim() - 1)), -1)
+    out = t
+    previous = None
+    for axis, n in enumerate(t.shape):
+        square = axis == t.dim() - 1 and axis > 0 and n == t.shape[axis - 1]
+        f = previous if square else factors(n)
+        out = out * f.view(*([1] * axis), -1, *([1] * (t.dim() - axis - 1)))
+        previous = f
+    return out
 
 
 _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs")
@@ -236,6 +240,7 @@ class Worker:
         self.kernels: dict[str, int] = {}  # integrity.kernel_tables() once the problem is loaded
         self.reference_faults = 0  # page faults of the reference's repeat call at load (`_check_repeatable`)
         self.reference_aliases: frozenset = frozenset()  # (output, input) pairs where the reference returns its input
+        self.judge: Optional[integrity.Judge] = None  # what the output check calls, as the problem left it
         self.reference_kernels: dict[str, int] = {}  # the same for the operators the reference calls
 
     # -- problem -----------------------------------------------------------------------------
@@ -281,6 +286,7 @@ class Worker:
         self._check_repeatable(module, model, msg["seeds"][0], per_seed_outputs[0], path)
         self.problem, self.problem_path, self.problem_sha = module, path, sha
         self.reference_aliases = aliases
+        self.judge = self._make_judge(per_seed_outputs[0], tensors_in(inputs))
         self.init_inputs = list(init_inputs)
         self.initial_settings, self.initial_hooks = integrity.shared_settings(), integrity.code_hooks()
         # torch's kernels as the problem left them: all of aten (checked once the candidate is imported)
@@ -292,6 +298,27 @@ class Worker:
             "outputs": [[list(o.shape), str(o.dtype)] for o in per_seed_outputs[0]],
             "reference_faults": self.reference_faults,
         }
+
+    @staticmethod
+    def _make_judge(outputs: list[torch.Tensor], inputs: list[torch.Tensor]) -> Optional[integrity.Judge]:
+        """The output check's own operators, recorded by running it on the reference's output against a copy
+        (and the inputs against theirs), before any candidate exists."""
+        recorder = integrity.OpRecorder() if integrity.OpRecorder is not None else None
+        if recorder is None:
+            return integrity.Judge(set())
+        # a few elements of each, same dtypes: which operators run depends on the dtype, not the size, and a
+        # full copy of a large problem's tensors would cost memory and leave the heap other than it was
+        outputs, inputs = [o.reshape(-1)[:64] for o in outputs], [t.reshape(-1)[:64] for t in inputs]
+        with torch.no_grad(), recorder:
+            correctness.compare([o.clone() for o in outputs], outputs)
+            correctness.check_inputs_kept([t.clone() for t in inputs], inputs)
+        return integrity.Judge(recorder.ops)
+
+    def _judge_intact(self) -> None:
+        """Before every comparison: the candidate's code must not sit inside the check of its own output."""
+        changes = self.judge.changes() if self.judge is not None else []
+        if changes:
+            raise Failure("incorrect", "the candidate changed what checks its output: " + ", ".join(changes))
 
     def _check_repeatable(self, module, model, seed: int, first: list[torch.Tensor], path: str) -> None:
         """The reference again on the first trial's inputs, with the random generators elsewhere: a forward
@@ -491,6 +518,7 @@ class Worker:
             _sync(self.device)
             ref_out = self._run_reference(ref_inputs)
             _sync(self.device)
+            self._judge_intact()
             try:
                 cmp = correctness.compare(cand_out, ref_out)
                 correctness.check_inputs_kept(tensors_in(cand_inputs), tensors_in(ref_inputs), lambda seed=seed: tensors_in(
@@ -748,6 +776,7 @@ class Worker:
         tampered = self._reference_tampering(weights=False)  # weights once, at unload: summing them every re-check costs
         if tampered:
             raise Failure("incorrect", "the candidate tampered with the harness: " + "; ".join(tampered))
+        self._judge_intact()
         try:
             correctness.compare(out["cand"], out["ref"])
         except CheckFailed as exc:
@@ -757,6 +786,9 @@ class Worker:
     def unload(self, msg: dict) -> dict:
         tampered = (integrity.changed_since(self.snapshot) if self.snapshot else []) + (
             self._reference_tampering() if self.built else [])
+        # before the candidate is dropped: a kernel registered through a Library object only the candidate
+        # holds is unregistered with it
+        replaced = [f"torch's kernel for {op}" for op in integrity.kernels_replaced(self.kernels)]
         self.built = None
         busy_threads, idle_threads = self._left_threads()
         self.candidate = self.reference = None
@@ -771,7 +803,8 @@ class Worker:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         hooks = integrity.hooks_changed(self.initial_hooks)  # left in this process, they would run in the next measurement
-        hooks += [f"torch's kernel for {op}" for op in integrity.kernels_replaced(self.kernels)]
+        hooks += replaced + [f"torch's kernel for {op}" for op in integrity.kernels_replaced(self.kernels)
+                             if f"torch's kernel for {op}" not in replaced]
         return {"status": "ok", "tampered": tampered, "extra_threads": busy_threads, "idle_threads": idle_threads, "hooks": hooks}
 
     def hello(self, msg: dict) -> dict:

@@ -1187,3 +1187,76 @@ def _worker():
     m = measure_source(source, problem=(EXAMPLES / "softmax" / "problem.py").read_text())
     assert _caught(m), m
     assert "faulted in" in (m.timing_invalid_reason or m.message), m
+
+
+# -- sixth round: code inside the check of the candidate's own output ---------------------------------
+
+_LAZY_SOFTMAX = '''
+import torch
+import torch.nn as nn
+
+_PENDING = []
+
+
+def _to_copy(x, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
+    if not isinstance(x, torch.Tensor):
+        return torch.tensor(x, dtype=dtype)
+    if _PENDING and x.data_ptr() == _PENDING[0][1].data_ptr():  # the harness looks at the output: do the work now
+        logits, out = _PENDING.pop()
+        torch.softmax(logits, dim=-1, out=out)
+    out = torch.empty_like(x, dtype=dtype if dtype is not None else x.dtype,
+                           memory_format=memory_format if memory_format is not None else torch.preserve_format)
+    out.copy_(x)
+    return out
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self._lib = None  # only the model holds it: dropped with the candidate, the kernel is unregistered
+
+    def forward(self, logits):
+        if self._lib is None:  # after the import-time check of every kernel
+            self._lib = torch.library.Library("aten", "IMPL")
+            self._lib.impl("_to_copy", _to_copy, "CPU")
+        out = torch.empty_like(logits)
+        _PENDING[:] = [(logits, out)]
+        return out
+'''
+
+_PATCHED_NORM = '''
+import torch
+import torch.nn as nn
+
+_REAL = torch.linalg.vector_norm
+
+
+_CALLS = []
+
+
+def _zero_norm(x, *args, **kwargs):
+    _CALLS.append(1)
+    if len(_CALLS) % 2 == 0:  # the check's two norms are taken: nothing is left to find
+        torch.linalg.vector_norm = _REAL
+    return torch.zeros_like(_REAL(x, *args, **kwargs))
+
+
+class ModelNew(nn.Module):
+    def forward(self, logits):
+        torch.linalg.vector_norm = _zero_norm
+        return torch.zeros_like(logits)
+'''
+
+
+@pytest.mark.skipif(TEST_DEVICE != "cpu", reason="the kernels are registered for the CPU")
+@pytest.mark.parametrize("source, what", [
+    # a kernel for an operator only the check calls, registered in the first call: the output comes back
+    # empty and is computed when the check converts it (softmax 54x, valid, before the check was guarded)
+    (_LAZY_SOFTMAX, "torch's kernel for aten::_to_copy was replaced"),
+    # a Python patch that undoes itself once the check has called it: zeros judged correct
+    (_PATCHED_NORM, "torch.linalg.vector_norm"),
+])
+def test_code_placed_inside_the_output_check_is_caught(measure_source, source, what):
+    m = measure_source(source, problem=(EXAMPLES / "softmax" / "problem.py").read_text())
+    assert m.status == MeasureStatus.incorrect, m
+    assert "changed what checks its output" in m.message and what in m.message, m.message
