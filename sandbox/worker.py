@@ -314,9 +314,9 @@ class Worker:
             correctness.check_inputs_kept([t.clone() for t in inputs], inputs)
         return integrity.Judge(recorder.ops)
 
-    def _judge_intact(self) -> None:
+    def _judge_intact(self, deep: bool = True) -> None:
         """Before every comparison: the candidate's code must not sit inside the check of its own output."""
-        changes = self.judge.changes() if self.judge is not None else []
+        changes = self.judge.changes(deep) if self.judge is not None else []
         if changes:
             raise Failure("incorrect", "the candidate changed what checks its output: " + ", ".join(changes))
 
@@ -776,7 +776,7 @@ class Worker:
         tampered = self._reference_tampering(weights=False)  # weights once, at unload: summing them every re-check costs
         if tampered:
             raise Failure("incorrect", "the candidate tampered with the harness: " + "; ".join(tampered))
-        self._judge_intact()
+        self._judge_intact(deep=bool(msg.get("deep", True)))
         try:
             correctness.compare(out["cand"], out["ref"])
         except CheckFailed as exc:
@@ -803,8 +803,7 @@ class Worker:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         hooks = integrity.hooks_changed(self.initial_hooks)  # left in this process, they would run in the next measurement
-        hooks += replaced + [f"torch's kernel for {op}" for op in integrity.kernels_replaced(self.kernels)
-                             if f"torch's kernel for {op}" not in replaced]
+        hooks += replaced
         return {"status": "ok", "tampered": tampered, "extra_threads": busy_threads, "idle_threads": idle_threads, "hooks": hooks}
 
     def hello(self, msg: dict) -> dict:

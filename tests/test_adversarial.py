@@ -1248,11 +1248,19 @@ class ModelNew(nn.Module):
 '''
 
 
+# the same through a composite operator (no kernel of its own on the CPU, so no recorder sees it): `.double()`
+_LAZY_SOFTMAX_COMPOSITE = _LAZY_SOFTMAX.replace(
+    "def _to_copy(x, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):",
+    "def _to_copy(x, dtype=None, non_blocking=False, copy=False, memory_format=None):").replace(
+    'self._lib.impl("_to_copy", _to_copy, "CPU")', 'self._lib.impl("to.dtype", _to_copy, "CPU")')
+
+
 @pytest.mark.skipif(TEST_DEVICE != "cpu", reason="the kernels are registered for the CPU")
 @pytest.mark.parametrize("source, what", [
     # a kernel for an operator only the check calls, registered in the first call: the output comes back
     # empty and is computed when the check converts it (softmax 54x, valid, before the check was guarded)
     (_LAZY_SOFTMAX, "torch's kernel for aten::_to_copy was replaced"),
+    (_LAZY_SOFTMAX_COMPOSITE, "torch's kernel for aten::to.dtype was replaced"),
     # a Python patch that undoes itself once the check has called it: zeros judged correct
     (_PATCHED_NORM, "torch.linalg.vector_norm"),
 ])
