@@ -307,7 +307,7 @@ class Worker:
         if recorder is None:
             return integrity.Judge(set())
         # a few elements of each, same dtypes: which operators run depends on the dtype, not the size, and a
-        # full copy of a large problem's tensors would cost memory and leave the heap other than it was
+        # full copy of a large problem's tensors (and their float64 versions in the check) would cost memory
         outputs, inputs = [o.reshape(-1)[:64] for o in outputs], [t.reshape(-1)[:64] for t in inputs]
         with torch.no_grad(), recorder:
             correctness.compare([o.clone() for o in outputs], outputs)
