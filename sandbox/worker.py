@@ -309,9 +309,12 @@ class Worker:
         # a few elements of each, same dtypes: which operators run depends on the dtype, not the size, and a
         # full copy of a large problem's tensors (and their float64 versions in the check) would cost memory
         outputs, inputs = [o.reshape(-1)[:64] for o in outputs], [t.reshape(-1)[:64] for t in inputs]
-        with torch.no_grad(), recorder:
-            correctness.compare([o.clone() for o in outputs], outputs)
-            correctness.check_inputs_kept([t.clone() for t in inputs], inputs)
+        try:
+            with torch.no_grad(), recorder:
+                correctness.compare([o.clone() for o in outputs], outputs)
+                correctness.check_inputs_kept([t.clone() for t in inputs], inputs)
+        except CheckFailed:  # not expected of equal copies; what ran up to here is recorded all the same
+            pass
         return integrity.Judge(recorder.ops)
 
     def _judge_intact(self, deep: bool = True) -> None:
