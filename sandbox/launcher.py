@@ -189,8 +189,8 @@ def pin_cpus():
     return "cores " + wanted
 
 
-# seccomp system call numbers: socket, sched_setaffinity
-_CALLS = {"x86_64": (0xC000003E, 41, 203), "aarch64": (0xC00000B7, 198, 122)}
+# seccomp system call numbers: socket, sched_setaffinity, userfaultfd
+_CALLS = {"x86_64": (0xC000003E, 41, 203, 323), "aarch64": (0xC00000B7, 198, 122, 282)}
 
 
 def seccomp_rules():
@@ -205,11 +205,15 @@ def seccomp_rules():
       two calls made an unchanged softmax look 5.1x faster (caught after the call since the thirty-fourth
       session; now refused outright), and widening its own mask inside the call gave a candidate more cores
       than its worker's share.
+    * userfaultfd fails with EPERM: a candidate could return outputs whose pages are filled only when read, by
+      a thread of its own, so that only the rounds the output check reads would do the work, outside every
+      timed call (the seventh red-team pass's lead; opened unprivileged with UFFD_USER_MODE_ONLY before this).
+      No kernel needs it.
 
     Returns what the hello says of sockets and of the CPU mask."""
     import platform
     import struct
-    arch, socket_nr, affinity_nr = _CALLS.get(platform.machine(), (None, None, None))
+    arch, socket_nr, affinity_nr, userfaultfd_nr = _CALLS.get(platform.machine(), (None, None, None, None))
     if arch is None:
         return "open (no seccomp filter for " + platform.machine() + ")", "changeable (no seccomp filter)"
     # by now the variable holds what the namespaces made ("open (KSCOUT_SANDBOX_NETWORK=allow)"), not the wish
@@ -222,6 +226,7 @@ def seccomp_rules():
         (jeq, 0, "allow", arch),  # another one (a 32-bit process): allow
         (ld, 0, 0, 0),  # the system call's number
         (jge, "eacces", 0, 0x40000000),  # x32 numbering: refuse
+        (jeq, "eperm", 0, userfaultfd_nr),
         (jeq, "eperm", 0 if sockets else "allow", affinity_nr),
     ]
     if sockets:

@@ -690,3 +690,22 @@ def test_a_workers_slot_pins_it_to_its_own_cores_and_its_candidate_cannot_widen_
         m = measure(MeasureRequest(problem=str(write("problem.py", SMALL_PROBLEM)), candidate=str(write("c.py", probe(lines))),
                                    device="cpu", run_dir=str(tmp_path / "run"), harness=QUICK), pool=own)
     assert f"REPORT {cores[-1]} PermissionError" in m.message, m.message
+
+
+def test_a_candidate_cannot_open_a_userfaultfd(tmp_path, write, pool):
+    # With userfaultfd a candidate could hand back outputs whose pages fill in only when they are read:
+    # by the output check, on a thread of its own, outside every timed call. No kernel needs it.
+    import platform
+
+    number = {"x86_64": 323, "aarch64": 282}.get(platform.machine())
+    if number is None:
+        pytest.skip(f"no userfaultfd number known for {platform.machine()}")
+    lines = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+             f"fd = libc.syscall({number}, 1 | os.O_CLOEXEC)  # UFFD_USER_MODE_ONLY: allowed unprivileged since Linux 5.11\n"
+             "report = 'opened' if fd >= 0 else os.strerror(ctypes.get_errno())")
+    with borrowed_worker(pool) as worker:
+        if not worker.info.get("cpus", "").endswith("fixed (seccomp)"):
+            pytest.skip(f"no seccomp filter here: {worker.info.get('cpus')!r}")
+    m = measure(MeasureRequest(problem=str(write("problem.py", SMALL_PROBLEM)), candidate=str(write("c.py", probe(lines))),
+                               device="cpu", run_dir=str(tmp_path / "run"), harness=QUICK), pool=pool)
+    assert f"REPORT {os.strerror(1)}" in m.message, m.message
