@@ -31,10 +31,11 @@ def _params(row: CandidateRow, width: int = 60) -> str:
 
 
 def _best_line(best: CandidateRow) -> str:
+    slower = "; nothing beat the reference, which stands" if best.speedup is not None and best.speedup <= 1.0 else ""
     if best.remeasured:
         again = ", ".join(f"{x:.3f}x" for x in best.remeasured)
-        return f"#{best.id} {best.origin}: {_x(best.speedup)} (re-measured {again}; {_x(best.search_speedup)} when chosen)"
-    return f"#{best.id} {best.origin}: {_x(best.speedup)} (measured once)"
+        return f"#{best.id} {best.origin}: {_x(best.speedup)} (re-measured {again}; {_x(best.search_speedup)} when chosen{slower})"
+    return f"#{best.id} {best.origin}: {_x(best.speedup)} (measured once{slower})"
 
 
 def _llm_rows(head, view: RunView) -> None:

@@ -628,7 +628,10 @@ class HeadlessRun:
 # -- reports ------------------------------------------------------------------------------------
 
 def _fmt_speedup(s: Optional[float]) -> str:
-    return f"{s:.3f}x" if s is not None else "-"
+    """The best verified candidate's measured speedup; one at or below 1x is said to leave the reference standing."""
+    if s is None:
+        return "-"
+    return f"{s:.3f}x" if s > 1.0 else f"{s:.3f}x (none faster)"
 
 
 def _why(o: ProblemOutcome) -> str:

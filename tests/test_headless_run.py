@@ -492,3 +492,13 @@ def test_a_problem_where_nothing_counted_says_why_in_its_row(tmp_path):
     assert "1 measured candidate(s) did not count; the last: trial with seed" in problem["reason"]
     row = summary_rows(RunSummary.model_validate(summary))[0]
     assert "did not count" in row[-1] and "differs from the reference" in row[-1]
+
+
+def test_a_best_no_faster_than_the_reference_is_named_as_such_in_the_summary():
+    from kernelscout.agent.headless import ProblemOutcome, RunSummary, summary_rows
+
+    outcomes = [ProblemOutcome(name="slow", kind="space", path="s.json", run_dir="r/slow", status="finished", best_speedup=0.938),
+                ProblemOutcome(name="fast", kind="space", path="f.json", run_dir="r/fast", status="finished", best_speedup=1.2)]
+    summary = RunSummary(status="complete", run_dir="r", problems=outcomes, counts={"finished": 2}, fast_p={},
+                         geomean_speedup=1.1, measurements_used=2, candidates_considered=2, wall_s=1.0)
+    assert [row[2] for row in summary_rows(summary)] == ["0.938x (none faster)", "1.200x"]
