@@ -160,9 +160,11 @@ class ReplaySpace:
         repeats: list[np.ndarray] = []
         failures: dict[int, MeasureStatus] = {}
         untimed = 0  # records with neither a time nor a failure marker
+        unreadable: list[str] = []  # keys whose configuration could not be read
         for key, record in raw["cache"].items():
             config = cls._parse_config(key, record, names, by_text)
             if config is None:
+                unreadable.append(key)
                 continue
             t = record.get("time") if isinstance(record, Mapping) else None
             if isinstance(t, str) and t in _OUTSIDE_MARKERS:
@@ -184,6 +186,11 @@ class ReplaySpace:
             reps_arr = reps_arr[np.isfinite(reps_arr) & (reps_arr > 0)]
             times.append(float(t))
             repeats.append(reps_arr if reps_arr.size else np.asarray([float(t)]))
+        if not configs and unreadable:
+            raise ValueError(
+                f"none of the cache's {len(unreadable)} records could be read as a configuration of its tune_params "
+                f"({', '.join(names)}): a record needs those fields, or a key of their values joined by ',' "
+                f"(the first key is {unreadable[0]!r})")
         if not configs:
             raise ValueError("no configurations in the cache")
         objective = str(raw.get("objective") or "time")

@@ -52,6 +52,8 @@ def test_optimize_refuses_a_space_where_nothing_ran(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("text, phrase", [
     ('{"tune_params": {"bs": [1]}, "cache": {}}', "no configurations in the cache"),
+    # keys written another way, no parameter fields: what a record needs, and the first key as found
+    ('{"tune_params": {"bs": [1, 2], "t": [3]}, "cache": {"1;3": {"time": 1.0}}}', "none of the cache's 1 records could be read"),
     ('[{"bs": 1, "time": 1.0}]', "the file holds a JSON list"),
     ('{"hello": 1}', "not a usable Kernel Tuner cache"),
 ])
