@@ -647,6 +647,17 @@ for path in ('/dev/null', {str(CACHE_DIR / 'inductor' / 'probe.txt')!r}, '/dev/k
     assert after == peaks_before
 
 
+def _probe_under_seccomp(pool, write, tmp_path, lines: str, field: str, says: str) -> str:
+    """The verdict's message for a probe candidate running `lines`, or a skip where the worker's hello shows
+    no seccomp filter (its `field` does not mention `says`)."""
+    with borrowed_worker(pool) as worker:
+        if says not in worker.info.get(field, ""):
+            pytest.skip(f"no seccomp filter here: {worker.info.get(field)!r}")
+    m = measure(MeasureRequest(problem=str(write("problem.py", SMALL_PROBLEM)), candidate=str(write("c.py", probe(lines))),
+                               device="cpu", run_dir=str(tmp_path / "run"), harness=QUICK), pool=pool)
+    return m.message
+
+
 def test_a_candidate_cannot_reach_a_unix_socket_on_disk(tmp_path, write, pool):
     # The network namespace cuts TCP; a socket file (an ssh-agent's, docker.sock) is reached by path.
     import shutil
@@ -659,12 +670,8 @@ def test_a_candidate_cannot_reach_a_unix_socket_on_disk(tmp_path, write, pool):
         server.listen(1)
         lines = (f"import socket\ntry:\n    socket.socket(socket.AF_UNIX).connect({str(folder / 'agent.sock')!r})\n    report = 'connected'\n"
                  "except OSError as exc:\n    report = type(exc).__name__")
-        with borrowed_worker(pool) as worker:
-            if not worker.info.get("sockets", "").startswith("UNIX sockets refused"):
-                pytest.skip(f"no seccomp filter here: {worker.info.get('sockets')!r}")
-        m = measure(MeasureRequest(problem=str(write("problem.py", SMALL_PROBLEM)), candidate=str(write("c.py", probe(lines))),
-                                   device="cpu", run_dir=str(tmp_path / "run"), harness=QUICK), pool=pool)
-        assert "REPORT PermissionError" in m.message, m.message
+        message = _probe_under_seccomp(pool, write, tmp_path, lines, "sockets", "UNIX sockets refused")
+        assert "REPORT PermissionError" in message, message
     finally:
         server.close()
         shutil.rmtree(folder, ignore_errors=True)
@@ -703,9 +710,5 @@ def test_a_candidate_cannot_open_a_userfaultfd(tmp_path, write, pool):
     lines = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
              f"fd = libc.syscall({number}, 1 | os.O_CLOEXEC)  # UFFD_USER_MODE_ONLY: allowed unprivileged since Linux 5.11\n"
              "report = 'opened' if fd >= 0 else os.strerror(ctypes.get_errno())")
-    with borrowed_worker(pool) as worker:
-        if not worker.info.get("cpus", "").endswith("fixed (seccomp)"):
-            pytest.skip(f"no seccomp filter here: {worker.info.get('cpus')!r}")
-    m = measure(MeasureRequest(problem=str(write("problem.py", SMALL_PROBLEM)), candidate=str(write("c.py", probe(lines))),
-                               device="cpu", run_dir=str(tmp_path / "run"), harness=QUICK), pool=pool)
-    assert f"REPORT {os.strerror(1)}" in m.message, m.message
+    message = _probe_under_seccomp(pool, write, tmp_path, lines, "cpus", "seccomp")
+    assert f"REPORT {os.strerror(1)}" in message, message
