@@ -569,10 +569,10 @@ class HeadlessRun:
                     confirm=None if m.confirm is None else min(m.confirm, allow["budget"] - 1),
                     history=m.history if ref.kind == "problem" else None,
                 )
-            failure, failure_note = _failure_of_measurements(sub), None
-            if failure is None and result.best_speedup is None:  # finished with nothing to report: say why
-                failure_note = result.message
-            update = {"status": "failed" if failure else "finished", "reason": failure or failure_note, "stop_reason": result.stop_reason,
+            failure = _failure_of_measurements(sub)
+            # finished with nothing to report: the search's message says why
+            reason = failure or (result.message if result.best_speedup is None else None)
+            update = {"status": "failed" if failure else "finished", "reason": reason, "stop_reason": result.stop_reason,
                       "best_path": result.best_path, "device": result.device, "policy": result.policy}
         except SearchPaused as exc:  # the LLM provider failed: this problem waits, and so does the rest of the run
             outcome = outcome.model_copy(update={"status": "pending", "reason": str(exc), **self._numbers(ref)})

@@ -629,6 +629,14 @@ def kernel_tables(ops: Optional[list[str]] = None) -> dict[str, int]:
     return tables
 
 
+def kernel_subset(ops: set[str], known: dict[str, int]) -> dict[str, int]:
+    """`kernel_tables` of `ops`, taken from `known` (a fingerprint of all of aten and prims read at the same
+    moment) where it has them: only the others are read again."""
+    tables = {op: known[op] for op in ops if op in known}
+    tables.update(kernel_tables(sorted(set(ops) - tables.keys())))
+    return tables
+
+
 def kernels_replaced(before: dict[str, int]) -> list[str]:
     now = kernel_tables(list(before))
     return sorted(name for name, fingerprint in before.items() if now[name] != fingerprint)
@@ -665,9 +673,10 @@ class Judge:
     The kernel was gone by the time the candidate was dropped, so the check at unload saw nothing; read
     before every comparison, it costs about 10 ms."""
 
-    def __init__(self, ops: set[str]) -> None:
+    def __init__(self, ops: set[str], known: dict[str, int]) -> None:
+        """`known`: the kernel fingerprints of all of aten and prims, read just before (`kernel_tables()`)."""
         self.ops = sorted(ops)
-        self.kernels = kernel_tables(sorted(set(ops) | set(composite_ops())))
+        self.kernels = kernel_subset(set(ops) | set(composite_ops()), known)
         self.names = {label: _entries(label, obj) for label, obj in _judge_spaces()}
         self.modes = (_function_modes(), _dispatch_modes())
 

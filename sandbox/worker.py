@@ -286,13 +286,13 @@ class Worker:
         self._check_repeatable(module, model, msg["seeds"][0], per_seed_outputs[0], path)
         self.problem, self.problem_path, self.problem_sha = module, path, sha
         self.reference_aliases = aliases
-        self.judge = self._make_judge(per_seed_outputs[0], tensors_in(inputs))
         self.init_inputs = list(init_inputs)
         self.initial_settings, self.initial_hooks = integrity.shared_settings(), integrity.code_hooks()
         # torch's kernels as the problem left them: all of aten (checked once the candidate is imported)
         # and the reference's own operators (checked after every candidate call)
         self.kernels = integrity.kernel_tables()
-        self.reference_kernels = integrity.kernel_tables(sorted(recorder.ops)) if recorder is not None else {}
+        self.reference_kernels = integrity.kernel_subset(recorder.ops, self.kernels) if recorder is not None else {}
+        self.judge = self._make_judge(per_seed_outputs[0], tensors_in(inputs), self.kernels)
         return {
             "status": "ok",
             "outputs": [[list(o.shape), str(o.dtype)] for o in per_seed_outputs[0]],
@@ -300,12 +300,12 @@ class Worker:
         }
 
     @staticmethod
-    def _make_judge(outputs: list[torch.Tensor], inputs: list[torch.Tensor]) -> Optional[integrity.Judge]:
+    def _make_judge(outputs: list[torch.Tensor], inputs: list[torch.Tensor], kernels: dict[str, int]) -> integrity.Judge:
         """The output check's own operators, recorded by running it on the reference's output against a copy
-        (and the inputs against theirs), before any candidate exists."""
+        (and the inputs against theirs), before any candidate exists; `kernels` are all of aten's, just read."""
         recorder = integrity.OpRecorder() if integrity.OpRecorder is not None else None
         if recorder is None:
-            return integrity.Judge(set())
+            return integrity.Judge(set(), kernels)
         # a few elements of each, same dtypes: which operators run depends on the dtype, not the size, and a
         # full copy of a large problem's tensors (and their float64 versions in the check) would cost memory
         outputs, inputs = [o.reshape(-1)[:64] for o in outputs], [t.reshape(-1)[:64] for t in inputs]
@@ -315,7 +315,7 @@ class Worker:
                 correctness.check_inputs_kept([t.clone() for t in inputs], inputs)
         except CheckFailed:  # not expected of equal copies; what ran up to here is recorded all the same
             pass
-        return integrity.Judge(recorder.ops)
+        return integrity.Judge(recorder.ops, kernels)
 
     def _judge_intact(self, deep: bool = True) -> None:
         """Before every comparison: the candidate's code must not sit inside the check of its own output."""
