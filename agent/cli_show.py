@@ -174,8 +174,9 @@ def register(app: typer.Typer) -> None:
         report: bool = typer.Option(False, "--report", help="rewrite the run's report.html from what is recorded now"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     ) -> None:
-        """What a run found and what it cost, with its forecasts scored against its measurements. Changes
-        nothing in the run's record (--report rewrites only its report.html)."""
+        """What a run found and what it cost, with its forecasts scored against its measurements.
+
+        Changes nothing in the run's record (--report rewrites only its report.html)."""
         from kernelscout.agent.cli_errors import fail
         from kernelscout.agent.run_view import RunViewError, view_run
 
