@@ -49,7 +49,7 @@ def measure(
     again: bool = typer.Option(False, "--again", help="measure even if this exact candidate was already measured in the run"),
     timeout: float = typer.Option(120.0, help="seconds allowed for running the candidate (checks and timing)"),
     compile_timeout: float = typer.Option(
-        600.0, "--compile-timeout", help="seconds allowed for importing and constructing the candidate (torch.compile, Triton builds)"),
+        600.0, "--compile-timeout", help="seconds allowed for importing and constructing the candidate (a Triton kernel builds at its first launch, under --timeout)"),
     timing_budget: float = typer.Option(2.0, "--timing-budget", help="timed seconds to aim for, both sides together"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:

@@ -92,7 +92,8 @@ def render(view: RunView) -> None:
     flight = f" ({view.budget.reserved} in flight)" if view.budget.reserved else ""
     per = f" ({view.considered_per_measurement:.1f} per measurement)" if view.budget.used else ""
     head.add_row("measurements", f"{spent}{flight}, {view.considered} candidates considered{per}")
-    head.add_row("candidates", ", ".join(f"{n} {s}" for s, n in sorted(view.states.items())))
+    # "failed" in the archive covers a correct candidate whose timing was void (a Triton kernel on the CPU, say)
+    head.add_row("candidates", ", ".join(f"{n} {_STATE_WORDS.get(s, s)}" for s, n in sorted(view.states.items())))
     head.add_row("best", escape(_best_line(view.best)) if view.best else "no verified candidate yet")
     if view.best_file:
         head.add_row("best kernel", escape(view.best_file))
@@ -162,6 +163,9 @@ def _render_check(out, fc) -> None:
             rel.add_row(f"{b.forecast:.2f}", f"{b.observed:.2f}", str(b.count))
         out.print(rel)
     out.print(f"[dim]{escape(fc.note)}[/dim]")
+
+
+_STATE_WORDS = {"failed": "did not count"}
 
 
 def register(app: typer.Typer) -> None:

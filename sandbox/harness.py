@@ -17,6 +17,7 @@ from typing import Optional
 from pydantic import BaseModel, Field
 
 from kernelscout.sandbox.pool import WorkerDied, WorkerOutOfMemory, WorkerPool, WorkerProcess, WorkerTimedOut
+from kernelscout.sandbox import triton_interpreter
 from kernelscout.sandbox.problem import SourceFile
 from kernelscout.sandbox.stats import (after_the_other_ratio, busy_machine, crowded, disturbed_reference, heap_handed_back,
                                       slowed_after_the_other, summarise, wall_clock_disagreement)
@@ -24,10 +25,6 @@ from kernelscout.tools.schema import Measurement, MeasureStatus
 
 START_TIMEOUT_S = 120.0  # a fresh sandbox worker imports torch before it answers
 
-TRITON_INTERPRETER_REASON = (
-    "Triton ran under its CPU interpreter (TRITON_INTERPRET=1, no GPU here): correctness is real, "
-    "timing is meaningless and was skipped"
-)
 
 
 class HarnessConfig(BaseModel):
@@ -132,19 +129,28 @@ def _measure_once(pool: WorkerPool, problem: SourceFile, candidate: SourceFile,
         what = {"start": "starting the sandbox worker", "import": "importing/building the candidate",
                 "problem": "loading the problem"}.get(phase.name, "running the candidate")
         result = Measurement(status=MeasureStatus.timeout, message=f"{what} took longer than {limit:g} s; the worker's process group was killed")
+        if phase.name == "run" and _may_interpret(problem, candidate, config):
+            result.message += "\n  hint: " + triton_interpreter.TIMEOUT_HINT
     except WorkerOutOfMemory as exc:
         result = Measurement(status=MeasureStatus.runtime_error, message=str(exc))
     except WorkerDied as exc:
         tail = worker.log_tail() if worker else ""
         stage = {"start": "while starting", "import": "while importing the candidate",
                  "problem": "while loading the problem"}.get(phase.name, "while running the candidate")
-        message = f"{exc} {stage}" + (f"; last output:\n{tail}" if tail else "")
+        hint = f" ({triton_interpreter.CRASH_HINT})" if phase.name == "run" and _may_interpret(problem, candidate, config) else ""
+        message = f"{exc} {stage}{hint}" + (f"; last output:\n{tail}" if tail else "")
         result = Measurement(status=MeasureStatus.crashed, message=message)
     finally:
         if worker is not None:
             pool.release(worker, healthy)
     _unstage(result, phase)
     return result, phase, worker
+
+
+def _may_interpret(problem: SourceFile, candidate: SourceFile, config: HarnessConfig) -> bool:
+    """Whether a worker that died or hung may have been running Triton's CPU interpreter (it can no
+    longer say, so the files' imports decide whether the hint is worth giving)."""
+    return config.device.startswith("cpu") and (candidate.uses_triton or problem.uses_triton)
 
 
 def _fail(reply: dict) -> Measurement:
@@ -180,9 +186,10 @@ def _drive(worker: WorkerProcess, problem: SourceFile, candidate: SourceFile, co
         m.checks = checks
         return _finish(worker, m)
     checks += ["plain-tensor outputs", "no output aliases an input", "TF32 pinned off on both sides", "NaN/Inf rejected"]
-    if candidate.uses_triton and config.device.startswith("cpu"):
-        m = Measurement(status=MeasureStatus.ok, correct=True, timing_valid=False, timing_invalid_reason=TRITON_INTERPRETER_REASON,
-                        message="correct; " + TRITON_INTERPRETER_REASON, checks=checks)
+    interpreted = _interpreted(reply.get("triton_launches") or {}, config)
+    if interpreted:
+        m = Measurement(status=MeasureStatus.ok, correct=True, timing_valid=False, timing_invalid_reason=interpreted,
+                        message="correct; " + interpreted, checks=checks)
         return _finish(worker, m)
     phase.name = "time"
     m = _time(worker, config, deadline, faults_at_load)
@@ -191,6 +198,18 @@ def _drive(worker: WorkerProcess, problem: SourceFile, candidate: SourceFile, co
         m.warnings.append("the candidate changed how many cores both sides compute on while it was imported or built ("
                           + ", ".join(reset) + "); put back, so the reference ran as the problem set it up")
     return _finish(worker, m)
+
+
+def _interpreted(launches: dict, config: HarnessConfig) -> Optional[str]:
+    """Why the timing would be meaningless: Triton kernels that ran under the CPU interpreter on either
+    side, as the worker counted them: importing Triton is not running it."""
+    if not config.device.startswith("cpu"):
+        return None
+    if launches.get("ref"):
+        return triton_interpreter.REFERENCE_REASON
+    if launches.get("cand"):
+        return triton_interpreter.REASON
+    return None
 
 
 def _finish(worker: WorkerProcess, m: Measurement) -> tuple[Measurement, bool]:

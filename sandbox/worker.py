@@ -35,7 +35,7 @@ apply_limits()
 
 import torch  # noqa: E402  (after the limits, so torch's own allocations count)
 
-from kernelscout.sandbox import correctness, integrity  # noqa: E402
+from kernelscout.sandbox import correctness, integrity, triton_interpreter  # noqa: E402
 from kernelscout.sandbox.correctness import CheckFailed  # noqa: E402
 from kernelscout.sandbox.timing import CallTimer  # noqa: E402
 
@@ -242,6 +242,7 @@ class Worker:
         self.reference_aliases: frozenset = frozenset()  # (output, input) pairs where the reference returns its input
         self.judge: Optional[integrity.Judge] = None  # what the output check calls, as the problem left it
         self.reference_kernels: dict[str, int] = {}  # the same for the operators the reference calls
+        self.triton = triton_interpreter.LaunchCounter()  # Triton kernels each side ran under the CPU interpreter
 
     # -- problem -----------------------------------------------------------------------------
     def load_problem(self, msg: dict) -> dict:
@@ -470,6 +471,9 @@ class Worker:
             with torch.no_grad():
                 out = self.candidate(*inputs)
         except Exception as exc:
+            if triton_interpreter.is_build_error(exc):  # Triton builds a kernel at its first launch
+                raise Failure("compile_error", "the candidate's Triton kernel does not build: "
+                              + triton_interpreter.build_error_message(exc, self.candidate_path))
             raise Failure("runtime_error", self._runtime_message(exc))
         return self._validate_candidate_output(out, inputs)
 
@@ -477,7 +481,7 @@ class Worker:
         if _is_oom(exc):
             limit = correctness.describe_bytes(self.memory_limit) if self.memory_limit else "the device memory"
             return f"the candidate ran out of memory (limit {limit}): {_short_error(exc, self.candidate_path)}"
-        return f"the candidate raised {_short_error(exc, self.candidate_path)}"
+        return f"the candidate raised {_short_error(exc, self.candidate_path)}" + triton_interpreter.runtime_hint(exc)
 
     def _validate_candidate_output(self, out: Any, inputs: list[Any]) -> list[torch.Tensor]:
         try:
@@ -512,15 +516,18 @@ class Worker:
     def check(self, msg: dict) -> dict:
         """Correctness trials: fresh seed and inputs each; the candidate runs first, on its own copy."""
         worst = correctness.Comparison()
+        self.triton.counts = {"ref": 0, "cand": 0}  # this candidate's trials only (a test pool reuses workers)
         for seed in msg["seeds"]:
             ref_inputs = self._make_inputs(self.problem, seed, self.problem_path)
             cand_inputs = _clone(ref_inputs)
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
-            cand_out = self._run_candidate(cand_inputs)
-            _sync(self.device)
-            ref_out = self._run_reference(ref_inputs)
-            _sync(self.device)
+            with self._side("cand"):
+                cand_out = self._run_candidate(cand_inputs)
+                _sync(self.device)
+            with self._side("ref"):
+                ref_out = self._run_reference(ref_inputs)
+                _sync(self.device)
             self._judge_intact()
             try:
                 cmp = correctness.compare(cand_out, ref_out)
@@ -530,7 +537,19 @@ class Worker:
                 raise Failure("incorrect", f"trial with seed {seed}: {exc}")
             worst.max_abs_diff = max(worst.max_abs_diff, cmp.max_abs_diff)
             worst.max_rel_diff = max(worst.max_rel_diff, cmp.max_rel_diff)
-        return {"status": "ok", "trials": len(msg["seeds"]), "max_abs_diff": worst.max_abs_diff, "max_rel_diff": worst.max_rel_diff}
+        return {"status": "ok", "trials": len(msg["seeds"]), "max_abs_diff": worst.max_abs_diff, "max_rel_diff": worst.max_rel_diff,
+                "triton_launches": dict(self.triton.counts)}
+
+    @contextlib.contextmanager
+    def _side(self, side: str):
+        """Which side the Triton kernels launched meanwhile belong to (Triton may have been imported
+        by the last call, lazily, so the counter is asked to start watching before each)."""
+        self.triton.watch()
+        self.triton.side = side
+        try:
+            yield
+        finally:
+            self.triton.side = None
 
     # -- timing ------------------------------------------------------------------------------
     def prep(self, msg: dict) -> dict:
