@@ -67,7 +67,7 @@ def measure(
         )
     except ValidationError as exc:
         fail(validation_message(exc, _MEASURE_FLAGS), as_json)
-    if not as_json:
+    if not as_json and _files_pass_static_checks(problem, candidate):  # else the one error line comes alone
         err.print(f"[dim]measuring {candidate} against {problem} ...[/dim]", soft_wrap=True)
     try:
         result = run_measure(request)
@@ -86,6 +86,17 @@ def measure(
 
 _MEASURE_FLAGS = {"timeout_s": "--timeout", "compile_timeout_s": "--compile-timeout", "timing_budget_s": "--timing-budget",
                   "budget": "--budget"}
+
+
+def _files_pass_static_checks(problem: str, candidate: str) -> bool:
+    from kernelscout.sandbox.problem import InputFileError, load_candidate, load_problem
+
+    try:
+        load_problem(problem)
+        load_candidate(candidate)
+    except InputFileError:
+        return False
+    return True
 
 
 def _print_measurement(m) -> None:

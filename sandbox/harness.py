@@ -137,7 +137,12 @@ def _measure_once(pool: WorkerPool, problem: SourceFile, candidate: SourceFile,
         tail = worker.log_tail() if worker else ""
         stage = {"start": "while starting", "import": "while importing the candidate",
                  "problem": "while loading the problem"}.get(phase.name, "while running the candidate")
-        hint = f" ({triton_interpreter.CRASH_HINT})" if phase.name == "run" and _may_interpret(problem, candidate, config) else ""
+        hint = ""
+        if phase.name == "run" and _may_interpret(problem, candidate, config):
+            hint = f" ({triton_interpreter.CRASH_HINT})"
+        elif phase.name == "run" and _loads_native(candidate):
+            hint = (" (native code crashed: check its indexing against the tensors' sizes and strides, and debug it "
+                    "outside kscout, built with -g and run under gdb)")
         message = f"{exc} {stage}{hint}" + (f"; last output:\n{tail}" if tail else "")
         result = Measurement(status=MeasureStatus.crashed, message=message)
     finally:
@@ -145,6 +150,11 @@ def _measure_once(pool: WorkerPool, problem: SourceFile, candidate: SourceFile,
             pool.release(worker, healthy)
     _unstage(result, phase)
     return result, phase, worker
+
+
+def _loads_native(candidate: SourceFile) -> bool:
+    """Whether the candidate builds or loads native code (a crash is then most likely its own)."""
+    return "cpp_extension" in candidate.source or bool(candidate.imports & {"cupy", "ctypes", "cffi"})
 
 
 def _may_interpret(problem: SourceFile, candidate: SourceFile, config: HarnessConfig) -> bool:

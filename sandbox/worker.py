@@ -35,7 +35,7 @@ apply_limits()
 
 import torch  # noqa: E402  (after the limits, so torch's own allocations count)
 
-from kernelscout.sandbox import correctness, integrity, triton_interpreter  # noqa: E402
+from kernelscout.sandbox import build_errors, build_lock, correctness, integrity, triton_interpreter  # noqa: E402
 from kernelscout.sandbox.correctness import CheckFailed  # noqa: E402
 from kernelscout.sandbox.timing import CallTimer  # noqa: E402
 
@@ -57,6 +57,11 @@ def _short_error(exc: BaseException, source_path: Optional[str] = None) -> str:
             f = frames[-1]
             text += f"\n  at {os.path.basename(source_path)} line {f.lineno}: {f.line}"
     return text
+
+
+def _where(exc: BaseException, source_path: str) -> str:
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == source_path]
+    return f"\n  at {os.path.basename(source_path)} line {frames[-1].lineno}: {frames[-1].line}" if frames else ""
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -198,6 +203,21 @@ def _global_module_hooks() -> tuple:
     return tuple(tuple(getattr(module_globals, h, {}).items()) for h in _GLOBAL_HOOKS)
 
 
+def _strided_hint(message: str, inputs: list[Any]) -> str:
+    """For wrong values: the non-contiguous inputs, a usual cause in a kernel that indexes raw memory."""
+    if " differs " not in message:
+        return ""
+    strided = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and not t.is_contiguous()]
+    if not strided:
+        return ""
+    which = ", ".join(f"{i} (strides {tuple(inputs[i].stride())})" for i in strided[:3])
+    return (f"; note: input tensor {which} is not contiguous, and a kernel that indexes its memory as if it were "
+            "reads the wrong elements (call .contiguous() first, or use the strides)")
+
+
+_GPU_ONLY = frozenset({"cupy", "cupyx", "pycuda", "cuda"})  # packages whose kernels need a CUDA device
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         integrity.cuda_synchronize()
@@ -211,6 +231,7 @@ class Worker:
             torch.set_num_threads(threads)
         integrity.pin_precision()
         integrity.install_library_patches()
+        build_lock.install()  # a build killed in the shared cache does not stall the next one
         self.own_settings = integrity.shared_settings()  # the worker's own, put back before a problem loads
         # what each candidate is loaded under, and the hooks it may not change: the worker's own, plus
         # what the problem file chose at import (load_problem), so a problem's choice is not the candidate's
@@ -427,6 +448,13 @@ class Worker:
             if missing and missing.split(".")[0] + ".py" in msg.get("siblings", ()):  # beside the user's file
                 hint = (f" (a candidate is one self-contained file, as in KernelBench: {missing.split('.')[0]}.py next to it "
                         "is not importable; put its code into the candidate)")
+            elif missing and missing.split(".")[0] in _GPU_ONLY and self.device.type != "cuda":
+                hint = (f" ({missing.split('.')[0]} runs only on a CUDA GPU, and this measurement is on {self.device.type}: "
+                        "measure it with --device cuda on a machine that has one)")
+            if build_errors.is_build_error(exc):
+                with open(path) as f:
+                    told = build_errors.summarise(str(exc), f.read(), path)
+                raise Failure("compile_error", f"{path}: {told}{_where(exc, path)}")
             raise Failure("compile_error", f"{path}: importing the candidate failed: {_short_error(exc, path)}{hint}")
         self.candidate_module, self.candidate_path = name, path
         if not hasattr(module, "ModelNew"):
@@ -534,7 +562,7 @@ class Worker:
                 correctness.check_inputs_kept(tensors_in(cand_inputs), tensors_in(ref_inputs), lambda seed=seed: tensors_in(
                     self._make_inputs(self.problem, seed, self.problem_path)))
             except CheckFailed as exc:
-                raise Failure("incorrect", f"trial with seed {seed}: {exc}")
+                raise Failure("incorrect", f"trial with seed {seed}: {exc}{_strided_hint(str(exc), ref_inputs)}")
             worst.max_abs_diff = max(worst.max_abs_diff, cmp.max_abs_diff)
             worst.max_rel_diff = max(worst.max_rel_diff, cmp.max_rel_diff)
         return {"status": "ok", "trials": len(msg["seeds"]), "max_abs_diff": worst.max_abs_diff, "max_rel_diff": worst.max_rel_diff,

@@ -64,6 +64,19 @@ def test_preflight_failures_are_not_charged(tmp_path, write, pool):
     assert Budget(RunDir(tmp_path / "run")).status().used == 0
 
 
+def test_a_candidate_that_could_not_import_is_measured_afresh_not_replayed(tmp_path, write, pool):
+    # the first result cost nothing and said nothing about the candidate (a package was missing);
+    # replaying it would keep the user's fix from taking effect
+    problem = write("problem.py", SMALL_PROBLEM)
+    cand = write("cand.py", "import kscout_test_missing_helper\n" + GOOD_CANDIDATE)
+    request = MeasureRequest(problem=str(problem), candidate=str(cand), device="cpu", run_dir=str(tmp_path / "run"), budget=2, harness=QUICK)
+    first = measure(request, pool=pool)
+    assert first.status == MeasureStatus.compile_error and not first.charged
+    second = measure(request, pool=pool)
+    assert second.status == MeasureStatus.compile_error and "already measured" not in second.message
+    assert Budget(RunDir(tmp_path / "run")).status().used == 0
+
+
 @pytest.mark.slow
 def test_eight_racing_processes_with_a_cap_of_five(tmp_path, write):
     problem = write("problem.py", SMALL_PROBLEM)

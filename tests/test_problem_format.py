@@ -108,6 +108,7 @@ def test_cli_reports_bad_input_in_one_message_without_a_traceback(write, tmp_pat
     assert "Traceback" not in proc.stdout + proc.stderr
     assert "syntax error at line 2" in proc.stderr  # a usage error, on stderr as the others are: no measurement table
     assert str(cand) in proc.stderr and "charged" not in proc.stdout
+    assert "measuring" not in proc.stderr  # the error line comes alone, before anything runs
 
 
 def test_cli_shows_the_warnings_of_a_valid_measurement(write, tmp_path):

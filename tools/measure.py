@@ -207,9 +207,12 @@ def measure_replay(space: "ReplaySpace", config: dict, run: RunDir, reference: O
 
 
 def find_measurement(run: RunDir, key: str) -> Optional[Measurement]:
+    """The recorded measurement a repeat request gets instead of paying again. Only a charged one: an
+    uncharged result (did not import or build, its build out of time) says more about the machine or
+    the limits than about the candidate, and measuring it again spends nothing unless it now runs."""
     with run.connect() as db:
         row = db.execute(
-            "SELECT result_json FROM measurements WHERE key = ? AND status != 'budget_exhausted' ORDER BY id DESC LIMIT 1", (key,)
+            "SELECT result_json FROM measurements WHERE key = ? AND charged = 1 ORDER BY id DESC LIMIT 1", (key,)
         ).fetchone()
     return Measurement.model_validate(json.loads(row[0])) if row else None
 
