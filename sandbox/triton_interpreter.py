@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import sys
-import traceback
 from typing import Any, Callable, Optional
 
 REASON = (
@@ -75,25 +74,6 @@ def is_build_error(exc: BaseException) -> bool:
     """A Triton kernel that would not compile on a GPU: CompilationError there; under the interpreter,
     the InterpreterError that wraps whatever the kernel's body raised at its first launch."""
     return type(exc).__module__.startswith("triton") and type(exc).__name__ in ("CompilationError", "InterpreterError")
-
-
-def build_error_message(exc: BaseException, source_path: Optional[str]) -> str:
-    """The error with the kernel's own line: the interpreter's error points at the launch, the cause it
-    wraps at the line in the kernel that failed."""
-    text = f"{type(exc).__name__}: {exc}".strip()
-    if len(text) > 3000:
-        text = text[:1500] + "\n...\n" + text[-1500:]
-    where = None
-    for err in (exc.__cause__, exc):
-        if err is None or not source_path:
-            continue
-        frames = [f for f in traceback.extract_tb(err.__traceback__) if f.filename == source_path]
-        if frames:
-            where = frames[-1]
-            break
-    if where is not None:
-        text += f"\n  at {os.path.basename(source_path or '')} line {where.lineno}: {where.line}"
-    return text
 
 
 def runtime_hint(exc: BaseException) -> str:

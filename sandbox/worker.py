@@ -51,15 +51,11 @@ def _short_error(exc: BaseException, source_path: Optional[str] = None) -> str:
     text = f"{type(exc).__name__}: {exc}".strip()
     if len(text) > 3000:
         text = text[:1500] + "\n...\n" + text[-1500:]
-    if source_path:
-        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == source_path]
-        if frames:
-            f = frames[-1]
-            text += f"\n  at {os.path.basename(source_path)} line {f.lineno}: {f.line}"
-    return text
+    return text + (_where(exc, source_path) if source_path else "")
 
 
 def _where(exc: BaseException, source_path: str) -> str:
+    """The candidate's (or problem's) own line where the error passed through it, if it did."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == source_path]
     return f"\n  at {os.path.basename(source_path)} line {frames[-1].lineno}: {frames[-1].line}" if frames else ""
 
@@ -500,8 +496,10 @@ class Worker:
                 out = self.candidate(*inputs)
         except Exception as exc:
             if triton_interpreter.is_build_error(exc):  # Triton builds a kernel at its first launch
-                raise Failure("compile_error", "the candidate's Triton kernel does not build: "
-                              + triton_interpreter.build_error_message(exc, self.candidate_path))
+                # the interpreter's error points at the launch; the error it wraps, at the kernel's own line
+                inner = exc.__cause__ if exc.__cause__ is not None else exc
+                where = _where(inner, self.candidate_path or "") or _where(exc, self.candidate_path or "")
+                raise Failure("compile_error", f"the candidate's Triton kernel does not build: {_short_error(exc)}{where}")
             raise Failure("runtime_error", self._runtime_message(exc))
         return self._validate_candidate_output(out, inputs)
 
