@@ -68,6 +68,16 @@ def test_a_run_directory_that_is_a_file_is_a_usage_error_everywhere(problem, tmp
     assert measured.exit_code == 2 and "is a file, not a folder" in json.loads(measured.stdout)["message"]
 
 
+def test_a_run_directory_that_cannot_be_made_is_a_usage_error_not_a_traceback(problem, tmp_path):
+    inside_a_file = tmp_path / "afile" / "run"
+    inside_a_file.parent.write_text("")
+    candidate = tmp_path / "candidate.py"
+    candidate.write_text(GOOD_CANDIDATE)
+    assert_usage_error(kscout("optimize", str(problem), "--run-dir", str(inside_a_file)), "cannot be used as a run directory")
+    measured = kscout("measure", str(problem), str(candidate), "--run-dir", str(inside_a_file), "--json")
+    assert measured.exit_code == 2 and "cannot be used as a run directory" in json.loads(measured.stdout)["message"]
+
+
 def test_bad_measure_numbers_are_named_by_their_flags(problem, tmp_path):
     result = kscout("measure", str(problem), str(problem), "--timeout", "-1", "--json")
     assert result.exit_code == 2

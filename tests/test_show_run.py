@@ -147,6 +147,22 @@ def test_a_predict_tool_forecast_is_scored_only_by_a_measurement_taken_after_it(
     assert shown.exit_code == 0 and "1 from predict tool calls" in shown.output and "0.490" in shown.output
 
 
+def test_asking_predict_again_before_measuring_scores_that_measurement_once(tmp_path):
+    # an agent that re-asks must not weigh one measurement three times in the Brier score
+    from kernelscout.tools.measure import MeasurementRecord, ledgered
+
+    run = RunDir(tmp_path / "run")
+    archive = Archive(run)
+    for p_faster in (0.9, 0.8, 0.2):  # the last word before the measurement counts
+        archive.record_tool_forecast("p", "c", None, "cpu", 1.0, _forecast(p_faster, 1.1, (0.8, 1.4), [0.2, 0.3, 0.5]), "c.py")
+    rec = MeasurementRecord(key="c", problem_sha="p", candidate_sha="c", problem_path="p.py", candidate_path="c.py", device="cpu")
+    ledgered(run, rec, lambda: Measurement(status="ok", correct=True, timing_valid=True, charged=True, speedup=0.5,
+                                           runtime_ms=2.0, ref_runtime_ms=1.0))
+    check = check_forecasts(archive)
+    assert (check.scored, check.from_tools) == (1, 1)
+    assert check.brier_p_faster == pytest.approx(0.04)  # 0.2 said faster; it measured 0.5x
+
+
 def test_show_lists_files_measured_directly_with_their_latest_result(tmp_path):
     """A run directory of `kscout measure` (or the MCP server): no search, so the files and their results."""
     from kernelscout.tools.measure import MeasurementRecord, ledgered

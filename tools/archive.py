@@ -212,18 +212,23 @@ class Archive:
 
     def tool_forecasts(self) -> list[dict]:
         """Every `predict` tool forecast, with the speedup of the first verified measurement of the same file
-        (same problem and device) taken after it; None where there is none yet."""
+        (same problem and device) taken after it; None where there is none yet. Of several forecasts of
+        one file against one parent that the same measurement answers, only the last counts: an agent
+        that asks again before measuring should not weigh that measurement twice in the scores."""
         with self.run.connect() as db:
-            rows = db.execute("SELECT problem_sha, candidate_sha, device, parent_speedup, label, forecast_json, created"
+            rows = db.execute("SELECT problem_sha, candidate_sha, parent_sha, device, parent_speedup, label, forecast_json, created"
                               " FROM tool_forecasts ORDER BY id").fetchall()
-            out = []
-            for psha, csha, device, parent_speedup, label, fc, created in rows:
-                later = db.execute("SELECT result_json FROM measurements WHERE problem_sha = ? AND candidate_sha = ? AND device = ?"
+            latest: dict[tuple, dict] = {}
+            for i, (psha, csha, parent, device, parent_speedup, label, fc, created) in enumerate(rows):
+                later = db.execute("SELECT id, result_json FROM measurements WHERE problem_sha = ? AND candidate_sha = ? AND device = ?"
                                    " AND status = 'ok' AND created >= ? ORDER BY id", (psha, csha, device, created)).fetchall()
-                usable = [m for m in (Measurement.model_validate_json(r[0]) for r in later) if m.usable]
-                out.append({"label": label, "forecast": json.loads(fc), "parent_speedup": parent_speedup,
-                            "measured_speedup": usable[0].speedup if usable else None})
-        return out
+                usable = [(mid, m) for mid, m in ((r[0], Measurement.model_validate_json(r[1])) for r in later) if m.usable]
+                answered_by = usable[0][0] if usable else None
+                key = (psha, csha, parent, device, answered_by) if answered_by is not None else (i,)
+                latest.pop(key, None)  # re-inserted last, so the dict keeps the order of the forecasts that count
+                latest[key] = {"label": label, "forecast": json.loads(fc), "parent_speedup": parent_speedup,
+                               "measured_speedup": usable[0][1].speedup if usable else None}
+        return list(latest.values())
 
     def record_confirmation(self, label: str, candidate_id: int, m: Measurement, ok: bool) -> None:
         """A re-measurement of a chosen candidate; one that fails (wrong, invalid timing, below speed-of-light)

@@ -45,7 +45,8 @@ class ForecastCheck(BaseModel):
     brier_p_faster: Optional[float] = Field(None, description="mean (P(faster) - outcome)^2; 0.25 for a coin flip, lower is better")
     direction_accuracy: Optional[float] = Field(None, description="share where P(faster) > 0.5 called the direction right")
     ranked_probability_score: Optional[float] = Field(None, description="over the ordinal speedup bins, in [0, 1]; lower is better")
-    spearman: Optional[float] = Field(None, description="rank correlation of expected and measured speedup over the parent")
+    spearman: Optional[float] = Field(None, description="rank correlation of expected and measured speedup over the parent; "
+                                      "None with fewer than 3 scored, or when all forecasts or all outcomes tie")
     interval_80_coverage: Optional[float] = Field(None, description="share of measured speedups inside the forecast's 80 % interval")
     mean_abs_log_error: Optional[float] = Field(None, description="mean |ln(expected / measured speedup)|")
     reliability: list[ReliabilityBin] = Field(default_factory=list)
@@ -144,7 +145,8 @@ def check_forecasts(archive: Archive, bins: int = 5) -> ForecastCheck:
         check.ranked_probability_score = metrics.ranked_probability_score(np.asarray(scores.probs), np.asarray(scores.outcome))
     if len(scores.expected) >= 3:
         e, m = np.asarray(scores.expected), np.asarray(scores.measured)
-        check.spearman = metrics.spearman(e, m)
+        # undefined, not zero, when every forecast (or every outcome) was the same
+        check.spearman = metrics.spearman(e, m) if np.ptp(e) > 0 and np.ptp(m) > 0 else None
         check.mean_abs_log_error = float(np.mean(np.abs(np.log(e / m))))
     if scores.inside:
         check.interval_80_coverage = float(np.mean(scores.inside))

@@ -90,7 +90,8 @@ class CandidateEntry(BaseModel):
     problem: Optional[str] = Field(None, description="problem file it belongs to")
     problem_sha: Optional[str] = None
     device: Optional[str] = None
-    state: str = Field(description="search: proposed, skipped, shelved, measured, failed or suspect; measure: measured or failed")
+    state: str = Field(description="search: proposed, skipped, shelved, measured, failed, suspect or unconfirmed (chosen as best, "
+                                   "then a re-measurement failed); measure: measured or failed")
     speedup: Optional[float] = Field(None, description="measured speedup over the reference (for a search candidate the search "
                                      "re-measured, the median of its re-measurements); only for a usable measurement, never a forecast")
     record: Optional[CandidateRecord] = Field(None, description="the archive record (search candidates only)")
@@ -99,8 +100,10 @@ class CandidateEntry(BaseModel):
 
 class CandidateList(BaseModel):
     run_dir: str
-    candidates: list[CandidateEntry]
-    counts: dict[str, int] = Field(default_factory=dict, description="entries per state")
+    candidates: list[CandidateEntry] = Field(description="fastest measured first, then the rest in the order they came; "
+                                             "at most `limit` of them")
+    counts: dict[str, int] = Field(default_factory=dict, description="entries per state, over all of them")
+    total: int = Field(0, description="entries that match the filters, before the limit")
 
 
 class BestCandidate(BaseModel):
@@ -172,7 +175,9 @@ class KernelScoutMCP(MCPServer):
             "interleaved session. Spends one measurement of the run's hard budget if the candidate ran; a file already measured "
             "here returns its recorded result for free unless again=true. A candidate that fails (incorrect, crashed, timeout, "
             "build error) is a result with that status; a request that cannot be measured (budget spent, missing or invalid "
-            "file) is a tool error."))
+            "file) is a tool error. Quote a speedup only when timing_valid is true. On a server without a GPU a Triton kernel "
+            "runs in Triton's interpreter: its outputs are checked, it is not timed, and it still spends a measurement. "
+            "Relative paths resolve against the server's working directory."))
         self.add_tool(self.tool_budget_status, name="budget_status", title="Measurement budget", description=(
             "The run directory's measurement ledger: cap, used (charged + in flight), in flight, remaining. Shared with every "
             "other process using this run directory."))
@@ -185,8 +190,9 @@ class KernelScoutMCP(MCPServer):
             "so far), expected speedup, confidence. Needs an LLM provider (KSCOUT_PROVIDER); without one the forecast is "
             "marked informative=false and says so. Never a measurement."))
         self.add_tool(self.tool_list_candidates, name="list_candidates", title="Candidates in the run", description=(
-            "Every candidate in the run directory: the search archive (`kscout optimize`, with forecasts' outcomes) and files "
-            "measured directly (this tool server, `kscout measure`; the latest measurement of each)."))
+            "Candidates in the run directory, fastest measured first: the search archive (`kscout optimize`, with forecasts' "
+            "outcomes) and files measured directly (this tool server, `kscout measure`; the latest measurement of each). "
+            "Filter by problem or state; `limit` (default 20) caps the list, `total` and `counts` cover all of them."))
         self.add_tool(self.tool_forecast_check, name="forecast_check", title="Forecasts against measurements", description=(
             "How well this run's forecasts matched what was measured after them: the search's forecasts and this server's "
             "predict calls (scored once the file is measured). Brier score of P(faster), share of directions right, ranked "
@@ -239,13 +245,22 @@ class KernelScoutMCP(MCPServer):
         with _tool_errors("predict"):
             return self._predict(problem, candidate, parent, device)
 
-    def tool_list_candidates(self, problem: _ProblemFilter = None) -> CandidateList:
+    def tool_list_candidates(
+        self,
+        problem: _ProblemFilter = None,
+        state: Annotated[Optional[str], Field(description="only candidates in this state (measured, failed, proposed, ...)")] = None,
+        limit: Annotated[int, Field(ge=1, le=1000, description="at most this many entries (a search archive holds hundreds)")] = 20,
+    ) -> CandidateList:
         with _tool_errors("list_candidates"):
             entries = self._entries(problem)
             counts: dict[str, int] = {}
             for e in entries:
                 counts[e.state] = counts.get(e.state, 0) + 1
-            return CandidateList(run_dir=self.run_dir, candidates=entries, counts=counts)
+            if state is not None:
+                entries = [e for e in entries if e.state == state]
+            # what an agent asks for first: the fastest verified ones (a stable sort keeps the rest in order)
+            ranked = sorted(entries, key=lambda e: -(e.speedup or 0.0) if e.state == "measured" else 0.0)
+            return CandidateList(run_dir=self.run_dir, candidates=ranked[:limit], counts=counts, total=len(entries))
 
     def tool_forecast_check(self) -> ForecastCheck:
         with _tool_errors("forecast_check"):

@@ -66,12 +66,17 @@ class RunDir:
         self.path = Path(path)
         if self.path.exists() and not self.path.is_dir():
             raise RunDirError(f"{self.path} is a file, not a folder; give the run directory as a folder (new or earlier)")
-        self.path.mkdir(parents=True, exist_ok=True)
-        (self.path / "kernels").mkdir(exist_ok=True)
         self.db_path = self.path / "run.db"
         self._local = threading.local()
-        with self.connect() as db:
-            db.executescript(SCHEMA)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            (self.path / "kernels").mkdir(exist_ok=True)
+            with self.connect() as db:
+                db.executescript(SCHEMA)
+        except (OSError, sqlite3.OperationalError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise RunDirError(f"{self.path} cannot be used as a run directory ({reason}); "
+                              "give a folder you can write to") from None
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)

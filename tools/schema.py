@@ -43,7 +43,8 @@ class Measurement(BaseModel):
     correct: bool = False
     runtime_ms: Optional[float] = Field(None, description="median per-call time of the candidate")
     ref_runtime_ms: Optional[float] = Field(None, description="median per-call time of the reference, same session")
-    speedup: Optional[float] = Field(None, description="ref_runtime_ms / runtime_ms, a same-run ratio")
+    speedup: Optional[float] = Field(None, description="ref_runtime_ms / runtime_ms, a same-run ratio; not a result to "
+                                     "quote unless status is ok, correct is true and timing_valid is true")
     timing_valid: bool = False
     timing_invalid_reason: Optional[str] = None
     charged: bool = False
