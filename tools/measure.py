@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from pydantic import BaseModel, Field
 
+from kernelscout.sandbox.device_lock import device_turn
 from kernelscout.sandbox.harness import HarnessConfig, run_measurement
 from kernelscout.sandbox.pool import WorkerPool
 from kernelscout.sandbox.problem import InputFileError, SourceFile, load_candidate, load_problem
@@ -108,7 +109,8 @@ def measure(request: MeasureRequest, pool: Optional[WorkerPool] = None,
         own_pool = pool is None
         active = pool or WorkerPool(spares=False)
         try:
-            return run_measurement(active, problem, candidate, config)
+            with device_turn(device):  # other kscout processes on this machine wait, not overlap
+                return run_measurement(active, problem, candidate, config)
         finally:
             if own_pool:
                 active.close()
