@@ -61,6 +61,9 @@ def test_in_process_client_measures_under_the_budget(tmp_path, files, pool):
             tools = {t.name: t for t in (await client.list_tools()).tools}
             assert TOOLS <= set(tools)
             assert tools["measure"].output_schema["title"] == "Measurement"
+            # what a client may approve without asking: everything but measure (budget) and predict (an LLM call)
+            read_only = {name for name, t in tools.items() if t.annotations and t.annotations.read_only_hint}
+            assert read_only == TOOLS - {"measure", "predict"}
             # nothing lets the agent move the ledger or weaken the harness
             assert set(tools["measure"].input_schema["properties"]) == {"problem", "candidate", "device", "again"}
 

@@ -53,6 +53,7 @@ from kernelscout.tools.surrogates.distribution import DEFAULT_EDGES, bin_labels
 try:  # the SDK is an optional extra: `pip install kernelscout[mcp]`
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
+    from mcp.types import ToolAnnotations
 except ImportError as _exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "the MCP server needs the official MCP SDK, version 2: pip install 'kernelscout[mcp]' (or pip install 'mcp>=2.3,<3')"
@@ -170,7 +171,10 @@ class KernelScoutMCP(MCPServer):
     # -- tools ----------------------------------------------------------------------------------------------
 
     def _register_tools(self) -> None:
-        self.add_tool(self.tool_measure, name="measure", title="Measure a candidate kernel", description=(
+        # hints a client may use to approve calls: only measure spends budget, only predict may call out (an LLM)
+        reads = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+        self.add_tool(self.tool_measure, name="measure", annotations=ToolAnnotations(
+            read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False), title="Measure a candidate kernel", description=(
             "Check a candidate (class ModelNew) against its problem's reference (class Model) and time both in one sandboxed, "
             "interleaved session. Spends one measurement of the run's hard budget if the candidate ran; a file already measured "
             "here returns its recorded result for free unless again=true. A candidate that fails (incorrect, crashed, timeout, "
@@ -178,27 +182,27 @@ class KernelScoutMCP(MCPServer):
             "file) is a tool error. Quote a speedup only when timing_valid is true. On a server without a GPU a Triton kernel "
             "runs in Triton's interpreter: its outputs are checked, it is not timed, and it still spends a measurement. "
             "Relative paths resolve against the server's working directory."))
-        self.add_tool(self.tool_budget_status, name="budget_status", title="Measurement budget", description=(
+        self.add_tool(self.tool_budget_status, name="budget_status", annotations=reads, title="Measurement budget", description=(
             "The run directory's measurement ledger: cap, used (charged + in flight), in flight, remaining. Shared with every "
             "other process using this run directory."))
-        self.add_tool(self.tool_sol_bounds, name="sol_bounds", title="Speed of light", description=(
+        self.add_tool(self.tool_sol_bounds, name="sol_bounds", annotations=reads, title="Speed of light", description=(
             "The least time any kernel could take for a problem on a device: max(FLOPs / peak FLOP/s, minimum bytes / peak "
             "bandwidth). Costs no measurement (FLOPs are counted in a child process, usually on the meta device)."))
-        self.add_tool(self.tool_predict, name="predict", title="Forecast a candidate", description=(
+        self.add_tool(self.tool_predict, name="predict", annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=True), title="Forecast a candidate", description=(
             "Forecast a candidate's speedup over its parent (another candidate file measured in this run, or by default the "
             "problem's reference) before spending a measurement: probabilities over speedup bins, P(faster), P(beats the best "
             "so far), expected speedup, confidence. Needs an LLM provider (KSCOUT_PROVIDER); without one the forecast is "
             "marked informative=false and says so. Never a measurement."))
-        self.add_tool(self.tool_list_candidates, name="list_candidates", title="Candidates in the run", description=(
+        self.add_tool(self.tool_list_candidates, name="list_candidates", annotations=reads, title="Candidates in the run", description=(
             "Candidates in the run directory, fastest measured first: the search archive (`kscout optimize`, with forecasts' "
             "outcomes) and files measured directly (this tool server, `kscout measure`; the latest measurement of each). "
             "Filter by problem or state; `limit` (default 20) caps the list, `total` and `counts` cover all of them."))
-        self.add_tool(self.tool_forecast_check, name="forecast_check", title="Forecasts against measurements", description=(
+        self.add_tool(self.tool_forecast_check, name="forecast_check", annotations=reads, title="Forecasts against measurements", description=(
             "How well this run's forecasts matched what was measured after them: the search's forecasts and this server's "
             "predict calls (scored once the file is measured). Brier score of P(faster), share of directions right, ranked "
             "probability score over the speedup bins, rank correlation, 80 % interval coverage, reliability table. Only "
             "measured candidates can be scored. Costs no measurement."))
-        self.add_tool(self.tool_best_candidate, name="best_candidate", title="Best verified candidate", description=(
+        self.add_tool(self.tool_best_candidate, name="best_candidate", annotations=reads, title="Best verified candidate", description=(
             "The fastest candidate measured correct with valid timing (search candidates marked suspect are excluded). "
             "Pass problem when the run directory holds measurements of several problems."))
 
