@@ -196,7 +196,7 @@ def _drive(worker: WorkerProcess, problem: SourceFile, candidate: SourceFile, co
         m.checks = checks
         return _finish(worker, m)
     checks += ["plain-tensor outputs", "no output aliases an input", "TF32 pinned off on both sides", "NaN/Inf rejected"]
-    interpreted = _interpreted(reply.get("triton_launches") or {}, config)
+    interpreted = _interpreted(reply.get("triton_launches") or {})
     if interpreted:
         m = Measurement(status=MeasureStatus.ok, correct=True, timing_valid=False, timing_invalid_reason=interpreted,
                         message="correct; " + interpreted, checks=checks)
@@ -210,11 +210,9 @@ def _drive(worker: WorkerProcess, problem: SourceFile, candidate: SourceFile, co
     return _finish(worker, m)
 
 
-def _interpreted(launches: dict, config: HarnessConfig) -> Optional[str]:
-    """Why the timing would be meaningless: Triton kernels that ran under the CPU interpreter on either
-    side, as the worker counted them: importing Triton is not running it."""
-    if not config.device.startswith("cpu"):
-        return None
+def _interpreted(launches: dict) -> Optional[str]:
+    """Why the timing would be meaningless: Triton kernels that ran under the interpreter on either side,
+    as the worker counted them (it counts only where TRITON_INTERPRET=1): importing Triton is not running it."""
     if launches.get("ref"):
         return triton_interpreter.REFERENCE_REASON
     if launches.get("cand"):

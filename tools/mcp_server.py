@@ -173,8 +173,9 @@ class KernelScoutMCP(MCPServer):
     def _register_tools(self) -> None:
         # hints a client may use to approve calls: only measure spends budget, only predict may call out (an LLM)
         reads = ToolAnnotations(read_only_hint=True, open_world_hint=False)
-        self.add_tool(self.tool_measure, name="measure", annotations=ToolAnnotations(
-            read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False), title="Measure a candidate kernel", description=(
+        spends = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False)
+        calls_out = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=True)
+        self.add_tool(self.tool_measure, name="measure", annotations=spends, title="Measure a candidate kernel", description=(
             "Check a candidate (class ModelNew) against its problem's reference (class Model) and time both in one sandboxed, "
             "interleaved session. Spends one measurement of the run's hard budget if the candidate ran; a file already measured "
             "here returns its recorded result for free unless again=true. A candidate that fails (incorrect, crashed, timeout, "
@@ -188,7 +189,7 @@ class KernelScoutMCP(MCPServer):
         self.add_tool(self.tool_sol_bounds, name="sol_bounds", annotations=reads, title="Speed of light", description=(
             "The least time any kernel could take for a problem on a device: max(FLOPs / peak FLOP/s, minimum bytes / peak "
             "bandwidth). Costs no measurement (FLOPs are counted in a child process, usually on the meta device)."))
-        self.add_tool(self.tool_predict, name="predict", annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=True), title="Forecast a candidate", description=(
+        self.add_tool(self.tool_predict, name="predict", annotations=calls_out, title="Forecast a candidate", description=(
             "Forecast a candidate's speedup over its parent (another candidate file measured in this run, or by default the "
             "problem's reference) before spending a measurement: probabilities over speedup bins, P(faster), P(beats the best "
             "so far), expected speedup, confidence. Needs an LLM provider (KSCOUT_PROVIDER); without one the forecast is "
