@@ -101,6 +101,26 @@ def flatten_outputs(out: Any, who: str) -> Outputs:
     return flat
 
 
+def portable(outputs: Outputs) -> dict:
+    """Flat outputs as plain data on the CPU, for another process to judge (`from_portable`): each tensor
+    compacted into a storage of its own, so a view does not carry the rest of its storage along."""
+    return {"structure": outputs.structure, "paths": list(outputs.paths),
+            "tensors": [t.detach().to("cpu", copy=True).contiguous() for t in outputs]}
+
+
+def from_portable(data: Any, who: str = "candidate") -> Outputs:
+    """The inverse of `portable`, for data another process wrote: anything but that shape is refused."""
+    if not isinstance(data, dict) or not isinstance(data.get("tensors"), list):
+        raise CheckFailed(f"the {who}'s outputs were not written as outputs")
+    flat = Outputs(data["tensors"])
+    if any(type(t) is not torch.Tensor for t in flat):
+        raise CheckFailed(f"the {who}'s outputs were not written as plain tensors")
+    flat.structure = data.get("structure") if isinstance(data.get("structure"), tuple) else ()
+    paths = data.get("paths")
+    flat.paths = [tuple(p) for p in paths] if isinstance(paths, list) and len(paths) == len(flat) else []
+    return flat
+
+
 def _sequence(item: Any) -> bool:
     """A tuple or list by its real type (named tuples and torch.return_types included); `isinstance`
     would believe an object that fakes `__class__`."""

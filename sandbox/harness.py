@@ -17,7 +17,7 @@ from typing import Optional
 from pydantic import BaseModel, Field
 
 from kernelscout.sandbox.pool import WorkerDied, WorkerOutOfMemory, WorkerPool, WorkerProcess, WorkerTimedOut
-from kernelscout.sandbox import triton_interpreter
+from kernelscout.sandbox import referee, triton_interpreter
 from kernelscout.sandbox.problem import SourceFile
 from kernelscout.sandbox.stats import (after_the_other_ratio, busy_machine, crowded, disturbed_reference, heap_handed_back,
                                       slowed_after_the_other, summarise, wall_clock_disagreement)
@@ -94,6 +94,7 @@ def run_measurement(
     stands, with the first one named in the message.
     """
     t_start = time.monotonic()
+    pool.prepare_referee(config.device)
     result, phase, worker = _measure_once(pool, problem, candidate, config)
     if result.status == MeasureStatus.crashed and phase.name in ("start", "problem"):
         first = result.message.splitlines()[0] if result.message else "it died"
@@ -120,7 +121,7 @@ def _measure_once(pool: WorkerPool, problem: SourceFile, candidate: SourceFile,
     result: Measurement
     try:
         worker = pool.acquire(config.device, START_TIMEOUT_S)
-        result, retire = _drive(worker, problem, candidate, config, phase)
+        result, retire = _drive(pool, worker, problem, candidate, config, phase)
         healthy = not retire and result.status not in (MeasureStatus.crashed, MeasureStatus.timeout)
         if config.device.startswith("cuda") and result.status == MeasureStatus.runtime_error:
             healthy = False  # a CUDA error can leave the context unusable
@@ -167,7 +168,8 @@ def _fail(reply: dict) -> Measurement:
     return Measurement(status=MeasureStatus(reply["status"]), message=reply.get("message", ""))
 
 
-def _drive(worker: WorkerProcess, problem: SourceFile, candidate: SourceFile, config: HarnessConfig, phase: _Phase) -> tuple[Measurement, bool]:
+def _drive(pool: WorkerPool, worker: WorkerProcess, problem: SourceFile, candidate: SourceFile, config: HarnessConfig,
+           phase: _Phase) -> tuple[Measurement, bool]:
     """Return the measurement and whether the worker must be retired."""
     phase.name = "problem"
     reply = worker.request("load_problem", config.compile_timeout_s, path=_stage(worker, problem, "problem", phase), sha=problem.sha, seeds=[_seed() for _ in range(3)])
@@ -178,8 +180,9 @@ def _drive(worker: WorkerProcess, problem: SourceFile, candidate: SourceFile, co
     worker.ran_candidate = True
     # modules it imports that are files beside it: the worker sees only its copy, so it cannot look
     siblings = sorted(f"{name}.py" for name in candidate.imports if (candidate.path.parent / f"{name}.py").is_file())
+    init_seed = _seed()
     reply = worker.request("load_candidate", config.compile_timeout_s, path=_stage(worker, candidate, "candidate", phase),
-                           sha=candidate.sha, init_seed=_seed(), siblings=siblings)
+                           sha=candidate.sha, init_seed=init_seed, siblings=siblings)
     if reply["status"] != "ok":
         worker.request("unload", 60.0)
         return _fail(reply), False
@@ -197,16 +200,24 @@ def _drive(worker: WorkerProcess, problem: SourceFile, candidate: SourceFile, co
         return _finish(worker, m)
     checks += ["plain-tensor outputs", "no output aliases an input", "TF32 pinned off on both sides", "NaN/Inf rejected"]
     interpreted = _interpreted(reply.get("triton_launches") or {})
+    beside: list[float] = []
     if interpreted:
         m = Measurement(status=MeasureStatus.ok, correct=True, timing_valid=False, timing_invalid_reason=interpreted,
                         message="correct; " + interpreted, checks=checks)
-        return _finish(worker, m)
-    phase.name = "time"
-    m = _time(worker, config, deadline, faults_at_load)
-    m.checks = checks + m.checks
-    if reset:
-        m.warnings.append("the candidate changed how many cores both sides compute on while it was imported or built ("
-                          + ", ".join(reset) + "); put back, so the reference ran as the problem set it up")
+    else:
+        phase.name = "time"
+        pool.wait_for_referee(config.device)
+        m, beside = _time(worker, config, deadline, faults_at_load)
+        m.checks = checks + m.checks
+        if reset:
+            m.warnings.append("the candidate changed how many cores both sides compute on while it was imported or built ("
+                              + ", ".join(reset) + "); put back, so the reference ran as the problem set it up")
+    if m.status == MeasureStatus.ok and m.correct:
+        m = referee.second_opinion(
+            pool, worker, m, device=config.device, stage=lambda other: _stage(other, problem, "problem", phase),
+            problem_sha=problem.sha, init_seed=init_seed, beside_ms=beside,
+            rounds=(config.warmup_rounds, config.min_rounds, config.timing_budget_s), deadline=deadline,
+            start_timeout=START_TIMEOUT_S)
     return _finish(worker, m)
 
 
@@ -267,7 +278,10 @@ def _recheck(measured: int, config: HarnessConfig, rng: random.Random) -> bool:
     return rng.random() < min(config.recheck_fraction, config.recheck_target / (measured + 1))
 
 
-def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float, faults_at_load: Optional[int] = None) -> Measurement:
+def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float,
+          faults_at_load: Optional[int] = None) -> tuple[Measurement, list[float]]:
+    """The interleaved rounds; also the reference's times in the rounds where it came first (the referee's
+    own timing of it alone is compared with those)."""
     ref_t, cand_t, ref_w, cand_w = [], [], [], []
     ref_faults: list[int] = []  # pages the reference faulted in per kept call
     follows: dict[str, list[bool]] = {"ref": [], "cand": []}  # per timed call: did it come right after the other side's?
@@ -309,7 +323,7 @@ def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float, faults_
                 leaks.append(f"the candidate had {len(strays)} process(es) running when timing began ({', '.join(sorted(set(strays)))})")
         reply = worker.request("prep", _left(deadline), seed=_seed(), baseline_threads=(rounds == config.warmup_rounds))
         if reply["status"] != "ok":
-            return _fail(reply)
+            return _fail(reply), []
         order = ("ref", "cand") if rounds % 2 == 0 else ("cand", "ref")
         got: dict[str, tuple[float, float, bool]] = {}  # side -> (timer ms, wall ms, came right after the other's call)
         queued_ms, faults = 0.0, 0
@@ -318,7 +332,7 @@ def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float, faults_
             reply = worker.request("call", _left(deadline), side=side)
             wall_ms = (time.perf_counter() - w0) * 1e3
             if reply["status"] != "ok":
-                return _fail(reply)
+                return _fail(reply), []
             if warm:
                 continue
             got[side] = (reply["timer_ms"], wall_ms, position == 1)
@@ -348,7 +362,7 @@ def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float, faults_
             deep = rechecked == 0 or rng.random() < 1 / 3
             reply = worker.request("verify", _left(deadline), deep=deep)
             if reply["status"] != "ok":
-                return _fail(reply)
+                return _fail(reply), []
             rechecked += 1
         rounds += 1
     busy = busy_machine(len(left_out), len(ref_t))
@@ -400,4 +414,4 @@ def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float, faults_
     )
     if not m.timing_valid:
         m.message += f"; timing not valid: {reason}"
-    return m
+    return m, [t for t, after in zip(ref_t, follows["ref"]) if not after]

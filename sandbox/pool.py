@@ -15,6 +15,7 @@ kills that whole tree. SIGTERM and SIGHUP to the supervisor kill its workers bef
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import re
@@ -24,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -324,27 +325,20 @@ def _still(known: dict[int, int], table: dict[int, _Proc]) -> list[int]:
     return [pid for pid, start in known.items() if pid in table and table[pid].start == start]
 
 
-def kill_tree(root: Optional[int], known: Optional[dict[int, int]] = None) -> None:
-    """SIGKILL `root`, everything descended from it or in its process group, and the `known` processes.
+def freeze_tree(root: Optional[int], known: Optional[dict[int, int]] = None) -> list[int]:
+    """SIGSTOP `root`, everything descended from it or in its process group, and the `known` processes;
+    return the pids stopped, parents before children.
 
     A process group misses anything a candidate moves to a new session (setsid,
-    start_new_session=True), so the tree is walked instead. It is frozen first with SIGSTOP,
-    parents before children, and walked again until no new process appears (a stopped process
-    cannot fork), then killed. Processes orphaned earlier were re-parented to the worker, a child
-    subreaper, so they are in the tree too; `known` (pid -> start time) adds processes seen under
-    the worker earlier that may have left the tree since. `root` must be a pid that cannot have been
-    reused (a worker not yet reaped). Never raises.
+    start_new_session=True), so the tree is walked instead, parents before children, and walked again
+    until no new process appears (a stopped process cannot fork). Processes orphaned earlier were
+    re-parented to the worker, a child subreaper, so they are in the tree too; `known` (pid -> start
+    time) adds processes seen under the worker earlier that may have left the tree since. `root` must
+    be a pid that cannot have been reused (a worker not yet reaped). Never raises.
     """
     known = known or {}
-    if not _LINUX:
-        if root is not None:
-            try:
-                os.killpg(root, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        return
-    if root is None and not known:
-        return
+    if not _LINUX or (root is None and not known):
+        return []
     frozen: list[int] = []
     seen: set[int] = set()
     for _ in range(100):
@@ -360,7 +354,20 @@ def kill_tree(root: Optional[int], known: Optional[dict[int, int]] = None) -> No
                 frozen.append(pid)
             except (ProcessLookupError, PermissionError):
                 pass
-    for pid in frozen:
+    return frozen
+
+
+def kill_tree(root: Optional[int], known: Optional[dict[int, int]] = None) -> None:
+    """SIGKILL `root`, everything descended from it or in its process group, and the `known` processes:
+    frozen first (`freeze_tree`), so nothing forks away while they are killed. Never raises."""
+    if not _LINUX:
+        if root is not None:
+            try:
+                os.killpg(root, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        return
+    for pid in freeze_tree(root, known):
         try:
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -573,6 +580,24 @@ class WorkerProcess:
                 names.append(str(pid))
         return names
 
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """Stop the worker's whole process tree (SIGSTOP, which no process can catch) for the duration,
+        so nothing of a candidate's runs while another process is timed; then let it go on.
+
+        A candidate's work already queued on a GPU is not stopped: that is the device's, not a process's."""
+        stopped = freeze_tree(self.pid if self.proc.returncode is None else None, self._seen)
+        try:
+            if stopped:
+                _wait_stopped(stopped)
+            yield
+        finally:
+            for pid in stopped:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
     def kill(self, wait: bool = True) -> None:
         """Kill the worker's whole process tree: a hung candidate's children die too, even in new sessions."""
         # Until it is reaped, the worker's pid cannot be reused, so its tree is safe to walk.
@@ -593,6 +618,16 @@ class WorkerProcess:
             except OSError:
                 pass
         self._scratch.remove()
+
+
+def _wait_stopped(pids: list[int], timeout_s: float = 0.5) -> None:
+    """Until every one of `pids` shows as stopped (or gone): SIGSTOP is delivered asynchronously."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        table = _proc_table()
+        if all(pid not in table or table[pid].state in "TtZX" for pid in pids):
+            return
+        time.sleep(0.001)
 
 
 def _rss_bytes(pids: list[int]) -> int:
@@ -664,6 +699,8 @@ class WorkerPool:
         self.reuse = reuse
         self._idle: dict[str, list[WorkerProcess]] = {}
         self._starting: dict[str, _Spare] = {}
+        self._referees: dict[str, WorkerProcess] = {}
+        self._referee_starting: dict[str, _Spare] = {}
         protect_supervisor()  # again at the first spawn; this call is usually the one on the main thread
 
     def acquire(self, device: str, start_timeout: float = 120.0) -> WorkerProcess:
@@ -696,6 +733,52 @@ class WorkerPool:
             self._starting[worker.device] = spare
             spare.start()
 
+    def prepare_referee(self, device: str) -> None:
+        """Start the device's referee in the background unless it is running or starting: a measurement
+        calls this as it begins, so that the referee's start (an interpreter importing torch, where no
+        zygote serves) overlaps the candidate's worker's, not the candidate's timing."""
+        worker = self._referees.get(device)
+        if (worker is not None and worker.alive) or device in self._referee_starting:
+            return
+        spare = _Spare(device, self.threads, self.memory_bytes, self.fork, self.cpus)
+        self._referee_starting[device] = spare
+        spare.start()
+
+    def wait_for_referee(self, device: str) -> None:
+        """Before timing begins: a referee still starting would take CPU from the timed calls."""
+        spare = self._referee_starting.get(device)
+        if spare is not None:
+            spare.join()
+
+    def referee(self, device: str, start_timeout: float = 120.0) -> WorkerProcess:
+        """The device's referee: a worker that never loads candidate code, kept for the pool's life.
+
+        It judges what a candidate's own worker cannot be trusted to (sandbox/referee.py): that worker
+        runs the candidate in its own process, so whatever it reports, the candidate could have written."""
+        worker = self._referees.get(device)
+        if worker is not None and worker.alive and not worker.ran_candidate:
+            return worker
+        if worker is not None:
+            worker.close()
+        spare = self._referee_starting.pop(device, None)
+        if spare is not None and (worker := spare.take()) is not None:
+            self._referees[device] = worker
+            return worker
+        worker = WorkerProcess(device, self.threads, self.memory_bytes, self.fork, self.cpus)
+        try:
+            worker.start(start_timeout)
+        except Exception:
+            worker.close()
+            raise
+        self._referees[device] = worker
+        return worker
+
+    def retire_referee(self, device: str) -> None:
+        """Close the device's referee (it failed or timed out); the next call to `referee` starts another."""
+        worker = self._referees.pop(device, None)
+        if worker is not None:
+            worker.close()
+
     def prewarm(self, device: str) -> None:
         self.release(self.acquire(device), healthy=True)
 
@@ -709,6 +792,14 @@ class WorkerPool:
             for worker in workers:
                 worker.close()
         self._idle.clear()
+        for spare in self._referee_starting.values():
+            worker = spare.take()
+            if worker is not None:
+                worker.close()
+        self._referee_starting.clear()
+        for worker in self._referees.values():
+            worker.close()
+        self._referees.clear()
 
     def __enter__(self) -> "WorkerPool":
         return self

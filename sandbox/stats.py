@@ -190,3 +190,26 @@ def heap_handed_back(faults: Sequence[int], at_load: Optional[int]) -> Optional[
     return (f"the reference faulted in {typical:.0f} pages ({typical * PAGE_BYTES / 2**20:.1f} MiB) of memory in a typical timed call, "
             f"against {at_load} in a call before the candidate loaded: memory it reuses when left alone was handed back to the "
             "OS between its calls (malloc_trim or madvise from the candidate's code), so every call paid to fault it in again")
+
+
+ALONE_LIMIT = 1.3  # how much slower the reference may run beside the candidate than alone
+
+
+def slowed_beside_the_candidate(beside: Sequence[float], alone: Sequence[float]) -> Optional[str]:
+    """Whether the reference ran slower in the candidate's worker than in a worker that never loaded it.
+
+    The checks inside the candidate's worker look for what it knows how to look for (settings, hooks,
+    threads), and the candidate could have silenced them all by answering for its worker. Whatever it
+    did to the reference, a slower reference is what it comes to; the referee's clean process is the
+    measure. Medians of rounds where the reference came first in its round (as it always does alone),
+    and the middle halves must not overlap, so that a machine that was busier in one phase than in
+    the other is not read as a cheat.
+    """
+    if len(beside) < 3 or len(alone) < 3:
+        return None
+    b, a = statistics.median(beside), statistics.median(alone)
+    if b <= ALONE_LIMIT * a + 0.01 or quantile(beside, 0.25) <= quantile(alone, 0.75):
+        return None
+    return (f"the reference took {b:.4g} ms a call beside the candidate and {a:.4g} ms alone in a worker that never "
+            f"loaded it ({b / a:.2f}x): something the candidate did slowed the reference (a setting made at import counts "
+            "too: torch.set_default_device, say, puts a Python call in front of every torch call)")

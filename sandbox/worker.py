@@ -237,6 +237,7 @@ class Worker:
         self.problem = None
         self.problem_path: Optional[str] = None
         self.problem_sha: Optional[str] = None
+        self.output_specs: list = []  # [shape, dtype, bytes] of each of the reference's outputs
         self.reference = None
         self.candidate = None
         self.candidate_path: Optional[str] = None
@@ -265,7 +266,7 @@ class Worker:
     def load_problem(self, msg: dict) -> dict:
         path, sha = msg["path"], msg["sha"]
         if self.problem_sha == sha:
-            return {"status": "ok", "cached": True, "reference_faults": self.reference_faults}
+            return {"status": "ok", "cached": True, "reference_faults": self.reference_faults, "outputs": self.output_specs}
         integrity.restore_settings(self.own_settings)  # not what a candidate of another problem left
         try:
             module = _import_file(path, f"kscout_problem_{sha[:16]}")
@@ -311,9 +312,10 @@ class Worker:
         self.kernels = integrity.kernel_tables()
         self.reference_kernels = integrity.kernel_subset(recorder.ops, self.kernels) if recorder is not None else {}
         self.judge = self._make_judge(per_seed_outputs[0], tensors_in(inputs), self.kernels)
+        self.output_specs = [[list(o.shape), str(o.dtype), o.numel() * o.element_size()] for o in per_seed_outputs[0]]
         return {
             "status": "ok",
-            "outputs": [[list(o.shape), str(o.dtype)] for o in per_seed_outputs[0]],
+            "outputs": self.output_specs,
             "reference_faults": self.reference_faults,
         }
 
@@ -831,6 +833,49 @@ class Worker:
             raise Failure("incorrect", f"a timed call's output was wrong on re-check: {exc}")
         return {"status": "ok", "rechecked": True}
 
+    # -- the referee's side (sandbox/referee.py) ------------------------------------------------
+    def emit(self, msg: dict) -> dict:
+        """The candidate's output for the inputs of a seed the supervisor has just chosen, written to a
+        file in this worker's folder for the referee: a verdict reached in this process is only as
+        trustworthy as the candidate that shares it."""
+        inputs = self._make_inputs(self.problem, msg["seed"], self.problem_path)
+        with self._side("cand"):
+            outputs = self._run_candidate(inputs)
+            _sync(self.device)
+        torch.save(correctness.portable(outputs), msg["path"])
+        return {"status": "ok"}
+
+    def load_reference(self, msg: dict) -> dict:
+        """The reference alone, built from the same seed as in the candidate's worker, in a worker that
+        never holds a candidate: the referee's."""
+        if self.problem is None:
+            raise Failure("crashed", "load_problem must come first")
+        if self.candidate_module is not None or self.built is not None:
+            raise Failure("crashed", "a referee never holds a candidate")
+        integrity.restore_settings(self.initial_settings)
+        self.reference = self._build(self.problem.Model, self.init_inputs, msg["init_seed"], self.problem_path, "Model")
+        self.settings_at_load = None
+        self.round = {}
+        return {"status": "ok"}
+
+    def judge_emitted(self, msg: dict) -> dict:
+        """The referee compares the candidate's emitted output with its own reference's on the same seed."""
+        if self.reference is None:
+            raise Failure("crashed", "load_reference must come first")
+        inputs = self._make_inputs(self.problem, msg["seed"], self.problem_path)
+        ref = self._run_reference(inputs)
+        _sync(self.device)
+        ref_cpu = correctness.from_portable(correctness.portable(ref), "reference")
+        try:
+            try:
+                saved = torch.load(msg["path"], map_location="cpu", weights_only=True)
+            except Exception as exc:
+                raise CheckFailed(f"the candidate's outputs could not be read back ({_short_error(exc)})")
+            cmp = correctness.compare(correctness.from_portable(saved), ref_cpu)
+        except CheckFailed as exc:
+            raise Failure("incorrect", f"judged by a second worker that never loaded the candidate: {exc}")
+        return {"status": "ok", "max_abs_diff": cmp.max_abs_diff, "max_rel_diff": cmp.max_rel_diff}
+
     def unload(self, msg: dict) -> dict:
         tampered = (integrity.changed_since(self.snapshot) if self.snapshot else []) + (
             self._reference_tampering() if self.built else [])
@@ -882,6 +927,9 @@ def main() -> None:
         "prep": worker.prep,
         "call": worker.call,
         "verify": worker.verify,
+        "emit": worker.emit,
+        "load_reference": worker.load_reference,
+        "judge": worker.judge_emitted,
         "unload": worker.unload,
     }
     while True:

@@ -467,9 +467,12 @@ def test_code_left_to_run_inside_the_references_calls_is_caught(measure_source, 
 
 
 def test_the_default_device_is_a_shared_setting_not_a_hook(measure_source):
-    # torch.set_default_device pushes a torch function mode of its own; chosen at import it is fair
+    # torch.set_default_device pushes a torch function mode of its own; chosen at import it is no hook and
+    # no tampering. It does put a Python call in front of every torch call of both sides (a tiny reference
+    # here ran at 1.8x its time alone), so the referee, which times the reference without it, may void the timing.
     m = measure_source(_model(_HONEST, f"torch.set_default_device({TEST_DEVICE!r})"))
-    assert m.status == MeasureStatus.ok and m.timing_valid, m.message
+    assert m.status == MeasureStatus.ok and m.correct, m.message
+    assert m.timing_valid or "alone in a worker that never loaded it" in m.timing_invalid_reason, m.message
 
 
 def test_a_hook_the_problem_file_installs_is_not_blamed_on_the_candidate(measure_source):

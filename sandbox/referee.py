@@ -1,0 +1,166 @@
+"""A second opinion on a measurement, from a worker that never loads candidate code.
+
+The candidate runs inside its own worker's process, so anything that worker reports (its verdict, the
+reference's time beside the candidate) the candidate could have written: a review took the command
+channel over from inside `forward` and answered every check itself (docs/harness_hardening.md). The
+referee is a worker of the same pool that only ever loads the problem. Once the candidate's worker has
+reached its verdict, the referee
+
+- judges one output of the candidate's, for inputs of a seed chosen only now, against its own
+  reference (the candidate's worker writes the output to a file; the supervisor copies it across), and
+- when the candidate came out faster, times the reference alone while the candidate's worker is
+  stopped, and compares that with the reference's time beside the candidate.
+
+What it does not close: a candidate that answers for its worker can still compute the right output for
+the referee's seed and report timings of its own making; the supervisor's wall clock around every call
+bounds those (`stats.wall_clock_disagreement`), and the reference's time now has a clean bound too.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+from kernelscout.sandbox.pool import WorkerDied, WorkerOutOfMemory, WorkerPool, WorkerProcess, WorkerTimedOut
+from kernelscout.sandbox.stats import crowded, quantile, slowed_beside_the_candidate
+from kernelscout.tools.schema import Measurement, MeasureStatus
+
+SLACK_BYTES = 1 << 20  # what the file format adds to the outputs' own bytes, and more
+
+
+class _RefereeFailed(Exception):
+    """The referee itself failed: its checks are skipped and named, the candidate is not blamed."""
+
+
+def second_opinion(
+    pool: WorkerPool,
+    worker: WorkerProcess,
+    m: Measurement,
+    *,
+    device: str,
+    stage: Callable[[WorkerProcess], str],
+    problem_sha: str,
+    init_seed: int,
+    beside_ms: list[float],
+    rounds: tuple[int, int, float],
+    deadline: float,
+    start_timeout: float,
+) -> Measurement:
+    """Return `m` as the referee leaves it: incorrect if the candidate's output is wrong on its seed,
+    timing not valid if the reference ran slower beside the candidate than alone; unchanged otherwise.
+
+    `stage` copies the problem into a worker's folder; `rounds` is (warm-up rounds, least timed rounds,
+    seconds to aim for) of the reference alone."""
+    seed = secrets.randbits(31)
+    name = f"referee-{secrets.token_hex(6)}.pt"
+    reply = worker.request("emit", _left(deadline), seed=seed, path=name)
+    if reply["status"] != "ok":  # the candidate failed on fresh inputs: that is its own verdict
+        failed = Measurement(status=MeasureStatus(reply["status"]), message=reply.get("message", ""))
+        failed.message = f"on the second worker's inputs (seed {seed}): {failed.message}"
+        return failed
+    try:
+        referee = pool.referee(device, start_timeout)
+        reply = referee.request("load_problem", _left(deadline), path=stage(referee), sha=problem_sha, seeds=[seed])
+        if reply["status"] != "ok":
+            raise _RefereeFailed(reply.get("message", reply["status"]))
+        limit = sum(spec[2] for spec in reply.get("outputs") or []) * 2 + SLACK_BYTES
+        wrong = _hand_over(worker.workdir / name, referee.workdir / name, limit)
+        if wrong:
+            return _incorrect(m, wrong)
+        with worker.frozen():
+            reply = referee.request("load_reference", _left(deadline), init_seed=init_seed)
+            if reply["status"] != "ok":
+                raise _RefereeFailed(reply.get("message", reply["status"]))
+            try:
+                reply = referee.request("judge", _left(deadline), seed=seed, path=name)
+            except WorkerDied:
+                return _incorrect(m, "the candidate's output crashed the second worker that judged it")
+            if reply["status"] == "incorrect":
+                return _incorrect(m, reply["message"])
+            if reply["status"] != "ok":
+                raise _RefereeFailed(reply.get("message", reply["status"]))
+            m.checks.append(f"one output on fresh inputs judged by a second worker that never loaded the candidate (seed {seed})")
+            if m.timing_valid and m.speedup is not None and m.speedup > 1.0:
+                alone = _time_alone(referee, rounds, len(beside_ms), deadline)
+                _compare_reference(m, beside_ms, alone)
+    except (_RefereeFailed, WorkerDied, WorkerTimedOut, WorkerOutOfMemory) as exc:
+        pool.retire_referee(device)
+        what = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        m.warnings.append(f"the second worker that judges the candidate's worker failed ({what}); its checks were not made")
+    finally:
+        (worker.workdir / name).unlink(missing_ok=True)
+    return m
+
+
+def _left(deadline: float) -> float:
+    return max(0.01, deadline - time.monotonic())
+
+
+def _hand_over(source: Path, target: Path, limit: int) -> Optional[str]:
+    """Copy the candidate's output file into the referee's folder; what is wrong with it, if anything.
+
+    The file is the candidate's to make: it could be a link to a file of the user's, a FIFO that never
+    ends or far larger than any output, so it is opened without following links and must be a regular file
+    of sensible size."""
+    try:
+        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        return f"the candidate's worker did not write its output as a plain file ({exc.strerror})"
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return "the candidate's worker did not write its output as a plain file"
+        if info.st_size > limit:
+            return f"the candidate's output file is {info.st_size} bytes, more than twice the reference's outputs"
+        with os.fdopen(fd, "rb", closefd=False) as src, open(target, "wb") as dst:
+            while chunk := src.read(min(1 << 24, limit + 1)):
+                dst.write(chunk)
+                limit -= len(chunk)
+                if limit < 0:
+                    return "the candidate's output file grew while it was copied"
+    finally:
+        os.close(fd)
+    return None
+
+
+def _incorrect(m: Measurement, why: str) -> Measurement:
+    return Measurement(status=MeasureStatus.incorrect, message=why, checks=m.checks, warnings=m.warnings)
+
+
+def _time_alone(referee: WorkerProcess, rounds: tuple[int, int, float], wanted: int, deadline: float) -> list[float]:
+    """The reference's per-call times in the referee, as the candidate's worker times it (fresh inputs each
+    round, the same timer), for at least the least number of rounds and half the timing budget."""
+    warmup, least, budget_s = rounds
+    times: list[float] = []
+    kept_s, made = 0.0, 0
+    while made < warmup + max(least, wanted) * 3:
+        reply = referee.request("prep", _left(deadline), seed=secrets.randbits(31))
+        if reply["status"] == "ok":
+            reply = referee.request("call", _left(deadline), side="ref")
+        if reply["status"] != "ok":
+            raise _RefereeFailed(reply.get("message", reply["status"]))
+        made += 1
+        if made <= warmup or crowded(reply.get("queued_ms", 0.0), reply["timer_ms"]):
+            continue
+        times.append(reply["timer_ms"])
+        kept_s += reply["timer_ms"] / 1e3
+        if len(times) >= max(least, min(wanted, 3 * least)) or (len(times) >= least and kept_s >= budget_s / 2):
+            break
+    return times
+
+
+def _compare_reference(m: Measurement, beside: list[float], alone: list[float]) -> None:
+    if len(alone) < 3 or len(beside) < 3:
+        m.warnings.append("the reference could not be timed alone often enough to compare it with its time beside the candidate")
+        return
+    m.checks.append(f"the reference alone in the second worker: {quantile(alone, 0.5):.4g} ms a call, beside the candidate "
+                    f"{quantile(beside, 0.5):.4g} ms (rounds where it came first)")
+    slowed = slowed_beside_the_candidate(beside, alone)
+    if slowed:
+        m.timing_valid = False
+        m.timing_invalid_reason = slowed
+        m.message += f"; timing not valid: {slowed}"

@@ -1,0 +1,176 @@
+"""The referee: a second worker, which never loads candidate code, judges what the candidate's own worker reports.
+
+A candidate shares its worker's process, so it can take the worker's command channel over and answer
+the supervisor itself (docs/harness_hardening.md). These candidates do exactly that, and the referee
+still finds them out.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kernelscout.sandbox import referee
+from kernelscout.sandbox.pool import WorkerPool, WorkerProcess
+from kernelscout.sandbox.stats import slowed_beside_the_candidate
+from kernelscout.tools.measure import MeasureRequest, measure
+from kernelscout.tools.schema import MeasureStatus
+from conftest import QUICK, SMALL_PROBLEM
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses Linux's /proc")
+
+
+def hijacker(forward: str, slow_reference_ms: float = 0.0) -> str:
+    """A candidate that, at its first call, finds the worker's command loop up its stack and answers the
+    supervisor from then on: every check inside its worker passes; other commands go to the real
+    handlers, with the reference's calls made `slow_reference_ms` slower (and reported as such)."""
+    return f'''
+import sys, time
+import torch
+import torch.nn as nn
+from kernelscout.sandbox import protocol
+
+_taken = []
+
+def _serve():
+    if _taken:
+        return
+    _taken.append(True)
+    frame = sys._getframe()
+    while frame and not {{"handlers", "cmd_fd", "res_fd", "msg"}} <= set(frame.f_locals):
+        frame = frame.f_back
+    if frame is None:
+        return
+    loop = frame.f_locals
+    msg = loop["msg"]
+    reply = {{"status": "ok", "trials": len(msg.get("seeds", [])), "max_abs_diff": 0.0, "max_rel_diff": 0.0}}
+    while True:
+        reply["nonce"] = msg.get("nonce")
+        protocol.send(loop["res_fd"], reply)
+        msg = protocol.recv(loop["cmd_fd"])
+        if msg["cmd"] == "check":
+            reply = {{"status": "ok", "trials": len(msg["seeds"]), "max_abs_diff": 0.0, "max_rel_diff": 0.0}}
+        elif msg["cmd"] == "verify":
+            reply = {{"status": "ok", "rechecked": True}}
+        else:
+            slow = msg["cmd"] == "call" and msg.get("side") == "ref"
+            if slow:
+                time.sleep({slow_reference_ms / 1e3})
+            try:
+                reply = loop["handlers"][msg["cmd"]](msg)
+            except Exception as exc:
+                reply = {{"status": getattr(exc, "status", "crashed"), "message": str(exc)}}
+            if slow and "timer_ms" in reply:
+                reply["timer_ms"] += {slow_reference_ms}
+                reply["host_ms"] += {slow_reference_ms}
+            for key in ("unfair", "thread_leak", "disturbed", "queued_ms"):
+                reply.pop(key, None)
+
+class ModelNew(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+    def forward(self, x, y):
+        _serve()
+        return {forward}
+'''
+
+
+def measured(tmp_path: Path, source: str, pool: WorkerPool):
+    (tmp_path / "problem.py").write_text(SMALL_PROBLEM)
+    (tmp_path / "candidate.py").write_text(source)
+    return measure(MeasureRequest(problem=str(tmp_path / "problem.py"), candidate=str(tmp_path / "candidate.py"), device="cpu",
+                                  run_dir=str(tmp_path / "run"), harness=QUICK), pool=pool)
+
+
+@linux_only
+def test_a_candidate_that_answers_for_its_worker_is_still_found_wrong(tmp_path):
+    with WorkerPool() as own:
+        m = measured(tmp_path, hijacker("torch.zeros_like(x)"), own)
+    assert m.status == MeasureStatus.incorrect, m.message
+    assert "second worker that never loaded the candidate" in m.message
+
+
+@linux_only
+def test_a_reference_slowed_by_a_candidate_that_answers_for_its_worker_voids_the_timing(tmp_path):
+    honest = "torch.relu(x * self.scale + y) + 0.5 * x"
+    with WorkerPool() as own:
+        m = measured(tmp_path, hijacker(honest, slow_reference_ms=30.0), own)
+    assert m.status == MeasureStatus.ok and m.correct, m.message
+    assert m.speedup and m.speedup > 5  # what the candidate's worker reported
+    assert m.timing_valid is False
+    assert "alone in a worker that never loaded it" in m.timing_invalid_reason
+
+
+def test_an_honest_candidate_gets_the_referees_checks_and_keeps_its_timing(measure_source):
+    m = measure_source('''
+import torch
+import torch.nn as nn
+
+class ModelNew(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+    def forward(self, x, y):
+        return torch.relu(x * self.scale + y) + 0.5 * x
+''')
+    assert m.status == MeasureStatus.ok and m.correct, m.message
+    assert any("judged by a second worker" in c for c in m.checks), m.checks
+    assert not any("second worker" in w for w in m.warnings), m.warnings
+
+
+def test_the_reference_is_slowed_only_when_its_times_beside_and_alone_are_apart():
+    alone = [1.0, 1.02, 0.98, 1.01, 0.99, 1.03]
+    assert slowed_beside_the_candidate([1.05, 1.1, 1.0, 1.08, 1.02], alone) is None  # machine noise
+    assert slowed_beside_the_candidate([1.5, 1.6, 1.55, 1.45, 1.52], alone)  # 1.5x, apart
+    # a wide spread beside it: the middle halves overlap, so a busier phase is not read as a cheat
+    assert slowed_beside_the_candidate([0.9, 1.0, 1.5, 2.0, 2.1, 1.9, 1.0], alone) is None
+    assert slowed_beside_the_candidate([1.5, 1.6], alone) is None  # too few to tell
+    # tiny kernels: 10 microseconds of difference are the pipes, not a cheat
+    assert slowed_beside_the_candidate([0.014, 0.015, 0.014], [0.005, 0.005, 0.006]) is None
+
+
+@linux_only
+@pytest.mark.parametrize("make, why", [
+    (lambda p: p.symlink_to("/etc/hostname"), "as a plain file"),
+    (lambda p: os.mkfifo(p), "as a plain file"),
+    (lambda p: p.write_bytes(b"x" * 5000), "more than twice"),
+])
+def test_the_candidates_output_file_must_be_a_plain_file_of_sensible_size(tmp_path, make, why):
+    source, target = tmp_path / "out.pt", tmp_path / "copy.pt"
+    make(source)
+    assert why in referee._hand_over(source, target, limit=4096)
+
+
+def test_a_plain_output_file_is_handed_over_whole(tmp_path):
+    (tmp_path / "out.pt").write_bytes(b"outputs" * 100)
+    assert referee._hand_over(tmp_path / "out.pt", tmp_path / "copy.pt", limit=4096) is None
+    assert (tmp_path / "copy.pt").read_bytes() == b"outputs" * 100
+
+
+@linux_only
+def test_a_frozen_worker_and_what_it_started_make_no_progress(tmp_path):
+    # while the referee times the reference, nothing of the candidate's may run beside it
+    worker = WorkerProcess("cpu", fork=False)
+    try:
+        worker.start()
+        child = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.001)"])
+        worker._seen[child.pid] = int(Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        state = lambda pid: Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]  # noqa: E731
+        with worker.frozen():
+            assert state(worker.pid) == "T" and state(child.pid) == "T"
+            ticks = Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[11]
+            time.sleep(0.2)
+            assert Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[11] == ticks
+        time.sleep(0.05)
+        assert state(child.pid) != "T" and worker.request("hello", 30)["status"] == "ok"
+    finally:
+        child.kill()
+        child.wait()
+        worker.close()
