@@ -740,7 +740,9 @@ class WorkerPool:
         worker = self._referees.get(device)
         if (worker is not None and worker.alive) or device in self._referee_starting:
             return
-        spare = _Spare(device, self.threads, self.memory_bytes, self.fork, self.cpus)
+        # launched, never forked: the zygote warms Inductor for its later forks only once none of them is alive,
+        # and a referee lives as long as the pool (compiled candidates took 4 s longer each with a forked one)
+        spare = _Spare(device, self.threads, self.memory_bytes, fork=False, cpus=self.cpus)
         self._referee_starting[device] = spare
         spare.start()
 
@@ -764,7 +766,7 @@ class WorkerPool:
         if spare is not None and (worker := spare.take()) is not None:
             self._referees[device] = worker
             return worker
-        worker = WorkerProcess(device, self.threads, self.memory_bytes, self.fork, self.cpus)
+        worker = WorkerProcess(device, self.threads, self.memory_bytes, fork=False, cpus=self.cpus)
         try:
             worker.start(start_timeout)
         except Exception:

@@ -133,7 +133,7 @@ def _incorrect(m: Measurement, why: str) -> Measurement:
 
 def _time_alone(referee: WorkerProcess, rounds: tuple[int, int, float], wanted: int, deadline: float) -> list[float]:
     """The reference's per-call times in the referee, as the candidate's worker times it (fresh inputs each
-    round, the same timer), for at least the least number of rounds and half the timing budget."""
+    round, the same timer), for at least the least number of rounds and a quarter of the timing budget."""
     warmup, least, budget_s = rounds
     times: list[float] = []
     kept_s, made = 0.0, 0
@@ -148,7 +148,8 @@ def _time_alone(referee: WorkerProcess, rounds: tuple[int, int, float], wanted: 
             continue
         times.append(reply["timer_ms"])
         kept_s += reply["timer_ms"] / 1e3
-        if len(times) >= max(least, min(wanted, 3 * least)) or (len(times) >= least and kept_s >= budget_s / 2):
+        # a quarter of the budget: about what the reference's rounds where it came first had beside the candidate
+        if len(times) >= max(least, min(wanted, 3 * least)) or (len(times) >= least and kept_s >= budget_s / 4):
             break
     return times
 
