@@ -115,10 +115,32 @@ def from_portable(data: Any, who: str = "candidate") -> Outputs:
     flat = Outputs(data["tensors"])
     if any(type(t) is not torch.Tensor for t in flat):
         raise CheckFailed(f"the {who}'s outputs were not written as plain tensors")
-    flat.structure = data.get("structure") if isinstance(data.get("structure"), tuple) else ()
-    paths = data.get("paths")
-    flat.paths = [tuple(p) for p in paths] if isinstance(paths, list) and len(paths) == len(flat) else []
+    # names for messages only, and the candidate's to write: anything odd about them is dropped, not trusted
+    structure, paths = data.get("structure"), data.get("paths")
+    flat.structure = structure if isinstance(structure, tuple) else ()
+    ok = isinstance(paths, list) and len(paths) == len(flat) and all(
+        isinstance(p, (tuple, list)) and all(type(i) is int for i in p) for p in paths)
+    flat.paths = [tuple(p) for p in paths] if ok else []
     return flat
+
+
+def fingerprint(values: list) -> list[list[float]]:
+    """Sums and sums of squares of each tensor, in float64: whether two processes made the same inputs."""
+    out = []
+    for t in values:
+        d = t.detach().to(torch.float64) if not t.is_complex() else torch.view_as_real(t.detach()).to(torch.float64)
+        out.append([float(d.sum()), float((d * d).sum())])
+    return out
+
+
+def same_fingerprint(a: Any, b: list[list[float]]) -> bool:
+    if not isinstance(a, list) or len(a) != len(b):
+        return False
+    try:
+        return all(math.isclose(float(x), y, rel_tol=1e-6, abs_tol=1e-9) or (math.isnan(y) and math.isnan(float(x)))
+                   for pa, pb in zip(a, b) for x, y in zip(pa, pb, strict=True))
+    except (TypeError, ValueError):
+        return False
 
 
 def _sequence(item: Any) -> bool:

@@ -11,6 +11,9 @@ reached its verdict, the referee
 - when the candidate came out faster, times the reference alone while the candidate's worker is
   stopped, and compares that with the reference's time beside the candidate.
 
+A referee that fails, or cannot judge, leaves the timing not valid: were it only a warning, a candidate
+that made it fail would pass unjudged (a red-team pass did, twice).
+
 What it does not close: a candidate that answers for its worker can still compute the right output for
 the referee's seed and report timings of its own making; the supervisor's wall clock around every call
 bounds those (`stats.wall_clock_disagreement`), and the reference's time now has a clean bound too.
@@ -33,7 +36,7 @@ SLACK_BYTES = 1 << 20  # what the file format adds to the outputs' own bytes, an
 
 
 class _RefereeFailed(Exception):
-    """The referee itself failed: its checks are skipped and named, the candidate is not blamed."""
+    """The referee itself failed: the candidate is not blamed, and nothing its worker said is confirmed."""
 
 
 def second_opinion(
@@ -48,6 +51,7 @@ def second_opinion(
     beside_ms: list[float],
     rounds: tuple[int, int, float],
     deadline: float,
+    allowance_s: float,
     start_timeout: float,
 ) -> Measurement:
     """Return `m` as the referee leaves it: incorrect if the candidate's output is wrong on its seed,
@@ -62,6 +66,10 @@ def second_opinion(
         failed = Measurement(status=MeasureStatus(reply["status"]), message=reply.get("message", ""))
         failed.message = f"on the second worker's inputs (seed {seed}): {failed.message}"
         return failed
+    made = reply.get("inputs")
+    # the referee's own allowance from here: a candidate that spent its own up to the last moment (a red-team
+    # pass did, in `emit`) would otherwise leave the referee none, and time it out
+    deadline = time.monotonic() + allowance_s
     try:
         referee = pool.referee(device, start_timeout)
         reply = referee.request("load_problem", _left(deadline), path=stage(referee), sha=problem_sha, seeds=[seed])
@@ -76,21 +84,24 @@ def second_opinion(
             if reply["status"] != "ok":
                 raise _RefereeFailed(reply.get("message", reply["status"]))
             try:
-                reply = referee.request("judge", _left(deadline), seed=seed, path=name)
+                reply = referee.request("judge", _left(deadline), seed=seed, path=name, inputs=made)
             except WorkerDied:
                 return _incorrect(m, "the candidate's output crashed the second worker that judged it")
             if reply["status"] == "incorrect":
                 return _incorrect(m, reply["message"])
+            if reply["status"] == "skipped":  # the referee is fine; it could not judge this output
+                return _unconfirmed(m, f"the second worker did not judge the candidate's output: {reply['message']}")
             if reply["status"] != "ok":
                 raise _RefereeFailed(reply.get("message", reply["status"]))
             m.checks.append(f"one output on fresh inputs judged by a second worker that never loaded the candidate (seed {seed})")
             if m.timing_valid and m.speedup is not None and m.speedup > 1.0:
-                alone = _time_alone(referee, rounds, len(beside_ms), deadline)
-                _compare_reference(m, beside_ms, alone)
+                _compare_reference(m, beside_ms, lambda: _time_alone(referee, rounds, len(beside_ms), deadline))
     except (_RefereeFailed, WorkerDied, WorkerTimedOut, WorkerOutOfMemory) as exc:
         pool.retire_referee(device)
         what = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        m.warnings.append(f"the second worker that judges the candidate's worker failed ({what}); its checks were not made")
+        # not the candidate's verdict, and not a pass either: whatever made it fail, the timing stands unconfirmed
+        return _unconfirmed(m, f"the second worker that checks the candidate's worker failed ({what}), so nothing it "
+                               "reported was confirmed; measure it again")
     finally:
         (worker.workdir / name).unlink(missing_ok=True)
     return m
@@ -127,6 +138,15 @@ def _hand_over(source: Path, target: Path, limit: int) -> Optional[str]:
     return None
 
 
+def _unconfirmed(m: Measurement, why: str) -> Measurement:
+    m.warnings.append(why)
+    if m.timing_valid:
+        m.timing_valid = False
+        m.timing_invalid_reason = why
+        m.message += f"; timing not valid: {why}"
+    return m
+
+
 def _incorrect(m: Measurement, why: str) -> Measurement:
     return Measurement(status=MeasureStatus.incorrect, message=why, checks=m.checks, warnings=m.warnings)
 
@@ -154,13 +174,22 @@ def _time_alone(referee: WorkerProcess, rounds: tuple[int, int, float], wanted: 
     return times
 
 
-def _compare_reference(m: Measurement, beside: list[float], alone: list[float]) -> None:
-    if len(alone) < 3 or len(beside) < 3:
-        m.warnings.append("the reference could not be timed alone often enough to compare it with its time beside the candidate")
+def _compare_reference(m: Measurement, beside: list[float], time_alone: Callable[[], list[float]]) -> None:
+    """Void the timing if the reference ran slower beside the candidate than alone, twice: a finding is
+    confirmed by a second timing alone, and the slower of the two stands (the machine may have been
+    quieter for the first than while the candidate's worker was timed)."""
+    alone = time_alone()
+    slowed = slowed_beside_the_candidate(beside, alone)
+    if slowed:
+        again = time_alone()
+        if len(again) >= 3 and quantile(again, 0.5) > quantile(alone, 0.5):
+            alone = again
+        slowed = slowed_beside_the_candidate(beside, alone)
+    if len(alone) < 3 or not beside:
+        _unconfirmed(m, "the reference could not be timed alone often enough to compare it with its time beside the candidate")
         return
     m.checks.append(f"the reference alone in the second worker: {quantile(alone, 0.5):.4g} ms a call, beside the candidate "
-                    f"{quantile(beside, 0.5):.4g} ms (rounds where it came first)")
-    slowed = slowed_beside_the_candidate(beside, alone)
+                    f"{quantile(beside, 0.5):.4g} ms")
     if slowed:
         m.timing_valid = False
         m.timing_invalid_reason = slowed

@@ -198,17 +198,18 @@ ALONE_LIMIT = 1.3  # how much slower the reference may run beside the candidate 
 def slowed_beside_the_candidate(beside: Sequence[float], alone: Sequence[float]) -> Optional[str]:
     """Whether the reference ran slower in the candidate's worker than in a worker that never loaded it.
 
-    The checks inside the candidate's worker look for what it knows how to look for (settings, hooks,
+    The checks inside the candidate's worker look for what they know how to look for (settings, hooks,
     threads), and the candidate could have silenced them all by answering for its worker. Whatever it
     did to the reference, a slower reference is what it comes to; the referee's clean process is the
-    measure. Medians of rounds where the reference came first in its round (as it always does alone),
-    and the middle halves must not overlap, so that a machine that was busier in one phase than in
-    the other is not read as a cheat.
+    measure. Medians only: a candidate that answers for its worker chooses the spread of the times
+    beside it as freely as their level (a red-team pass slowed 11 calls in 20 by 20 ms, so that the
+    middle halves overlapped and a test of their overlap let 5x through). The caller confirms a
+    finding with a second timing alone, so that a lucky quiet phase is not read as a cheat.
     """
-    if len(beside) < 3 or len(alone) < 3:
+    if not beside or len(alone) < 3:
         return None
     b, a = statistics.median(beside), statistics.median(alone)
-    if b <= ALONE_LIMIT * a + 0.01 or quantile(beside, 0.25) <= quantile(alone, 0.75):
+    if b <= ALONE_LIMIT * a + 0.01:
         return None
     return (f"the reference took {b:.4g} ms a call beside the candidate and {a:.4g} ms alone in a worker that never "
             f"loaded it ({b / a:.2f}x): something the candidate did slowed the reference (a setting made at import counts "

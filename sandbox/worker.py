@@ -839,11 +839,12 @@ class Worker:
         file in this worker's folder for the referee: a verdict reached in this process is only as
         trustworthy as the candidate that shares it."""
         inputs = self._make_inputs(self.problem, msg["seed"], self.problem_path)
+        made = correctness.fingerprint(tensors_in(inputs))  # before the candidate may write into them
         with self._side("cand"):
             outputs = self._run_candidate(inputs)
             _sync(self.device)
         torch.save(correctness.portable(outputs), msg["path"])
-        return {"status": "ok"}
+        return {"status": "ok", "inputs": made}
 
     def load_reference(self, msg: dict) -> dict:
         """The reference alone, built from the same seed as in the candidate's worker, in a worker that
@@ -863,17 +864,21 @@ class Worker:
         if self.reference is None:
             raise Failure("crashed", "load_reference must come first")
         inputs = self._make_inputs(self.problem, msg["seed"], self.problem_path)
+        if not correctness.same_fingerprint(msg.get("inputs"), correctness.fingerprint(tensors_in(inputs))):
+            # the same seed, other inputs (get_inputs() depends on the process), or the candidate's worker says so
+            return {"status": "skipped", "message": "the candidate's worker reports other inputs for the same seed than this "
+                    "worker makes, so it cannot judge the output (a get_inputs() that depends on the process does that)"}
         ref = self._run_reference(inputs)
         _sync(self.device)
         ref_cpu = correctness.from_portable(correctness.portable(ref), "reference")
-        try:
-            try:
-                saved = torch.load(msg["path"], map_location="cpu", weights_only=True)
-            except Exception as exc:
-                raise CheckFailed(f"the candidate's outputs could not be read back ({_short_error(exc)})")
+        try:  # from here on, anything that goes wrong comes from the candidate's file
+            saved = torch.load(msg["path"], map_location="cpu", weights_only=True)
             cmp = correctness.compare(correctness.from_portable(saved), ref_cpu)
         except CheckFailed as exc:
             raise Failure("incorrect", f"judged by a second worker that never loaded the candidate: {exc}")
+        except Exception as exc:
+            raise Failure("incorrect", "judged by a second worker that never loaded the candidate: its output file "
+                                       f"could not be read as outputs ({_short_error(exc)})")
         return {"status": "ok", "max_abs_diff": cmp.max_abs_diff, "max_rel_diff": cmp.max_rel_diff}
 
     def unload(self, msg: dict) -> dict:

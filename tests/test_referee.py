@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -26,10 +27,14 @@ from conftest import QUICK, SMALL_PROBLEM
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses Linux's /proc")
 
 
-def hijacker(forward: str, slow_reference_ms: float = 0.0) -> str:
+def hijacker(forward: str, slow_reference_ms: float = 0.0, emit: str = "") -> str:
     """A candidate that, at its first call, finds the worker's command loop up its stack and answers the
     supervisor from then on: every check inside its worker passes; other commands go to the real
-    handlers, with the reference's calls made `slow_reference_ms` slower (and reported as such)."""
+    handlers, with the reference's calls made `slow_reference_ms` slower (and reported as such), and
+    the referee's `emit` request answered by `emit` (code that sets `reply`) when given."""
+    emit_branch = f'''
+        elif msg["cmd"] == "emit":
+{textwrap.indent(textwrap.dedent(emit), " " * 12)}''' if emit else ""
     return f'''
 import sys, time
 import torch
@@ -41,7 +46,7 @@ _taken = []
 def _serve():
     if _taken:
         return
-    _taken.append(True)
+    _taken.append(time.monotonic())
     frame = sys._getframe()
     while frame and not {{"handlers", "cmd_fd", "res_fd", "msg"}} <= set(frame.f_locals):
         frame = frame.f_back
@@ -57,7 +62,7 @@ def _serve():
         if msg["cmd"] == "check":
             reply = {{"status": "ok", "trials": len(msg["seeds"]), "max_abs_diff": 0.0, "max_rel_diff": 0.0}}
         elif msg["cmd"] == "verify":
-            reply = {{"status": "ok", "rechecked": True}}
+            reply = {{"status": "ok", "rechecked": True}}{emit_branch}
         else:
             slow = msg["cmd"] == "call" and msg.get("side") == "ref"
             if slow:
@@ -82,11 +87,51 @@ class ModelNew(nn.Module):
 '''
 
 
-def measured(tmp_path: Path, source: str, pool: WorkerPool):
+def measured(tmp_path: Path, source: str, pool: WorkerPool, harness=QUICK):
     (tmp_path / "problem.py").write_text(SMALL_PROBLEM)
     (tmp_path / "candidate.py").write_text(source)
     return measure(MeasureRequest(problem=str(tmp_path / "problem.py"), candidate=str(tmp_path / "candidate.py"), device="cpu",
-                                  run_dir=str(tmp_path / "run"), harness=QUICK), pool=pool)
+                                  run_dir=str(tmp_path / "run"), harness=harness), pool=pool)
+
+
+HONEST = "torch.relu(x * self.scale + y) + 0.5 * x"
+# the fingerprint of the inputs the worker would have made for the referee's seed, as the real `emit` reports it
+_FINGERPRINT = '''
+from kernelscout.sandbox import correctness
+_worker = loop["handlers"]["emit"].__self__
+_made = correctness.fingerprint([t for t in _worker._make_inputs(_worker.problem, msg["seed"], _worker.problem_path)])
+'''
+ZEROS_WITH_BAD_NAMES = _FINGERPRINT + '''
+torch.save({"structure": ("tensor",), "paths": [1], "tensors": [torch.zeros(256, 512)]}, msg["path"])
+reply = {"status": "ok", "inputs": _made}
+'''
+# spend the measurement's whole time in `emit`, then hand over zeros: the referee used to inherit no time and time out
+ZEROS_AT_THE_DEADLINE = _FINGERPRINT + '''
+time.sleep(max(0.0, _taken[0] + 8.0 - 0.3 - time.monotonic()))
+torch.save({"structure": ("tensor",), "paths": [(0,)], "tensors": [torch.zeros(256, 512)]}, msg["path"])
+reply = {"status": "ok", "inputs": _made}
+'''
+
+
+@linux_only
+@pytest.mark.parametrize("emit, timeout_s", [(ZEROS_WITH_BAD_NAMES, 20.0), (ZEROS_AT_THE_DEADLINE, 8.0)],
+                         ids=["an output file the judge chokes on", "no time left for the referee"])
+def test_a_hijacker_cannot_make_the_referee_fail_to_skip_its_checks(tmp_path, emit, timeout_s):
+    # found by a red-team pass: either one left only a warning, and zeros passed as correct at 7x to 9x
+    with WorkerPool() as own:
+        m = measured(tmp_path, hijacker("torch.zeros_like(x)", emit=emit), own, QUICK.model_copy(update={"timeout_s": timeout_s}))
+    assert m.status == MeasureStatus.incorrect, m.message
+    assert "second worker that never loaded the candidate" in m.message
+
+
+@linux_only
+def test_a_reference_slowed_so_much_that_few_rounds_are_timed_is_still_compared(tmp_path):
+    # a red-team pass slowed each reference call by 2 s: too few rounds where it came first, and the
+    # comparison was skipped (470x, valid); all of the reference's rounds are compared then
+    with WorkerPool() as own:
+        m = measured(tmp_path, hijacker(HONEST, slow_reference_ms=400.0), own)
+    assert m.status == MeasureStatus.ok and m.speedup > 5, m.message
+    assert m.timing_valid is False and "alone in a worker that never loaded it" in m.timing_invalid_reason
 
 
 @linux_only
@@ -99,9 +144,8 @@ def test_a_candidate_that_answers_for_its_worker_is_still_found_wrong(tmp_path):
 
 @linux_only
 def test_a_reference_slowed_by_a_candidate_that_answers_for_its_worker_voids_the_timing(tmp_path):
-    honest = "torch.relu(x * self.scale + y) + 0.5 * x"
     with WorkerPool() as own:
-        m = measured(tmp_path, hijacker(honest, slow_reference_ms=30.0), own)
+        m = measured(tmp_path, hijacker(HONEST, slow_reference_ms=30.0), own)
     assert m.status == MeasureStatus.ok and m.correct, m.message
     assert m.speedup and m.speedup > 5  # what the candidate's worker reported
     assert m.timing_valid is False
@@ -129,9 +173,9 @@ def test_the_reference_is_slowed_only_when_its_times_beside_and_alone_are_apart(
     alone = [1.0, 1.02, 0.98, 1.01, 0.99, 1.03]
     assert slowed_beside_the_candidate([1.05, 1.1, 1.0, 1.08, 1.02], alone) is None  # machine noise
     assert slowed_beside_the_candidate([1.5, 1.6, 1.55, 1.45, 1.52], alone)  # 1.5x, apart
-    # a wide spread beside it: the middle halves overlap, so a busier phase is not read as a cheat
-    assert slowed_beside_the_candidate([0.9, 1.0, 1.5, 2.0, 2.1, 1.9, 1.0], alone) is None
-    assert slowed_beside_the_candidate([1.5, 1.6], alone) is None  # too few to tell
+    # medians, not spreads: a hijacker slowed 11 calls in 20, so that the middle halves overlapped (5x passed)
+    assert slowed_beside_the_candidate([1.0] * 9 + [5.0] * 11, alone)
+    assert slowed_beside_the_candidate([1.5, 1.6], alone[:2]) is None  # too few alone to tell
     # tiny kernels: 10 microseconds of difference are the pipes, not a cheat
     assert slowed_beside_the_candidate([0.014, 0.015, 0.014], [0.005, 0.005, 0.006]) is None
 
@@ -174,3 +218,23 @@ def test_a_frozen_worker_and_what_it_started_make_no_progress(tmp_path):
         child.kill()
         child.wait()
         worker.close()
+
+
+def test_inputs_that_differ_from_one_process_to_another_are_not_judged_by_the_referee(measure_source):
+    # the candidate's worker and the referee make inputs from the same seed; a get_inputs() that also depends
+    # on the process (here its folder) gives the referee other inputs, and it must say so, not find the candidate wrong
+    problem = SMALL_PROBLEM.replace("def get_inputs():", "import os\n\ndef get_inputs():\n    return [torch.randn(256, 512) + len(os.getcwd()) + hash(os.getcwd()) % 97, torch.randn(256, 512)]\n\ndef _unused():")
+    m = measure_source('''
+import torch
+import torch.nn as nn
+
+class ModelNew(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+    def forward(self, x, y):
+        return torch.relu(x * self.scale + y) + 0.5 * x
+''', problem=problem)
+    assert m.status == MeasureStatus.ok and m.correct, m.message
+    assert any("did not judge the candidate's output" in w for w in m.warnings), m.warnings
+    assert m.timing_valid is False  # unconfirmed: a hijacker could report other inputs to get here
