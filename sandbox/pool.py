@@ -581,17 +581,23 @@ class WorkerProcess:
         return names
 
     @contextlib.contextmanager
-    def frozen(self) -> Iterator[None]:
+    def frozen(self) -> Iterator["Freeze"]:
         """Stop the worker's whole process tree (SIGSTOP, which no process can catch) for the duration,
         so nothing of a candidate's runs while another process is timed; then let it go on.
 
-        A candidate's work already queued on a GPU is not stopped: that is the device's, not a process's."""
+        A stop takes effect when a process returns to user space, so one inside a long system call runs
+        on (a red-team pass kept a "stopped" process busy with one 2 GB write): the CPU time the tree used
+        while it should have been stopped is read at the end (`Freeze.ran_s`). A candidate's work already
+        queued on a GPU is not stopped either: that is the device's, not a process's."""
         stopped = freeze_tree(self.pid if self.proc.returncode is None else None, self._seen)
+        freeze = Freeze(stopped)
         try:
             if stopped:
                 _wait_stopped(stopped)
-            yield
+            freeze.start()
+            yield freeze
         finally:
+            freeze.end()
             for pid in stopped:
                 try:
                     os.kill(pid, signal.SIGCONT)
@@ -618,6 +624,32 @@ class WorkerProcess:
             except OSError:
                 pass
         self._scratch.remove()
+
+
+class Freeze:
+    """The processes a `WorkerProcess.frozen` block stopped, and the CPU time they used while stopped."""
+
+    def __init__(self, pids: list[int]):
+        self.pids = pids
+        self.ran_s = 0.0
+        self._at_start = 0.0
+
+    def _cpu_s(self) -> float:
+        ticks = 0
+        for pid in self.pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                ticks += int(fields[11]) + int(fields[12])  # utime, stime: every thread of the process
+            except (OSError, IndexError, ValueError):
+                continue
+        return ticks / os.sysconf("SC_CLK_TCK")
+
+    def start(self) -> None:
+        self._at_start = self._cpu_s()
+
+    def end(self) -> None:
+        self.ran_s = max(0.0, self._cpu_s() - self._at_start)
 
 
 def _wait_stopped(pids: list[int], timeout_s: float = 0.5) -> None:
@@ -785,22 +817,16 @@ class WorkerPool:
         self.release(self.acquire(device), healthy=True)
 
     def close(self) -> None:
-        for spare in self._starting.values():
-            worker = spare.take()
-            if worker is not None:
-                worker.close()
-        self._starting.clear()
-        for workers in self._idle.values():
+        for starting in (self._starting, self._referee_starting):
+            for spare in starting.values():
+                worker = spare.take()
+                if worker is not None:
+                    worker.close()
+            starting.clear()
+        for workers in [*self._idle.values(), list(self._referees.values())]:
             for worker in workers:
                 worker.close()
         self._idle.clear()
-        for spare in self._referee_starting.values():
-            worker = spare.take()
-            if worker is not None:
-                worker.close()
-        self._referee_starting.clear()
-        for worker in self._referees.values():
-            worker.close()
         self._referees.clear()
 
     def __enter__(self) -> "WorkerPool":

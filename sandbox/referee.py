@@ -33,6 +33,7 @@ from kernelscout.sandbox.stats import crowded, quantile, slowed_beside_the_candi
 from kernelscout.tools.schema import Measurement, MeasureStatus
 
 SLACK_BYTES = 1 << 20  # what the file format adds to the outputs' own bytes, and more
+FROZEN_CPU_S = 0.05  # CPU time a stopped tree may still show (ticks of 10 ms, and the stop's own delivery)
 
 
 class _RefereeFailed(Exception):
@@ -79,7 +80,7 @@ def second_opinion(
         wrong = _hand_over(worker.workdir / name, referee.workdir / name, limit)
         if wrong:
             return _incorrect(m, wrong)
-        with worker.frozen():
+        with worker.frozen() as freeze:
             reply = referee.request("load_reference", _left(deadline), init_seed=init_seed)
             if reply["status"] != "ok":
                 raise _RefereeFailed(reply.get("message", reply["status"]))
@@ -94,8 +95,13 @@ def second_opinion(
             if reply["status"] != "ok":
                 raise _RefereeFailed(reply.get("message", reply["status"]))
             m.checks.append(f"one output on fresh inputs judged by a second worker that never loaded the candidate (seed {seed})")
-            if m.timing_valid and m.speedup is not None and m.speedup > 1.0:
+            compare = m.timing_valid and m.speedup is not None and m.speedup > 1.0
+            if compare:
                 _compare_reference(m, beside_ms, lambda: _time_alone(referee, rounds, len(beside_ms), deadline))
+        if compare and freeze.ran_s > FROZEN_CPU_S:
+            return _unconfirmed(m, f"the candidate's worker used {freeze.ran_s * 1e3:.0f} ms of CPU while it was stopped for "
+                                   "the reference to be timed alone (a process inside a long system call runs on), so that "
+                                   "timing is not trusted")
     except (_RefereeFailed, WorkerDied, WorkerTimedOut, WorkerOutOfMemory) as exc:
         pool.retire_referee(device)
         what = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

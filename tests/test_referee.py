@@ -27,11 +27,12 @@ from conftest import QUICK, SMALL_PROBLEM
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses Linux's /proc")
 
 
-def hijacker(forward: str, slow_reference_ms: float = 0.0, emit: str = "") -> str:
+def hijacker(forward: str, slow_reference_ms: float = 0.0, emit: str = "", only_second: bool = False) -> str:
     """A candidate that, at its first call, finds the worker's command loop up its stack and answers the
     supervisor from then on: every check inside its worker passes; other commands go to the real
     handlers, with the reference's calls made `slow_reference_ms` slower (and reported as such), and
-    the referee's `emit` request answered by `emit` (code that sets `reply`) when given."""
+    the referee's `emit` request answered by `emit` (code that sets `reply`) when given. `only_second`: only the calls that come second in their round are slowed, the reference's eightfold and
+    the candidate's sixfold, so that neither side looks slowed by coming after the other."""
     emit_branch = f'''
         elif msg["cmd"] == "emit":
 {textwrap.indent(textwrap.dedent(emit), " " * 12)}''' if emit else ""
@@ -42,6 +43,7 @@ import torch.nn as nn
 from kernelscout.sandbox import protocol
 
 _taken = []
+_position = [0]
 
 def _serve():
     if _taken:
@@ -64,16 +66,22 @@ def _serve():
         elif msg["cmd"] == "verify":
             reply = {{"status": "ok", "rechecked": True}}{emit_branch}
         else:
-            slow = msg["cmd"] == "call" and msg.get("side") == "ref"
-            if slow:
-                time.sleep({slow_reference_ms / 1e3})
+            _position[0] = 0 if msg["cmd"] == "prep" else _position[0] + (msg["cmd"] == "call")
+            slow = 0.0
+            if msg["cmd"] == "call" and msg.get("side") == "ref" and not {only_second}:
+                slow = {slow_reference_ms}
+                time.sleep(slow / 1e3)
             try:
                 reply = loop["handlers"][msg["cmd"]](msg)
             except Exception as exc:
                 reply = {{"status": getattr(exc, "status", "crashed"), "message": str(exc)}}
+            if {only_second} and msg["cmd"] == "call" and _position[0] == 2 and "timer_ms" in reply:
+                # 8x the reference's own time, 6x the candidate's: the after-the-other check sees both alike
+                slow = reply["timer_ms"] * (7 if msg.get("side") == "ref" else 5)
+                time.sleep(slow / 1e3)
             if slow and "timer_ms" in reply:
-                reply["timer_ms"] += {slow_reference_ms}
-                reply["host_ms"] += {slow_reference_ms}
+                reply["timer_ms"] += slow
+                reply["host_ms"] += slow
             for key in ("unfair", "thread_leak", "disturbed", "queued_ms"):
                 reply.pop(key, None)
 
@@ -95,6 +103,17 @@ def measured(tmp_path: Path, source: str, pool: WorkerPool, harness=QUICK):
 
 
 HONEST = "torch.relu(x * self.scale + y) + 0.5 * x"
+HONEST_CANDIDATE = f'''
+import torch
+import torch.nn as nn
+
+class ModelNew(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+    def forward(self, x, y):
+        return {HONEST}
+'''
 # the fingerprint of the inputs the worker would have made for the referee's seed, as the real `emit` reports it
 _FINGERPRINT = '''
 from kernelscout.sandbox import correctness
@@ -122,6 +141,16 @@ def test_a_hijacker_cannot_make_the_referee_fail_to_skip_its_checks(tmp_path, em
         m = measured(tmp_path, hijacker("torch.zeros_like(x)", emit=emit), own, QUICK.model_copy(update={"timeout_s": timeout_s}))
     assert m.status == MeasureStatus.incorrect, m.message
     assert "second worker that never loaded the candidate" in m.message
+
+
+@linux_only
+def test_a_reference_slowed_only_where_it_comes_second_is_still_compared(tmp_path):
+    # a second red-team pass: with the referee comparing only the rounds where the reference came first,
+    # slowing the others (and the candidate's second calls, to pass the after-the-other check) read 7x valid
+    with WorkerPool() as own:
+        m = measured(tmp_path, hijacker(HONEST, only_second=True), own)
+    assert m.status == MeasureStatus.ok and m.correct, m.message
+    assert m.timing_valid is False and "alone in a worker that never loaded it" in m.timing_invalid_reason, m.message
 
 
 @linux_only
@@ -153,17 +182,7 @@ def test_a_reference_slowed_by_a_candidate_that_answers_for_its_worker_voids_the
 
 
 def test_an_honest_candidate_gets_the_referees_checks_and_keeps_its_timing(measure_source):
-    m = measure_source('''
-import torch
-import torch.nn as nn
-
-class ModelNew(nn.Module):
-    def __init__(self, scale):
-        super().__init__()
-        self.scale = scale
-    def forward(self, x, y):
-        return torch.relu(x * self.scale + y) + 0.5 * x
-''')
+    m = measure_source(HONEST_CANDIDATE)
     assert m.status == MeasureStatus.ok and m.correct, m.message
     assert any("judged by a second worker" in c for c in m.checks), m.checks
     assert not any("second worker" in w for w in m.warnings), m.warnings
@@ -225,17 +244,33 @@ def test_inputs_that_differ_from_one_process_to_another_are_not_judged_by_the_re
     # the candidate's worker and the referee make inputs from the same seed; a get_inputs() that also depends
     # on the process (here its folder) gives the referee other inputs, and it must say so, not find the candidate wrong
     problem = SMALL_PROBLEM.replace("def get_inputs():", "import os\n\ndef get_inputs():\n    return [torch.randn(256, 512) + len(os.getcwd()) + hash(os.getcwd()) % 97, torch.randn(256, 512)]\n\ndef _unused():")
-    m = measure_source('''
-import torch
-import torch.nn as nn
-
-class ModelNew(nn.Module):
-    def __init__(self, scale):
-        super().__init__()
-        self.scale = scale
-    def forward(self, x, y):
-        return torch.relu(x * self.scale + y) + 0.5 * x
-''', problem=problem)
+    m = measure_source(HONEST_CANDIDATE, problem=problem)
     assert m.status == MeasureStatus.ok and m.correct, m.message
     assert any("did not judge the candidate's output" in w for w in m.warnings), m.warnings
     assert m.timing_valid is False  # unconfirmed: a hijacker could report other inputs to get here
+
+
+@linux_only
+def test_cpu_time_a_frozen_process_still_used_is_counted():
+    # a stop takes effect on the way back to user space: a process inside a long system call runs on (a red-team
+    # pass kept one busy with a 2 GB write), so the referee reads what the tree used while it was to be stopped
+    from kernelscout.sandbox.pool import Freeze
+
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)
+        freeze = Freeze([busy.pid])  # never sent SIGSTOP: it stands for a process the stop has not reached
+        freeze.start()
+        time.sleep(0.4)
+        freeze.end()
+        assert freeze.ran_s >= 0.2
+        os.kill(busy.pid, signal.SIGSTOP)
+        time.sleep(0.1)
+        freeze = Freeze([busy.pid])
+        freeze.start()
+        time.sleep(0.3)
+        freeze.end()
+        assert freeze.ran_s < 0.05
+    finally:
+        busy.kill()
+        busy.wait()
