@@ -478,7 +478,11 @@ def test_the_default_device_is_a_shared_setting_not_a_hook(measure_source):
 def test_a_hook_the_problem_file_installs_is_not_blamed_on_the_candidate(measure_source):
     problem = SMALL_PROBLEM + "\nimport signal\nsignal.signal(signal.SIGUSR2, lambda *a: None)\ntorch.set_num_threads(1)\n"
     m = measure_source(_model(_HONEST), problem=problem)
-    assert m.status == MeasureStatus.ok and m.timing_valid, m.message
+    assert m.status == MeasureStatus.ok and m.correct, m.message
+    # the hook is not blamed; the referee may still read this 0.1 ms reference as slower in the suite's long-lived,
+    # reused worker than alone (once in a fresh clone's run: 0.30 ms against 0.14 ms), which is its own verdict
+    assert m.timing_valid or "alone in a worker that never loaded it" in m.timing_invalid_reason, m.message
+    assert "hook" not in (m.timing_invalid_reason or "") and not any("hook" in w for w in m.warnings), m.message
 
 
 def test_garbage_the_candidate_leaves_is_not_collected_inside_the_references_timed_call(measure_source, tmp_path):
