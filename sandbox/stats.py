@@ -192,7 +192,7 @@ def heap_handed_back(faults: Sequence[int], at_load: Optional[int]) -> Optional[
             "OS between its calls (malloc_trim or madvise from the candidate's code), so every call paid to fault it in again")
 
 
-ALONE_LIMIT = 1.3  # how much slower the reference may run beside the candidate than alone
+ALONE_LIMIT = 1.5  # how much slower the reference may run beside the candidate than alone (1.3 false-alarmed: docs/harness_hardening.md)
 ALONE_SLACK_MS = 0.05  # and by how much more, whatever its time
 
 
