@@ -15,8 +15,8 @@ A referee that fails, or cannot judge, leaves the timing not valid: were it only
 that made it fail would pass unjudged (a red-team pass did, twice).
 
 What it does not close: a candidate that answers for its worker can still compute the right output for
-the referee's seed and report timings of its own making; the supervisor's wall clock around every call
-bounds those (`stats.wall_clock_disagreement`), and the reference's time now has a clean bound too.
+the referee's seed alone and report timings of its own making; the supervisor's wall clock around every
+call bounds those (`stats.wall_clock_disagreement`), and the reference's time has a clean bound (1.5x).
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ def _time_alone(referee: WorkerProcess, rounds: tuple[int, int, float], wanted: 
             continue
         times.append(reply["timer_ms"])
         kept_s += reply["timer_ms"] / 1e3
-        # a quarter of the budget: about what the reference's rounds where it came first had beside the candidate
+        # a quarter of the budget (the reference had about half of it beside the candidate): enough for a median
         if len(times) >= max(least, min(wanted, 3 * least)) or (len(times) >= least and kept_s >= budget_s / 4):
             break
     return times
