@@ -193,7 +193,7 @@ def _drive(pool: WorkerPool, worker: WorkerProcess, problem: SourceFile, candida
         return m, True
     deadline = time.monotonic() + config.timeout_s
     checks = [f"{config.correctness_trials} correctness trials with fresh seeds, candidate before reference"]
-    reply = worker.request("check", _left(deadline), seeds=[_seed() for _ in range(config.correctness_trials)])
+    reply = worker.request_by("check", deadline, seeds=[_seed() for _ in range(config.correctness_trials)])
     if reply["status"] != "ok":
         m = _fail(reply)
         m.checks = checks
@@ -262,10 +262,6 @@ def _finish(worker: WorkerProcess, m: Measurement) -> tuple[Measurement, bool]:
     return m, bool(problems)
 
 
-def _left(deadline: float) -> float:
-    return max(0.01, deadline - time.monotonic())
-
-
 def _recheck(measured: int, config: HarnessConfig, rng: random.Random) -> bool:
     """Re-check the first two timed rounds and then a random ~target*ln(n) of n rounds.
 
@@ -321,7 +317,7 @@ def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float,
             strays = worker.stray_processes()
             if strays:
                 leaks.append(f"the candidate had {len(strays)} process(es) running when timing began ({', '.join(sorted(set(strays)))})")
-        reply = worker.request("prep", _left(deadline), seed=_seed(), baseline_threads=(rounds == config.warmup_rounds))
+        reply = worker.request_by("prep", deadline, seed=_seed(), baseline_threads=(rounds == config.warmup_rounds))
         if reply["status"] != "ok":
             return _fail(reply), []
         order = ("ref", "cand") if rounds % 2 == 0 else ("cand", "ref")
@@ -329,7 +325,7 @@ def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float,
         queued_ms, faults = 0.0, 0
         for position, side in enumerate(order):
             w0 = time.perf_counter()
-            reply = worker.request("call", _left(deadline), side=side)
+            reply = worker.request_by("call", deadline, side=side)
             wall_ms = (time.perf_counter() - w0) * 1e3
             if reply["status"] != "ok":
                 return _fail(reply), []
@@ -360,7 +356,7 @@ def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float,
             # keeps a kernel of its own in the check's way for the rounds it fakes meets a deep read in
             # about one re-check of three, and every faked round that is re-checked needs that kernel.
             deep = rechecked == 0 or rng.random() < 1 / 3
-            reply = worker.request("verify", _left(deadline), deep=deep)
+            reply = worker.request_by("verify", deadline, deep=deep)
             if reply["status"] != "ok":
                 return _fail(reply), []
             rechecked += 1

@@ -497,6 +497,11 @@ class WorkerProcess:
         return frozenset(self._own)
 
     # -- talking -----------------------------------------------------------------------------
+    def request_by(self, cmd: str, deadline: float, **fields: Any) -> dict[str, Any]:
+        """`request` within a measurement's overall deadline (time.monotonic()); a step that starts
+        after the deadline still gets 10 ms, so it fails as a timeout rather than never being asked."""
+        return self.request(cmd, max(0.01, deadline - time.monotonic()), **fields)
+
     def request(self, cmd: str, timeout: Optional[float], **fields: Any) -> dict[str, Any]:
         nonce = secrets.token_hex(8)
         deadline = None if timeout is None else time.monotonic() + timeout

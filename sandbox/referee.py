@@ -62,7 +62,7 @@ def second_opinion(
     seconds to aim for) of the reference alone."""
     seed = secrets.randbits(31)
     name = f"referee-{secrets.token_hex(6)}.pt"
-    reply = worker.request("emit", _left(deadline), seed=seed, path=name)
+    reply = worker.request_by("emit", deadline, seed=seed, path=name)
     if reply["status"] != "ok":  # the candidate failed on fresh inputs: that is its own verdict
         failed = Measurement(status=MeasureStatus(reply["status"]), message=reply.get("message", ""))
         failed.message = f"on the second worker's inputs (seed {seed}): {failed.message}"
@@ -73,7 +73,7 @@ def second_opinion(
     deadline = time.monotonic() + allowance_s
     try:
         referee = pool.referee(device, start_timeout)
-        reply = referee.request("load_problem", _left(deadline), path=stage(referee), sha=problem_sha, seeds=[seed])
+        reply = referee.request_by("load_problem", deadline, path=stage(referee), sha=problem_sha, seeds=[seed])
         if reply["status"] != "ok":
             raise _RefereeFailed(reply.get("message", reply["status"]))
         limit = sum(spec[2] for spec in reply.get("outputs") or []) * 2 + SLACK_BYTES
@@ -81,11 +81,11 @@ def second_opinion(
         if wrong:
             return _incorrect(m, wrong)
         with worker.frozen() as freeze:
-            reply = referee.request("load_reference", _left(deadline), init_seed=init_seed)
+            reply = referee.request_by("load_reference", deadline, init_seed=init_seed)
             if reply["status"] != "ok":
                 raise _RefereeFailed(reply.get("message", reply["status"]))
             try:
-                reply = referee.request("judge", _left(deadline), seed=seed, path=name, inputs=made)
+                reply = referee.request_by("judge", deadline, seed=seed, path=name, inputs=made)
             except WorkerDied:
                 return _incorrect(m, "the candidate's output crashed the second worker that judged it")
             if reply["status"] == "incorrect":
@@ -111,10 +111,6 @@ def second_opinion(
     finally:
         (worker.workdir / name).unlink(missing_ok=True)
     return m
-
-
-def _left(deadline: float) -> float:
-    return max(0.01, deadline - time.monotonic())
 
 
 def _hand_over(source: Path, target: Path, limit: int) -> Optional[str]:
@@ -164,9 +160,9 @@ def _time_alone(referee: WorkerProcess, rounds: tuple[int, int, float], wanted: 
     times: list[float] = []
     kept_s, made = 0.0, 0
     while made < warmup + max(least, wanted) * 3:
-        reply = referee.request("prep", _left(deadline), seed=secrets.randbits(31))
+        reply = referee.request_by("prep", deadline, seed=secrets.randbits(31))
         if reply["status"] == "ok":
-            reply = referee.request("call", _left(deadline), side="ref")
+            reply = referee.request_by("call", deadline, side="ref")
         if reply["status"] != "ok":
             raise _RefereeFailed(reply.get("message", reply["status"]))
         made += 1

@@ -285,6 +285,24 @@ def test_serve_with_a_negative_budget_is_refused_before_the_run_directory_exists
     assert not (tmp_path / "run").exists()
 
 
+def test_an_argument_a_tool_does_not_take_is_refused_and_spends_nothing(tmp_path, files):
+    """An agent that believes it can raise the budget or loosen the harness hears that it cannot."""
+    server = build_server(str(tmp_path / "run"), device="cpu", budget=3, chat_model=None)
+
+    async def session():
+        async with Client(server) as client:
+            sent = {"problem": files["problem"], "candidate": files["a"], "budget": 100, "timeout_s": 600}
+            refused = await client.call_tool("measure", sent)
+            assert refused.is_error
+            text = refused.content[0].text
+            assert "'budget', 'timeout_s'" in text and "candidate, device, problem" in text and "Nothing was done" in text
+            status = BudgetStatus.model_validate((await client.call_tool("budget_status", {})).structured_content)
+            assert (status.cap, status.used) == (3, 0)
+            assert (await client.call_tool("budget_status", {"cap": 100})).is_error
+
+    anyio.run(session)
+
+
 def test_candidates_join_the_search_archive_and_direct_measurements(tmp_path, files):
     """No sandbox here: measurements are recorded through the ledger with made-up results."""
     from mcp.server.mcpserver.exceptions import ToolError

@@ -24,6 +24,7 @@ token set, every HTTP request without `Authorization: Bearer <token>` gets 401.
 """
 
 import hmac
+import inspect
 import ipaddress
 import json
 import logging
@@ -143,6 +144,7 @@ class KernelScoutMCP(MCPServer):
         self._device_lock = threading.Lock()
         self._sol_cache: dict[tuple[str, str, bool], SolBounds] = {}
         self._pending: dict[tuple[str, str, str], tuple[Optional[float], Optional[str], str]] = {}
+        self._takes: dict[str, frozenset[str]] = {}  # each tool's argument names
         self._register_tools()
 
     # -- lifecycle ------------------------------------------------------------------------------------------
@@ -169,6 +171,23 @@ class KernelScoutMCP(MCPServer):
             pool.close()
 
     # -- tools ----------------------------------------------------------------------------------------------
+
+    def add_tool(self, fn: Any, name: Optional[str] = None, **kwargs: Any) -> None:
+        # the SDK drops arguments a tool does not take; here they are refused (see call_tool)
+        self._takes[name or fn.__name__] = frozenset(inspect.signature(fn).parameters)
+        super().add_tool(fn, name=name, **kwargs)
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        """Refuse arguments a tool does not take instead of dropping them: an agent that passes
+        `budget` or `timeout_s` to measure must hear that nothing it sent was used, not see a result
+        it believes those settings produced."""
+        takes = self._takes.get(name)
+        unknown = sorted(set(arguments) - takes) if takes is not None else []
+        if unknown:
+            raise ToolError(f"{name} does not take {', '.join(map(repr, unknown))}; it takes {', '.join(sorted(takes)) or 'no arguments'}. "
+                            "Nothing was done. The run directory, budget and harness settings are fixed by whoever started "
+                            "the server.")
+        return await super().call_tool(name, arguments, context)
 
     def _register_tools(self) -> None:
         # hints a client may use to approve calls: only measure spends budget, only predict may call out (an LLM)
