@@ -62,6 +62,8 @@ def test_a_well_formed_answer_is_critiqued_revised_and_becomes_a_forecast(fake_l
     assert f.p_faster == pytest.approx(p_speedup_above(FASTER, f.bin_edges, 1.0))
     assert f.p_faster > 0.8 and f.p_beats_incumbent is not None and f.p_beats_incumbent < f.p_faster
     assert f.expected_speedup > 1.0 and "revised: one pass" in f.rationale
+    # the 80 % interval is read off the same bins: 10 % of FASTER's mass lies below 1.05x, 10 % above 2x
+    assert f.speedup_interval_80 == pytest.approx((1.05, 2.0))
     # Two round trips: the forecast (which carried the code, device and speed of light), then the critique.
     assert fake_llm_server.request_count == 2
     assert "fused_softmax_kernel" in sent_text(fake_llm_server, 0) and "NVIDIA A100" in sent_text(fake_llm_server, 0)

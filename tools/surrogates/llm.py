@@ -53,6 +53,19 @@ def p_speedup_above(probs: Sequence[float], edges: Sequence[float], r: float) ->
     return min(1.0, max(0.0, total))
 
 
+def speedup_quantile(probs: Sequence[float], edges: Sequence[float], q: float) -> float:
+    """The speedup below which the bins put probability q, log-uniform inside a bin (as `p_speedup_above`
+    reads them); the open end bins reach half the lowest edge and twice the highest."""
+    below = 0.0
+    bounds = _bin_bounds(edges)
+    for p, (lo, hi) in zip(probs, bounds):
+        if p > 0 and below + p >= q:
+            share = min(1.0, max(0.0, (q - below) / p))
+            return float(math.exp(math.log(lo) + share * (math.log(hi) - math.log(lo))))
+        below += p
+    return float(bounds[-1][1])
+
+
 class LLMSurrogate:
     name = "llm"
 
@@ -117,6 +130,7 @@ class LLMSurrogate:
         return Forecast(
             surrogate=self.name, informative=True, bin_edges=self.edges, bin_labels=bin_labels(self.edges), bin_probs=probs.tolist(),
             p_faster=pf, p_beats_incumbent=pb, expected_speedup=expected, confidence=abs(2 * pf - 1),
+            speedup_interval_80=(speedup_quantile(probs, self.edges, 0.1), speedup_quantile(probs, self.edges, 0.9)),
             rationale=(answer.rationale or "LLM forecast") + note + (f" [P(faster) recalibrated {raw_pf:.2f}->{pf:.2f}]" if pf != raw_pf else ""),
             cost=SurrogateCost(latency_ms=(time.perf_counter() - start) * 1e3),
         )
