@@ -54,8 +54,9 @@ class ReplayTarget:
         self.device = f"replay:{space.device_label}"
 
     def parent_info(self, parent: Optional[CandidateRecord], tried: set[str], shelved: AbstractSet[str] = frozenset()) -> dict[str, Any]:
+        # the reference configuration is timed in every measurement session, so it is never a candidate
         return {"config": dict(parent.params) if parent else None, "tried": tried, "shelved": shelved,
-                "sha": lambda cfg: config_sha(self.space, cfg)}
+                "sha": lambda cfg: config_sha(self.space, cfg), "reference_sha": config_sha(self.space, self.reference)}
 
     def proposal_sha(self, proposal) -> str:
         return config_sha(self.space, proposal.params)

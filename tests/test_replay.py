@@ -165,3 +165,33 @@ def test_a_search_replays_the_same_wherever_the_space_file_lies(tmp_path: Path) 
 
     here, there = measured(str(src), "a"), measured(str(moved), "b")
     assert len(here) == 10 and here == there
+
+
+@pytest.mark.parametrize("surrogate", ["learned", "none"])
+def test_the_reference_configuration_is_never_spent_as_a_candidate(tmp_path: Path, surrogate: str) -> None:
+    """The reference is timed in every replayed session; measuring its own configuration again would
+    spend a measurement to learn 1.0x. A space of six configurations is used up in five."""
+    from kernelscout.agent.runner import start_search
+    from kernelscout.agent.targets import ReplayTarget
+    from kernelscout.tools.archive import Archive
+    from kernelscout.tools.rundir import RunDir
+
+    times = {bs: 1.0 + 0.1 * bs for bs in (16, 32, 48, 64, 96, 128)}
+    cache = {str(v): {"bs": v, "time": t, "times": [t] * 3} for v, t in times.items()}
+    path = tmp_path / "six.json"
+    path.write_text(json.dumps({"device_name": "GPU", "kernel_name": "k", "problem_size": [64], "tune_params_keys": ["bs"],
+                                "tune_params": {"bs": list(times)}, "objective": "time", "cache": cache}))
+    result = start_search(None, str(path), budget=10, seed=3, surrogate=surrogate, run_dir=str(tmp_path / "run"),
+                          quiet=True, report=False)
+    run = RunDir(tmp_path / "run")
+    measured = {r.params["bs"] for r in Archive(run).all() if r.state == "measured"}
+    reference = ReplayTarget(ReplaySpace.load(path), run, seed=3).reference["bs"]
+    assert measured == set(times) - {reference}
+    assert result.measurements_used == 5
+
+    one = tmp_path / "one.json"
+    one.write_text(json.dumps({"device_name": "GPU", "kernel_name": "k", "problem_size": [64], "tune_params_keys": ["bs"],
+                               "tune_params": {"bs": [16]}, "objective": "time", "cache": {"16": cache["16"]}}))
+    alone = start_search(None, str(one), budget=10, seed=3, surrogate=surrogate, run_dir=str(tmp_path / "run1"),
+                         quiet=True, report=False)
+    assert alone.measurements_used == 0

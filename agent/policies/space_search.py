@@ -106,7 +106,7 @@ class SpaceSearchPolicy:
         return out
 
     def _local_and_random(self, parent: dict[str, Any], k: int, rng: random.Random, random_only: bool) -> list[SpaceProposal]:
-        tried: set[str] = parent["tried"]
+        tried: set[str] = parent["tried"] | {parent.get("reference_sha")}
         base: Optional[dict] = None if random_only else parent.get("config")
         picks: list[tuple[str, dict]] = []
         seen = set()
@@ -141,7 +141,7 @@ class SpaceSearchPolicy:
                 rows = gen.choice(rows, size=DESIGN_POOL, replace=False)
             features = ConfigEncoder(self.space.param_values).transform(self._values[rows]).compact
             self._design = [int(rows[i]) for i in maximin_design(features, DESIGN_SIZE, first=int(gen.integers(rows.size)))]
-        tried: set[str] = parent["tried"]
+        tried: set[str] = parent["tried"] | {parent.get("reference_sha")}
         out = []
         for position, idx in enumerate(self._design, start=1):
             if idx in self._proposed:
@@ -182,9 +182,15 @@ class SpaceSearchPolicy:
         if self.forecaster is None or not hasattr(self.forecaster, "screen"):
             return None
         untried = self._untried(parent)
-        if untried.size == 0:
-            return []
         pool = self._pool(untried, rng)
+        # the reference is timed in every session, never a candidate; dropped after the pool is drawn,
+        # so the random part of the pool is the same as if it were not there
+        reference = self._row_of.get(parent.get("reference_sha", ""))
+        if reference is not None and reference in pool:
+            pool = pool[pool != reference]
+        unmeasured = untried.size - int(reference is not None and reference in untried)
+        if pool.size == 0:
+            return []
         # earlier proposals ride along (a few rows): the loop forecasts the pending ones again this
         # iteration, and then reads this pass instead of asking the surrogate a second time
         # (and shelved ones, which may be revived: see _revived; read from the loop, so after a resume too)
@@ -210,8 +216,8 @@ class SpaceSearchPolicy:
             idx = int(pool[j])
             self._proposed.add(idx)
             cfg = self.space.config(idx)
-            scope = f"{untried.size} unmeasured configurations" if pool.size == untried.size else \
-                f"{pool.size} screened of {untried.size} unmeasured configurations"
+            scope = f"{unmeasured} unmeasured configurations" if pool.size == unmeasured else \
+                f"{pool.size} screened of {unmeasured} unmeasured configurations"
             out.append(SpaceProposal(
                 origin="screened", params=cfg, features=dict(cfg),
                 hypothesis=f"rank {rank} of {scope} by expected improvement "
