@@ -182,15 +182,9 @@ class SpaceSearchPolicy:
         if self.forecaster is None or not hasattr(self.forecaster, "screen"):
             return None
         untried = self._untried(parent)
-        pool = self._pool(untried, rng)
-        # the reference is timed in every session, never a candidate; dropped after the pool is drawn,
-        # so the random part of the pool is the same as if it were not there
-        reference = self._row_of.get(parent.get("reference_sha", ""))
-        if reference is not None and reference in pool:
-            pool = pool[pool != reference]
-        unmeasured = untried.size - int(reference is not None and reference in untried)
-        if pool.size == 0:
+        if untried.size == 0:
             return []
+        pool = self._pool(untried, rng)
         # earlier proposals ride along (a few rows): the loop forecasts the pending ones again this
         # iteration, and then reads this pass instead of asking the surrogate a second time
         # (and shelved ones, which may be revived: see _revived; read from the loop, so after a resume too)
@@ -211,8 +205,13 @@ class SpaceSearchPolicy:
         # highest expected improvement first; among equals the lower predicted time
         ranking = np.lexsort((screen.mu, -screen.expected_improvement))
         self._ranked = pool[ranking[: max(self.carry, k)]].tolist()
-        out = self._revived(shelved, rows, full, pool.size, ranking[:k])
-        for rank, j in enumerate(ranking[:k], start=1):
+        # the reference is timed in every session, never a candidate of its own; it is passed over here,
+        # not left out of the pool, so that the pool (and its random part) is drawn as if it were not special
+        reference = self._row_of.get(parent.get("reference_sha", ""))
+        top = ranking[pool[ranking] != reference][:k] if reference is not None else ranking[:k]
+        unmeasured = untried.size - int(reference is not None and reference in untried)
+        out = self._revived(shelved, rows, full, pool.size, top)
+        for rank, j in enumerate(top, start=1):
             idx = int(pool[j])
             self._proposed.add(idx)
             cfg = self.space.config(idx)
