@@ -53,7 +53,7 @@ def resolve_device(device: str) -> str:
             import torch
 
             if not torch.cuda.is_available():
-                raise InputFileError(device, "no CUDA device is visible here; use --device cpu or --device auto", "invalid_problem")
+                raise InputFileError(device, "no CUDA device is visible here; use device cpu or auto", "invalid_problem")
             index, count = int(device.partition(":")[2] or 0), torch.cuda.device_count()
             if index >= count:
                 raise InputFileError(device, f"this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}", "invalid_problem")
