@@ -88,7 +88,7 @@ def render(view: RunView) -> None:
     head.add_row("device / policy", f"{view.device} / {view.policy}, surrogate {view.surrogate}")
     head.add_row("status", view.status + (f" ({escape(view.stop_reason)})" if view.stop_reason else "")
                  + (f": {escape(view.running)}" if view.status == "running" else
-                    "" if view.status == "finished" else f"; `kscout resume {escape(view.run_dir)}` goes on"))
+                    "" if view.status in ("finished", "failed") else f"; `kscout resume {escape(view.run_dir)}` goes on"))
     flight = f" ({view.budget.reserved} in flight)" if view.budget.reserved else ""
     per = f" ({view.considered_per_measurement:.1f} per measurement)" if view.budget.used else ""
     head.add_row("measurements", f"{spent}{flight}, {view.considered} candidates considered{per}")

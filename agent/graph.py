@@ -19,6 +19,7 @@ neither loses nor repeats a measurement.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import sqlite3
@@ -71,6 +72,7 @@ PROBLEM_UNUSABLE = "the problem cannot be measured"
 """Stop reason (followed by the measurement's message) when a measurement blames the problem, not the
 candidate: a reference that raises fails every candidate the same way, so searching on wastes the run."""
 MACHINE_BUSY = "the machine is busy"
+RETIME_META = "retime"  # candidates whose timing a busy machine voided, queued again by a resume (JSON list of ids)
 """Stop reason when measurements in a row came back void because other processes held the worker's
 cores (`sandbox.stats.busy_machine`): each was charged and none taught the search anything, so the rest
 of the budget waits for `kscout resume` on an idle machine instead of going the same way."""
@@ -104,6 +106,7 @@ class SearchLoop:
         self._lay_dead_s = 0.0  # how long a killed search lay dead before this resume; `check` moves `started` by it
         self.workers = 1  # measurements in flight at once; see scale_out
         self._busy_streak = 0  # measurements in a row whose timing a busy machine voided (MACHINE_BUSY)
+        self._retime: set[int] = set(json.loads(run.get_meta(RETIME_META) or "[]"))
         self._rebuild_predictor()
 
     def scale_out(self, dispatcher: Any) -> None:
@@ -161,8 +164,9 @@ class SearchLoop:
             forecasts = self.predictor.forecast_batch(recs, [self._speedup_of(r.parent_id) for r in recs], incumbent)
         except LLM_CAPS as exc:
             return {"to_measure": [], **self._llm_cap_stop(exc)}
-        # the user's own kernels (--start) are measured whatever the forecast: they asked for them
-        given = [rec.id for rec in recs if rec.origin == USER_ORIGIN]
+        # the user's own kernels (--start) are measured whatever the forecast: they asked for them; so are those
+        # a busy machine kept from being judged, which the search had chosen already
+        given = [rec.id for rec in recs if rec.origin == USER_ORIGIN or rec.id in self._retime]
         for rec, forecast in zip(recs, forecasts):
             judged.append((rec.id, forecast, self.predictor.decide(forecast)))
         # highest priority first; among equals (e.g. cold start) the policy's own order, oldest first
@@ -178,7 +182,8 @@ class SearchLoop:
         for cid, forecast, decision in judged:
             action, reason = decision.action, decision.reason
             if cid in given:
-                action, reason = ("measure" if cid in chosen else "defer"), f"given with --start, measured whatever the forecast ({reason})"
+                why = "its timing was void (the machine was busy): timed again" if cid in self._retime else "given with --start, measured"
+                action, reason = ("measure" if cid in chosen else "defer"), f"{why} whatever the forecast ({reason})"
             elif cid in dropped:
                 action, reason = "shelve", f"worth measuring ({reason}) but ranked below the {self.settings.pending_limit} kept for later"
             elif action == "measure" and cid not in chosen:
@@ -205,7 +210,10 @@ class SearchLoop:
                         break
                     rec = self.archive.get(queue.pop(0))
                     if rec.state == "proposed":  # otherwise measured before a crash: its result is already recorded
-                        running[pool.submit(self.target.measure, rec)] = rec
+                        # a candidate queued again after a busy machine is timed anew (the measure tool would
+                        # otherwise hand back its recorded, void result)
+                        again = {"again": True} if rec.id in self._retime else {}
+                        running[pool.submit(self.target.measure, rec, **again)] = rec
                 done, _ = wait(running, return_when=FIRST_COMPLETED) if running else (set(), None)
                 for future in done:
                     rec, m = running.pop(future), future.result()
@@ -220,8 +228,12 @@ class SearchLoop:
                         self._busy_streak = self._busy_streak + 1 if busy else 0
                         if self._busy_streak >= BUSY_STREAK and stop is None:
                             stop, queue = (f"{MACHINE_BUSY}: {self._busy_streak} measurements in a row were timed while other processes "
-                                           "held the worker's cores, so their timings are void; resume the run when it is idle"), []
+                                           "held the worker's cores, so their timings are void; resume the run when it is idle "
+                                           "(candidates whose timings were void are timed again first)"), []
                     repaired = self._record(rec, m, progress, state["iteration"])
+                    if rec.id in self._retime:
+                        self._retime.discard(rec.id)
+                        self.run.set_meta(RETIME_META, json.dumps(sorted(self._retime)))
                     if repaired is not None and stop is None:
                         queue.insert(0, repaired)
         if stop:
@@ -354,6 +366,20 @@ class SearchLoop:
         setting = "max_llm_tokens" if getattr(exc, "cap", None) == "tokens" else "max_usd"
         return {"stop_reason": f"LLM cost cap reached: {exc}", "stop_limit": {"setting": setting, "value": getattr(self.settings, setting)}}
 
+    def _requeue_busy(self) -> None:
+        """Candidates whose timing a busy machine voided were never judged: the stop told the user to resume
+        when the machine is idle, so they go back to the queue and are timed again (a new measurement each)."""
+        for rec in self.archive.all():
+            if rec.state != "failed" or rec.measurement_id is None:
+                continue
+            m = self.target.recorded_measurement(rec)
+            if m is not None and (m.timing_invalid_reason or "").startswith(BUSY_REASON):
+                self.archive.requeue(rec.id)
+                self._retime.add(rec.id)
+        if self._retime:
+            self.run.set_meta(RETIME_META, json.dumps(sorted(self._retime)))
+            self._emit("requeue", candidates=sorted(self._retime), reason="timing void: the machine was busy")
+
     def _limit_raised(self, values: dict) -> Optional[str]:
         """What now lets a finished search go on: its ledger has room again after the budget ran out
         (`kscout budget DIR --set N`), or the limit that stopped it was raised or lifted (`kscout resume
@@ -452,6 +478,8 @@ class SearchLoop:
             elif resume and snapshot.values and (why := self._limit_raised(snapshot.values)):
                 # go on from where the search stopped, with its archive, iteration count and best
                 self._emit("continue", reason=why)
+                if (snapshot.values.get("stop_reason") or "").startswith(MACHINE_BUSY):
+                    self._requeue_busy()
                 restart: dict[str, Any] = {"stop_reason": None, "stop_limit": None, "dry_iterations": 0}
                 values = snapshot.values
                 if values.get("stopped_at") and values.get("started"):

@@ -67,6 +67,8 @@ class SearchProgress:
             self.best = max(self.best, d.get("best") or self.best)
             sp = f" {d['speedup']:.3f}x" if d.get("speedup") else ""
             flag = " (timing not valid)" if d["status"] == "ok" and not d.get("timing_valid") else ""
+            if d.get("suspect"):  # it does not count as the best: say why here, not only in events.jsonl
+                flag += f" (suspect, not counted: {_clip(d['suspect'])})"
             # until something beats it, the best kernel is the reference itself: say so rather than print a bare 1.000x
             best = f"{self.best:.3f}x" if self.best > 1.0 else "still the reference"
             why = f" - {_clip(d['why'])}" if d.get("why") else ""

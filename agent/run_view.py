@@ -57,7 +57,8 @@ class RunView(BaseModel):
     device: Optional[str] = None
     policy: Optional[str] = None
     surrogate: Optional[str] = None
-    status: str = Field(description="finished, running (a live process holds the run), unfinished (interrupted), or no search")
+    status: str = Field(description="finished, failed (the problem could not be measured), running (a live process holds "
+                        "the run), unfinished (interrupted), or no search")
     running: Optional[str] = Field(None, description="the process searching in the run now, when one is")
     stop_reason: Optional[str] = None
     continue_with: Optional[str] = Field(None, description="the command that searches on, as the finished search printed it")
@@ -154,7 +155,7 @@ def view_run(path: str | Path, top: int = 10) -> RunView:
     failed, failures = archive.failures()
     return RunView(
         run_dir=str(run.path), kind=spec.kind, target=spec.path, device=spec.device, policy=spec.policy, surrogate=spec.surrogate,
-        status="running" if live else "finished" if finished else "unfinished", running=live,
+        status="running" if live else (finished.get("status") or "finished") if finished else "unfinished", running=live,
         stop_reason=None if live else (finished or {}).get("stop_reason"), budget=status,
         continue_with=None if live else (finished or {}).get("continue_with"),
         states=archive.counts(), considered=considered, considered_per_measurement=round(considered / used, 2) if used else 0.0,

@@ -61,7 +61,8 @@ class ReplayTarget:
     def proposal_sha(self, proposal) -> str:
         return config_sha(self.space, proposal.params)
 
-    def measure(self, rec: CandidateRecord, repeat: str = "") -> Measurement:
+    def measure(self, rec: CandidateRecord, repeat: str = "", again: bool = False) -> Measurement:
+        """`again` is for the interface's sake: a replayed measurement is never voided by a busy machine."""
         execute = self.dispatcher.replay(self.space, rec.params, self.reference) if self.dispatcher else None
         return measure_replay(self.space, rec.params, self.run, reference=self.reference, execute=execute, repeat=repeat)
 
@@ -109,6 +110,8 @@ class CodeTarget:
     def _load_bounds(self):
         from kernelscout.tools.sol import SolBounds, SolRequest, sol_bounds
 
+        if self.run.get_meta("sol_dropped"):
+            return None
         cached = self.run.get_meta("sol_bounds")
         if cached:
             return SolBounds.model_validate_json(cached) if cached != "unavailable" else None
@@ -146,8 +149,8 @@ class CodeTarget:
                                       harness=harness, again=again, repeat=repeat), pool=self.pool,
                        execute=self.dispatcher.code if self.dispatcher else None)
 
-    def measure(self, rec: CandidateRecord) -> Measurement:
-        m = self._measure_path(rec.path)
+    def measure(self, rec: CandidateRecord, again: bool = False) -> Measurement:
+        m = self._measure_path(rec.path, again=again)
         if self.below_speed_of_light(m):
             self.run.event("suspect", candidate=rec.id, reason=self.below_speed_of_light(m))
             second = self._measure_path(rec.path, again=True, trials=max(10, 3 * self.harness.correctness_trials))
@@ -183,7 +186,19 @@ class CodeTarget:
             return None
         # measured CPU peaks can be low on a busy machine, so only a time far below them is suspect
         margin = 0.1 if self.bound_is_datasheet else 0.5
-        return suspicious(m.runtime_ms, self.bounds, margin=margin, cache_flushed=self.device.startswith("cuda"))
+        cache_flushed = self.device.startswith("cuda")
+        if m.ref_runtime_ms and (wrong := suspicious(m.ref_runtime_ms, self.bounds, margin=margin, cache_flushed=cache_flushed)):
+            self._drop_bounds(f"the reference itself: {wrong}")
+            return None
+        return suspicious(m.runtime_ms, self.bounds, margin=margin, cache_flushed=cache_flushed)
+
+    def _drop_bounds(self, why: str) -> None:
+        """The reference is trusted code; a time of its own below the floor shows the bound is wrong for this
+        problem (bfloat16 or int8 units faster than the fp32 peak a CPU bound is measured at, a FLOP count
+        that misses how the work is done), so no candidate is held to it and it steers nothing."""
+        self.bounds = None
+        self.run.set_meta("sol_dropped", why)  # kept on resume; "sol_bounds" keeps the bound for the record
+        self.run.event("sol_unavailable", reason=f"speed-of-light bound dropped: {why}")
 
     def at_speed_of_light(self, best: Optional[CandidateRecord], margin: float) -> bool:
         if not self.bound_is_datasheet:

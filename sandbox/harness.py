@@ -168,21 +168,26 @@ def _fail(reply: dict) -> Measurement:
     return Measurement(status=MeasureStatus(reply["status"]), message=reply.get("message", ""))
 
 
+def _siblings(source: SourceFile) -> list[str]:
+    """Modules a file imports that are files beside it: the worker sees only its copy, so it cannot look,
+    and says so when such an import fails."""
+    return sorted(f"{name}.py" for name in source.imports if (source.path.parent / f"{name}.py").is_file())
+
+
 def _drive(pool: WorkerPool, worker: WorkerProcess, problem: SourceFile, candidate: SourceFile, config: HarnessConfig,
            phase: _Phase) -> tuple[Measurement, bool]:
     """Return the measurement and whether the worker must be retired."""
     phase.name = "problem"
-    reply = worker.request("load_problem", config.compile_timeout_s, path=_stage(worker, problem, "problem", phase), sha=problem.sha, seeds=[_seed() for _ in range(3)])
+    reply = worker.request("load_problem", config.compile_timeout_s, path=_stage(worker, problem, "problem", phase), sha=problem.sha,
+                           seeds=[_seed() for _ in range(3)], siblings=_siblings(problem))
     if reply["status"] != "ok":
         return _fail(reply), False
     faults_at_load = reply.get("reference_faults")
     phase.name = "import"
     worker.ran_candidate = True
-    # modules it imports that are files beside it: the worker sees only its copy, so it cannot look
-    siblings = sorted(f"{name}.py" for name in candidate.imports if (candidate.path.parent / f"{name}.py").is_file())
     init_seed = _seed()
     reply = worker.request("load_candidate", config.compile_timeout_s, path=_stage(worker, candidate, "candidate", phase),
-                           sha=candidate.sha, init_seed=init_seed, siblings=siblings)
+                           sha=candidate.sha, init_seed=init_seed, siblings=_siblings(candidate))
     if reply["status"] != "ok":
         worker.request("unload", 60.0)
         return _fail(reply), False

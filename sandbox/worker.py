@@ -47,6 +47,16 @@ class Failure(Exception):
         self.extra = extra
 
 
+def _sibling_hint(exc: BaseException, msg: dict, what: str) -> str:
+    """A failed import of a file that sits beside the user's (the supervisor lists them): say that it cannot work."""
+    missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+    if missing and missing.split(".")[0] + ".py" in msg.get("siblings", ()):
+        name = missing.split(".")[0]
+        return (f" (a {what} is one self-contained file, as in KernelBench: {name}.py next to it is not importable in the "
+                f"sandbox, which gets a copy of the {what} alone; put its code into the {what})")
+    return ""
+
+
 def _short_error(exc: BaseException, source_path: Optional[str] = None) -> str:
     text = f"{type(exc).__name__}: {exc}".strip()
     if len(text) > 3000:
@@ -271,21 +281,22 @@ class Worker:
         try:
             module = _import_file(path, f"kscout_problem_{sha[:16]}")
         except Exception as exc:
-            raise Failure("invalid_problem", f"{path}: importing the problem failed: {_short_error(exc, path)}")
+            raise Failure("invalid_problem", f"{path}: importing the problem failed: {_short_error(exc, path)}"
+                          f"{_sibling_hint(exc, msg, 'problem')}")
         for name in ("Model", "get_inputs", "get_init_inputs"):
             if not hasattr(module, name):
                 raise Failure("invalid_problem", f"{path}: defines no {name}")
-        init_inputs = self._call_problem(module.get_init_inputs, path, "get_init_inputs()")
-        if not isinstance(init_inputs, (list, tuple)):
-            raise Failure("invalid_problem", f"{path}: get_init_inputs() must return a list, got {type(init_inputs).__name__}")
+        self._init_inputs(module, msg["seeds"][0], path)  # a problem that cannot say them fails here, before the inputs
         self._check_input_size(module, path)
         per_seed_outputs, input_scale = [], 0.0
         recorder = integrity.OpRecorder() if integrity.OpRecorder is not None else None  # on the first seed's call
+        input_prints = []  # whether get_inputs() gave the same inputs for every seed
         for seed in msg["seeds"]:
             inputs = self._make_inputs(module, seed, path)
+            input_prints.append(correctness.fingerprint(tensors_in(inputs)))
             input_scale = max(input_scale, correctness.finite_input_scale(tensors_in(inputs)))  # a -inf mask is not the scale
             torch.manual_seed(seed)
-            model = self._build(module.Model, init_inputs, msg["seeds"][0], path, "Model")
+            model = self._build(module, module.Model, msg["seeds"][0], path, "Model")
             try:
                 with torch.no_grad(), (recorder if recorder is not None and not per_seed_outputs else contextlib.nullcontext()):
                     out = model(*inputs)
@@ -300,12 +311,15 @@ class Worker:
             if len(per_seed_outputs) == 1:
                 aliases = correctness.aliased_inputs(per_seed_outputs[0], tensors_in(inputs))
         weak = correctness.weak_reference_reason(per_seed_outputs, input_scale)
+        if weak and len(input_prints) > 1 and all(p == input_prints[0] for p in input_prints[1:]):
+            weak = (f"get_inputs() returns the same inputs whatever the seed (it calls torch.manual_seed, or makes them without "
+                    f"torch's random functions), so {weak}. The harness seeds torch before each call and checks candidates "
+                    "on several random inputs: let it, by leaving the seeding out of get_inputs()")
         if weak:
             raise Failure("invalid_problem", f"{path}: too weak to check candidates: {weak}")
         self._check_repeatable(module, model, msg["seeds"][0], per_seed_outputs[0], path)
         self.problem, self.problem_path, self.problem_sha = module, path, sha
         self.reference_aliases = aliases
-        self.init_inputs = list(init_inputs)
         self.initial_settings, self.initial_hooks = integrity.shared_settings(), integrity.code_hooks()
         # torch's kernels as the problem left them: all of aten (checked once the candidate is imported)
         # and the reference's own operators (checked after every candidate call)
@@ -411,7 +425,19 @@ class Worker:
         except Exception as exc:
             raise Failure("invalid_problem", f"{path}: moving the inputs to {self.device} failed: {_short_error(exc)}")
 
-    def _build(self, cls, init_inputs, seed: int, path: str, what: str):
+    def _init_inputs(self, module, seed: int, path: str) -> list[Any]:
+        """get_init_inputs() under the model's seed: a tensor among them (weights, a projection) is then the
+        same in every worker, the referee's included, where an unseeded call drew other values in each."""
+        torch.manual_seed(seed)
+        init_inputs = self._call_problem(module.get_init_inputs, path, "get_init_inputs()")
+        if not isinstance(init_inputs, (list, tuple)):
+            raise Failure("invalid_problem", f"{path}: get_init_inputs() must return a list, got {type(init_inputs).__name__}")
+        return list(init_inputs)
+
+    def _build(self, module, cls, seed: int, path: str, what: str):
+        """`cls` built from fresh init inputs of `module` (the problem), so the reference and the candidate
+        never share a tensor that one of their constructors could change for the other."""
+        init_inputs = self._init_inputs(module, seed, path)
         torch.manual_seed(seed)
         try:
             return cls(*init_inputs).to(self.device)
@@ -441,12 +467,9 @@ class Worker:
         except BaseException as exc:
             if isinstance(exc, SystemExit):
                 raise Failure("compile_error", f"{path}: the candidate called sys.exit() while being imported")
-            hint = ""
+            hint = _sibling_hint(exc, msg, "candidate")
             missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
-            if missing and missing.split(".")[0] + ".py" in msg.get("siblings", ()):  # beside the user's file
-                hint = (f" (a candidate is one self-contained file, as in KernelBench: {missing.split('.')[0]}.py next to it "
-                        "is not importable; put its code into the candidate)")
-            elif missing and missing.split(".")[0] in _GPU_ONLY and self.device.type != "cuda":
+            if not hint and missing and missing.split(".")[0] in _GPU_ONLY and self.device.type != "cuda":
                 hint = (f" ({missing.split('.')[0]} runs only on a CUDA GPU, and this measurement is on {self.device.type}: "
                         "measure it with --device cuda on a machine that has one)")
             if build_errors.is_build_error(exc):
@@ -458,9 +481,9 @@ class Worker:
         if not hasattr(module, "ModelNew"):
             raise Failure("compile_error", f"{path}: defines no class ModelNew")
         seed = msg["init_seed"]
-        self.reference = self._build(self.problem.Model, self.init_inputs, seed, self.problem_path, "Model")
+        self.reference = self._build(self.problem, self.problem.Model, seed, self.problem_path, "Model")
         self.reference_print = _module_fingerprint(self.reference)
-        self.candidate = self._build(module.ModelNew, self.init_inputs, seed, path, "ModelNew")
+        self.candidate = self._build(self.problem, module.ModelNew, seed, path, "ModelNew")
         self.built = (self.reference, self.candidate, self.timer)
         # after the candidate's import and constructor, before its first call: a setting it chose there
         # (cudnn.benchmark, say) holds for both sides alike; one its calls flip would not. How many cores
@@ -854,7 +877,7 @@ class Worker:
         if self.candidate_module is not None or self.built is not None:
             raise Failure("crashed", "a referee never holds a candidate")
         integrity.restore_settings(self.initial_settings)
-        self.reference = self._build(self.problem.Model, self.init_inputs, msg["init_seed"], self.problem_path, "Model")
+        self.reference = self._build(self.problem, self.problem.Model, msg["init_seed"], self.problem_path, "Model")
         self.settings_at_load = None
         self.round = {}
         return {"status": "ok"}

@@ -58,6 +58,13 @@ def test_a_search_on_a_busy_machine_stops_and_goes_on_once_it_is_idle(tmp_path):
     assert [f["status"] for f in shown["failures"]] == ["timing not valid"] * 2
     assert all("the machine was busy" in f["why"] for f in shown["failures"])
     assert out["continue_with"] == f"kscout resume {run}"
+    assert "timed again first" in out["stop_reason"]
     resumed = json.loads(kscout("resume", str(run), "--json").stdout)
     assert resumed["measurements_used"] == 4
     assert not (resumed["stop_reason"] or "").startswith("the machine is busy")
+    # the two candidates the busy machine kept from being judged were the resume's first two measurements
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    after = events[next(i for i, e in enumerate(events) if e["event"] == "continue"):]
+    requeued = next(e for e in after if e["event"] == "requeue")["candidates"]
+    assert len(requeued) == 2
+    assert [e["candidate"] for e in after if e["event"] == "measure"][:2] == requeued

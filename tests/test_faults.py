@@ -97,6 +97,21 @@ def test_a_candidate_importing_a_file_next_to_it_is_told_to_inline_it(measure_so
 
 
 
+def test_a_problem_importing_a_file_next_to_it_is_told_to_inline_it(measure_source, write):
+    write("helpers.py", "import torch\n\ndef scale(x):\n    return 2 * x\n")
+    problem = "from helpers import scale\n" + SMALL_PROBLEM
+    m = measure_source(GOOD_CANDIDATE, problem=problem)
+    assert m.status == MeasureStatus.invalid_problem and not m.charged
+    assert "a problem is one self-contained file" in m.message and "helpers.py" in m.message
+
+
+def test_a_problem_whose_inputs_ignore_the_seed_is_told_to_leave_the_seeding_out(measure_source):
+    problem = SMALL_PROBLEM.replace("def get_inputs():", "def get_inputs():\n    torch.manual_seed(0)", 1)
+    m = measure_source(GOOD_CANDIDATE, problem=problem)
+    assert m.status == MeasureStatus.invalid_problem and not m.charged
+    assert "get_inputs() returns the same inputs whatever the seed" in m.message, m.message
+
+
 def _problem_that_kills_its_worker(marker: Optional[Path]) -> str:
     """The reference's get_init_inputs() SIGKILLs its worker: always, or only until `marker` exists."""
     if marker is None:

@@ -93,6 +93,11 @@ def test_a_search_on_a_problem_whose_reference_raises_fails_and_says_so(tmp_path
     out = json.loads(result.stdout)
     assert out["status"] == "failed" and out["measurements_used"] == 0
     assert "the problem cannot be measured" in out["stop_reason"] and "reference broken" in out["stop_reason"]
+    # `kscout show` says the same, and does not suggest resuming what cannot be measured
+    shown = json.loads(kscout("show", str(tmp_path / "run"), "--json").stdout)
+    assert shown["status"] == "failed" and "reference broken" in shown["stop_reason"]
+    text = kscout("show", str(tmp_path / "run")).output
+    assert "failed" in text and "kscout resume" not in text
 
 
 def test_a_resume_while_the_search_is_still_running_is_refused(tmp_path):

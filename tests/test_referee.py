@@ -251,6 +251,36 @@ def test_inputs_that_differ_from_one_process_to_another_are_not_judged_by_the_re
     assert m.timing_valid is False  # unconfirmed: a hijacker could report other inputs to get here
 
 
+def test_a_problem_whose_init_inputs_are_random_tensors_is_judged_on_the_same_tensors(measure_source):
+    """get_init_inputs() returning a random tensor (a projection, fixed weights) is common; every worker must
+    draw the same one, or the referee compares against another model and finds a copy of the reference wrong."""
+    problem = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, proj):
+        super().__init__()
+        self.register_buffer("proj", proj)
+
+    def forward(self, x):
+        return torch.cos(x @ self.proj)
+
+def get_inputs():
+    return [torch.randn(64, 32)]
+
+def get_init_inputs():
+    return [torch.randn(32, 16) / 32 ** 0.5]
+"""
+    copy = problem.replace("class Model(", "class ModelNew(").split("def get_inputs")[0]
+    # and a candidate that changes the tensor it was given must not change the reference's with it
+    scaling = copy.replace('self.register_buffer("proj", proj)', 'self.register_buffer("proj", proj.mul_(2))')
+    m = measure_source(copy, problem=problem)
+    assert m.status == MeasureStatus.ok and m.correct, m.message
+    wrong = measure_source(scaling, problem=problem, name="scaling.py")
+    assert wrong.status == MeasureStatus.incorrect, wrong.message
+
+
 @linux_only
 def test_cpu_time_a_frozen_process_still_used_is_counted():
     # a stop takes effect on the way back to user space: a process inside a long system call runs on (a red-team

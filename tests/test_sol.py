@@ -347,3 +347,36 @@ def test_the_documented_table_is_the_table_in_the_code():
         cells = [d.fp32_tflops, d.tf32_tflops, d.fp16_tflops, d.bf16_tflops, d.fp64_tflops, d.bandwidth_gbs, d.last_level_cache_mb]
         row = " | ".join("–" if v is None else f"{v:g}" for v in cells)
         assert f"| {d.key} | " in doc and f" | {row} |" in doc, d.key
+
+
+def test_a_bound_the_reference_itself_beats_is_dropped_not_held_against_candidates(tmp_path):
+    """bfloat16 on a CPU with bf16 units runs faster than the fp32 peak a CPU bound is measured at: the
+    trusted reference then comes in under the floor, which shows the bound is wrong, not that every
+    faster candidate skipped work."""
+    from kernelscout.agent.targets import CodeTarget
+    from kernelscout.tools.rundir import RunDir
+    from kernelscout.tools.schema import Measurement, MeasureStatus
+    from kernelscout.tools.sol import SolBounds
+
+    bounds = SolBounds(problem="p.py", device="cpu", device_key="cpu", precision="fp32", flops=10**9, min_bytes=10**6,
+                       input_bytes=10**6, output_bytes=0, param_bytes=0, peak_flops=1e11, peak_bandwidth=1e10,
+                       ridge_intensity=10.0, compute_ms=10.0, memory_ms=0.1, time_ms=10.0, bound="compute",
+                       cache_resident=False, floor_ms=10.0, counted_on="meta", peaks_source="measured")
+
+    def target(name: str) -> CodeTarget:
+        run = RunDir(tmp_path / name)
+        run.set_meta("sol_bounds", bounds.model_dump_json())
+        return CodeTarget(tmp_path / "p.py", "cpu", run)
+
+    def timed(candidate_ms: float, reference_ms: float) -> Measurement:
+        return Measurement(status=MeasureStatus.ok, correct=True, timing_valid=True, runtime_ms=candidate_ms,
+                           ref_runtime_ms=reference_ms, speedup=reference_ms / candidate_ms)
+
+    honest_floor = target("a")
+    assert "below the speed-of-light floor" in honest_floor.below_speed_of_light(timed(2.0, 12.0))  # reference above it
+
+    wrong = target("b")
+    assert wrong.below_speed_of_light(timed(2.0, 3.0)) is None  # the reference itself at 3 ms, under the 10 ms floor
+    assert wrong.bounds is None and wrong.headroom(None) is None
+    assert "the reference itself" in wrong.run.get_meta("sol_dropped")
+    assert CodeTarget(tmp_path / "p.py", "cpu", RunDir(tmp_path / "b")).bounds is None  # and after a resume

@@ -178,6 +178,12 @@ class Archive:
                 (state, m.measurement_id, m.speedup if usable else None, candidate_id),
             )
 
+    def requeue(self, candidate_id: int) -> None:
+        """Back to the queue: a candidate whose measurement judged nothing (its timing void because the machine
+        was busy) is measured again; its earlier measurement stays in the ledger."""
+        with self.run.transaction(durable=False) as db:
+            db.execute("UPDATE candidates SET state = 'proposed', speedup = NULL WHERE id = ?", (candidate_id,))
+
     def failures(self, limit: int = 8) -> tuple[int, list[tuple[int, Measurement]]]:
         """(how many candidates' measurements did not count, the latest `limit` of them with their
         measurement): a failure's message, or what voided its timing, is what a user needs to fix it."""
