@@ -140,7 +140,8 @@ class LearnedSurrogate:
     def status(self) -> str:
         prior = f", warm start from {', '.join(p.name for p in self.priors)}" if self.priors else ""
         if self.n_timed < self.min_points:
-            return f"cold start: only {self.n_timed} timed configurations (needs {self.min_points}){prior}"
+            noun = "configuration" if self.n_timed == 1 else "configurations"
+            return f"cold start: only {self.n_timed} timed {noun} (needs {self.min_points}){prior}"
         return f"{'+'.join(self.members)} on {self.n_timed} timed configurations{prior}"
 
     # --- model ----------------------------------------------------------------------------
