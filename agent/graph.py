@@ -19,7 +19,6 @@ neither loses nor repeats a measurement.
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import sqlite3
@@ -72,7 +71,6 @@ PROBLEM_UNUSABLE = "the problem cannot be measured"
 """Stop reason (followed by the measurement's message) when a measurement blames the problem, not the
 candidate: a reference that raises fails every candidate the same way, so searching on wastes the run."""
 MACHINE_BUSY = "the machine is busy"
-RETIME_META = "retime"  # candidates whose timing a busy machine voided, queued again by a resume (JSON list of ids)
 """Stop reason when measurements in a row came back void because other processes held the worker's
 cores (`sandbox.stats.busy_machine`): each was charged and none taught the search anything, so the rest
 of the budget waits for `kscout resume` on an idle machine instead of going the same way."""
@@ -106,7 +104,6 @@ class SearchLoop:
         self._lay_dead_s = 0.0  # how long a killed search lay dead before this resume; `check` moves `started` by it
         self.workers = 1  # measurements in flight at once; see scale_out
         self._busy_streak = 0  # measurements in a row whose timing a busy machine voided (MACHINE_BUSY)
-        self._retime: set[int] = set(json.loads(run.get_meta(RETIME_META) or "[]"))
         self._rebuild_predictor()
 
     def scale_out(self, dispatcher: Any) -> None:
@@ -166,7 +163,8 @@ class SearchLoop:
             return {"to_measure": [], **self._llm_cap_stop(exc)}
         # the user's own kernels (--start) are measured whatever the forecast: they asked for them; so are those
         # a busy machine kept from being judged, which the search had chosen already
-        given = [rec.id for rec in recs if rec.origin == USER_ORIGIN or rec.id in self._retime]
+        given = [rec.id for rec in recs if rec.origin == USER_ORIGIN or rec.requeued]
+        requeued = {rec.id for rec in recs if rec.requeued}
         for rec, forecast in zip(recs, forecasts):
             judged.append((rec.id, forecast, self.predictor.decide(forecast)))
         # highest priority first; among equals (e.g. cold start) the policy's own order, oldest first
@@ -182,7 +180,7 @@ class SearchLoop:
         for cid, forecast, decision in judged:
             action, reason = decision.action, decision.reason
             if cid in given:
-                why = "its timing was void (the machine was busy): timed again" if cid in self._retime else "given with --start, measured"
+                why = "its timing was void (the machine was busy): timed again" if cid in requeued else "given with --start, measured"
                 action, reason = ("measure" if cid in chosen else "defer"), f"{why} whatever the forecast ({reason})"
             elif cid in dropped:
                 action, reason = "shelve", f"worth measuring ({reason}) but ranked below the {self.settings.pending_limit} kept for later"
@@ -212,7 +210,7 @@ class SearchLoop:
                     if rec.state == "proposed":  # otherwise measured before a crash: its result is already recorded
                         # a candidate queued again after a busy machine is timed anew (the measure tool would
                         # otherwise hand back its recorded, void result)
-                        again = {"again": True} if rec.id in self._retime else {}
+                        again = {"again": True} if rec.requeued else {}
                         running[pool.submit(self.target.measure, rec, **again)] = rec
                 done, _ = wait(running, return_when=FIRST_COMPLETED) if running else (set(), None)
                 for future in done:
@@ -231,9 +229,6 @@ class SearchLoop:
                                            "held the worker's cores, so their timings are void; resume the run when it is idle "
                                            "(candidates whose timings were void are timed again first)"), []
                     repaired = self._record(rec, m, progress, state["iteration"])
-                    if rec.id in self._retime:
-                        self._retime.discard(rec.id)
-                        self.run.set_meta(RETIME_META, json.dumps(sorted(self._retime)))
                     if repaired is not None and stop is None:
                         queue.insert(0, repaired)
         if stop:
@@ -369,16 +364,16 @@ class SearchLoop:
     def _requeue_busy(self) -> None:
         """Candidates whose timing a busy machine voided were never judged: the stop told the user to resume
         when the machine is idle, so they go back to the queue and are timed again (a new measurement each)."""
+        requeued = []
         for rec in self.archive.all():
             if rec.state != "failed" or rec.measurement_id is None:
                 continue
             m = self.target.recorded_measurement(rec)
             if m is not None and (m.timing_invalid_reason or "").startswith(BUSY_REASON):
                 self.archive.requeue(rec.id)
-                self._retime.add(rec.id)
-        if self._retime:
-            self.run.set_meta(RETIME_META, json.dumps(sorted(self._retime)))
-            self._emit("requeue", candidates=sorted(self._retime), reason="timing void: the machine was busy")
+                requeued.append(rec.id)
+        if requeued:
+            self._emit("requeue", candidates=requeued, reason="timing void: the machine was busy")
 
     def _limit_raised(self, values: dict) -> Optional[str]:
         """What now lets a finished search go on: its ledger has room again after the budget ran out

@@ -151,8 +151,8 @@ class CodeTarget:
 
     def measure(self, rec: CandidateRecord, again: bool = False) -> Measurement:
         m = self._measure_path(rec.path, again=again)
-        if self.below_speed_of_light(m):
-            self.run.event("suspect", candidate=rec.id, reason=self.below_speed_of_light(m))
+        if suspect := self.below_speed_of_light(m):
+            self.run.event("suspect", candidate=rec.id, reason=suspect)
             second = self._measure_path(rec.path, again=True, trials=max(10, 3 * self.harness.correctness_trials))
             if second.status.value == "budget_exhausted":
                 return m

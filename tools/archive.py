@@ -89,6 +89,11 @@ class CandidateRecord(BaseModel):
     measurement_id: Optional[int] = None
     speedup: Optional[float] = Field(None, description="measured speedup over the reference (never a forecast)")
 
+    @property
+    def requeued(self) -> bool:
+        """Queued again after a measurement that judged nothing (`Archive.requeue`), so it is timed anew."""
+        return self.state == "proposed" and self.measurement_id is not None
+
 
 def _row(r) -> CandidateRecord:
     return CandidateRecord(
@@ -180,7 +185,8 @@ class Archive:
 
     def requeue(self, candidate_id: int) -> None:
         """Back to the queue: a candidate whose measurement judged nothing (its timing void because the machine
-        was busy) is measured again; its earlier measurement stays in the ledger."""
+        was busy) is measured again; its earlier measurement stays in the ledger and its id on the record,
+        which is what marks it `requeued` (a candidate never measured has none)."""
         with self.run.transaction(durable=False) as db:
             db.execute("UPDATE candidates SET state = 'proposed', speedup = NULL WHERE id = ?", (candidate_id,))
 

@@ -58,6 +58,12 @@ def maximin_design(features: np.ndarray, n: int, first: int = 0) -> list[int]:
     return chosen
 
 
+def _not_candidates(parent: dict[str, Any]) -> set[str]:
+    """What a proposal must not be: a configuration already tried, or the reference's, which is timed in every
+    session. (The screen passes over the reference by its row instead, so that its pool is drawn as before.)"""
+    return parent["tried"] | {parent.get("reference_sha")}
+
+
 class SpaceProposal(BaseModel):
     source: Optional[str] = None  # configurations have no source; the archive keys them by their values
     origin: str
@@ -106,7 +112,7 @@ class SpaceSearchPolicy:
         return out
 
     def _local_and_random(self, parent: dict[str, Any], k: int, rng: random.Random, random_only: bool) -> list[SpaceProposal]:
-        tried: set[str] = parent["tried"] | {parent.get("reference_sha")}
+        tried = _not_candidates(parent)
         base: Optional[dict] = None if random_only else parent.get("config")
         picks: list[tuple[str, dict]] = []
         seen = set()
@@ -141,7 +147,7 @@ class SpaceSearchPolicy:
                 rows = gen.choice(rows, size=DESIGN_POOL, replace=False)
             features = ConfigEncoder(self.space.param_values).transform(self._values[rows]).compact
             self._design = [int(rows[i]) for i in maximin_design(features, DESIGN_SIZE, first=int(gen.integers(rows.size)))]
-        tried: set[str] = parent["tried"] | {parent.get("reference_sha")}
+        tried = _not_candidates(parent)
         out = []
         for position, idx in enumerate(self._design, start=1):
             if idx in self._proposed:
