@@ -305,7 +305,7 @@ class Forecaster:
         if not forecast.informative:
             return -1.0
         p = next((q for q in (forecast.p_clear_win, forecast.p_beats_incumbent) if q is not None), forecast.p_faster)
-        return p * (1.0 - forecast.p_fail) + 1e-3 * math.log(max(forecast.expected_speedup or 1.0, 1e-9))
+        return p * (1.0 - (forecast.p_fail or 0.0)) + 1e-3 * math.log(max(forecast.expected_speedup or 1.0, 1e-9))
 
     def screen(self, configs: Any, keys: Optional[list[tuple]] = None) -> Optional["Screen"]:
         """Rank many configurations at once by expected improvement over the best measured time.

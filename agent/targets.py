@@ -187,8 +187,12 @@ class CodeTarget:
         # measured CPU peaks can be low on a busy machine, so only a time far below them is suspect
         margin = 0.1 if self.bound_is_datasheet else 0.5
         cache_flushed = self.device.startswith("cuda")
-        if m.ref_runtime_ms and (wrong := suspicious(m.ref_runtime_ms, self.bounds, margin=margin, cache_flushed=cache_flushed)):
-            self._drop_bounds(f"the reference itself: {wrong}")
+        # the reference's time as the candidate's worker reported it, the candidate could have written; the bound
+        # is dropped only when the referee's own timing of the reference alone confirms it
+        alone = m.reference_alone_ms
+        if (m.ref_runtime_ms and suspicious(m.ref_runtime_ms, self.bounds, margin=margin, cache_flushed=cache_flushed)
+                and alone and (wrong := suspicious(alone, self.bounds, margin=margin, cache_flushed=cache_flushed))):
+            self._drop_bounds(f"the reference itself, timed alone in a worker that never loaded a candidate: {wrong}")
             return None
         return suspicious(m.runtime_ms, self.bounds, margin=margin, cache_flushed=cache_flushed)
 

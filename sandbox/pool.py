@@ -473,7 +473,7 @@ class WorkerProcess:
         _LIVE[self.pid] = self
         self.info: dict[str, Any] = {}
         self.measurements = 0
-        self.ran_candidate = False  # set before a candidate is handed over; such a worker is never reused
+        self.candidates_run = 0  # counted before a candidate is handed over; a search's pool never reuses such a worker
 
     def _launch(self, env: dict[str, str], cmd_r: int, res_w: int) -> subprocess.Popen:
         """A new interpreter for the worker: on Linux through the launcher, which confines it first."""
@@ -723,9 +723,11 @@ class WorkerPool:
     """
 
     def __init__(self, threads: Optional[int] = None, memory_bytes: Optional[int] = None, spares: bool = True,
-                 reuse: bool = False, fork: Optional[bool] = None, cpus: Sequence[int] = ()):
-        """`reuse=True` keeps a worker warm across candidates, as before the review: for candidates that
-        are one's own (the test suite's shared pool), never for a search's. `fork`: workers from the zygote
+                 candidates_per_worker: int = 1, fork: Optional[bool] = None, cpus: Sequence[int] = ()):
+        """`candidates_per_worker` above 1 keeps a worker warm across candidates, as before the review: for
+        candidates that are one's own (the test suite's shared pool), never for a search's; even then a worker
+        is retired after that many (a long-lived worker's heap and threads drift from a fresh one's, and the
+        referee, a fresh process, then reads the reference as slowed beside an honest candidate). `fork`: workers from the zygote
         (sandbox/zygote.py); by default where a pool starts more than one (`spares`). `cpus`: the cores its
         CPU workers are pinned to (`--workers N` gives each slot its own share); all of them when empty."""
         self.threads = threads
@@ -733,7 +735,7 @@ class WorkerPool:
         self.memory_bytes = memory_bytes
         self.spares = spares
         self.fork = spares if fork is None else fork
-        self.reuse = reuse
+        self.candidates_per_worker = max(1, candidates_per_worker)
         self._idle: dict[str, list[WorkerProcess]] = {}
         self._starting: dict[str, _Spare] = {}
         self._referees: dict[str, WorkerProcess] = {}
@@ -758,10 +760,14 @@ class WorkerPool:
             raise
         return worker
 
+    @property
+    def reuse(self) -> bool:
+        return self.candidates_per_worker > 1
+
     def release(self, worker: WorkerProcess, healthy: bool) -> None:
         """Keep a healthy worker warm unless it has run a candidate; close one that is not, or that has
         processes left running under it."""
-        if healthy and (self.reuse or not worker.ran_candidate) and worker.alive and not worker.stray_processes():
+        if healthy and worker.candidates_run < self.candidates_per_worker and worker.alive and not worker.stray_processes():
             self._idle.setdefault(worker.device, []).append(worker)
             return
         worker.close()
@@ -795,7 +801,7 @@ class WorkerPool:
         It judges what a candidate's own worker cannot be trusted to (sandbox/referee.py): that worker
         runs the candidate in its own process, so whatever it reports, the candidate could have written."""
         worker = self._referees.get(device)
-        if worker is not None and worker.alive and not worker.ran_candidate:
+        if worker is not None and worker.alive and not worker.candidates_run:
             return worker
         if worker is not None:
             worker.close()

@@ -190,6 +190,7 @@ def _compare_reference(m: Measurement, beside: list[float], time_alone: Callable
     if len(alone) < 3 or not beside:
         _unconfirmed(m, "the reference could not be timed alone often enough to compare it with its time beside the candidate")
         return
+    m.reference_alone_ms = quantile(alone, 0.5)
     m.checks.append(f"the reference alone in the second worker: {quantile(alone, 0.5):.4g} ms a call, beside the candidate "
                     f"{quantile(beside, 0.5):.4g} ms")
     if slowed:

@@ -99,11 +99,12 @@ def _workers_may_write_test_reports(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def pool(_workers_may_write_test_reports):
-    """One pool for the suite's measurements, its workers kept warm across candidates (`reuse`): these
-    candidates are the suite's own, and a fresh worker per measurement tripled the suite's time. Every
+    """One pool for the suite's measurements, its workers kept warm across up to 20 candidates that pass
+    every check: these candidates are the suite's own, and a fresh worker per measurement tripled the
+    suite's time (an unlimited reuse let one test's leftovers slow a later test's reference). Every
     search, `kscout measure` and the MCP server retire a worker after each candidate; the tests that
     depend on that make their own pool."""
-    with WorkerPool(reuse=True) as p:
+    with WorkerPool(candidates_per_worker=20) as p:
         yield p
 
 

@@ -140,6 +140,7 @@ def test_cold_start_forecast_is_uninformative_and_says_why(space: ReplaySpace) -
     f = predict(child, parent, PredictContext(), surrogate)
     assert not f.informative
     assert f.p_faster == 0.5 and f.confidence == 0.0
+    assert f.p_fail is None  # it knows nothing, so it does not claim the child cannot fail either
     assert f.rationale.startswith("cold start: only 3 timed configurations")
 
 

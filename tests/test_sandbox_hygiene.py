@@ -589,6 +589,34 @@ def test_a_candidate_that_takes_over_its_worker_cannot_speak_for_the_next_candid
     assert m.status == MeasureStatus.incorrect, m.message
 
 
+def test_a_pool_that_reuses_workers_retires_one_a_candidate_may_have_changed_and_an_old_one(tmp_path, write):
+    """The suite's shared pool reuses workers to save time; one whose candidate's timing was voided or drew a
+    warning may hold process-wide state the candidate left (a later honest candidate's reference then ran
+    1.58x slower there than in the referee), and an old one drifts, so neither is used again."""
+    class Watched(WorkerPool):
+        pids: list[int] = []
+
+        def acquire(self, device, start_timeout=120.0):
+            worker = super().acquire(device, start_timeout)
+            self.pids.append(worker.pid)
+            return worker
+
+    problem = write("problem.py", SMALL_PROBLEM)
+    one_thread = "import torch\ntorch.set_num_threads(1)\n" + candidate()  # put back and warned about
+    sources = [candidate(), one_thread, candidate(), candidate(), candidate()]
+    with Watched(candidates_per_worker=2) as own:
+        verdicts = [measure(MeasureRequest(problem=str(problem), candidate=str(write(f"c{i}.py", source)), device="cpu",
+                                           run_dir=str(tmp_path / f"run{i}"), harness=QUICK), pool=own)
+                    for i, source in enumerate(sources)]
+    assert any("changed how many cores" in w for w in verdicts[1].warnings), verdicts[1]
+    runs_on_worker = 1
+    for before, pid_before, pid in zip(verdicts, own.pids, own.pids[1:]):
+        changed = before.timing_voided or before.warnings or before.status in (MeasureStatus.runtime_error, MeasureStatus.crashed)
+        assert (pid == pid_before) == (not changed and runs_on_worker < 2), (before.message, own.pids)
+        runs_on_worker = runs_on_worker + 1 if pid == pid_before else 1
+    assert own.pids[2] != own.pids[1]  # never after the one that changed a setting
+
+
 # -- what a candidate may read and reach --------------------------------------------------------
 def probe(lines: str) -> str:
     """A correct candidate whose constructor runs `lines` and reports what they found in its error

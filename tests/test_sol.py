@@ -7,6 +7,7 @@ import json
 import re
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import typer
@@ -368,12 +369,19 @@ def test_a_bound_the_reference_itself_beats_is_dropped_not_held_against_candidat
         run.set_meta("sol_bounds", bounds.model_dump_json())
         return CodeTarget(tmp_path / "p.py", "cpu", run)
 
-    def timed(candidate_ms: float, reference_ms: float) -> Measurement:
+    def timed(candidate_ms: float, reference_ms: float, alone_ms: Optional[float] = None) -> Measurement:
         return Measurement(status=MeasureStatus.ok, correct=True, timing_valid=True, runtime_ms=candidate_ms,
-                           ref_runtime_ms=reference_ms, speedup=reference_ms / candidate_ms)
+                           ref_runtime_ms=reference_ms, speedup=reference_ms / candidate_ms,
+                           reference_alone_ms=reference_ms if alone_ms is None else alone_ms)
 
     honest_floor = target("a")
     assert "below the speed-of-light floor" in honest_floor.below_speed_of_light(timed(2.0, 12.0))  # reference above it
+
+    # what the candidate's worker reports of the reference, the candidate could have written: a reference time
+    # under the floor that the referee's own timing alone does not confirm leaves the bound in force
+    forged = target("c")
+    assert "below the speed-of-light floor" in forged.below_speed_of_light(timed(2.0, 3.0, alone_ms=12.0))
+    assert forged.bounds is not None and not forged.run.get_meta("sol_dropped")
 
     wrong = target("b")
     assert wrong.below_speed_of_light(timed(2.0, 3.0)) is None  # the reference itself at 3 ms, under the 10 ms floor

@@ -84,7 +84,8 @@ class Forecast(BaseModel):
     expected_speedup: Optional[float] = None
     speedup_interval_80: Optional[tuple[float, float]] = None
     predicted_runtime_ms: Optional[float] = Field(None, description="median of the predictive distribution")
-    p_fail: float = Field(0.0, ge=0, le=1)
+    p_fail: Optional[float] = Field(None, ge=0, le=1, description="P(the child fails: does not build, crashes or is "
+                                    "wrong); None where the surrogate does not say (an uninformative forecast, the LLM's)")
     confidence: float = Field(ge=0, le=1, description="|2 P(faster) - 1|: 0 = coin flip, 1 = certain")
     rationale: str
     cost: SurrogateCost
@@ -125,7 +126,7 @@ def predict_many(
         return []
     configs = [c.config for c in candidates]
     dist = surrogate.predictive(configs) if all(configs) else None
-    p_fail = surrogate.p_fail(configs) if all(configs) else np.zeros(len(candidates))
+    p_fail = surrogate.p_fail(configs) if all(configs) else None  # a code child's chance of failing, no model here says
     tokens_in, tokens_out = getattr(surrogate, "last_tokens", (0, 0))
     if dist is None:
         reason = surrogate.status() if all(configs) else f"{surrogate.name} forecasts configurations only"
@@ -146,7 +147,7 @@ def _read_forecasts(
     context: PredictContext,
     surrogate: Surrogate,
     edges: Sequence[float],
-    p_fail: np.ndarray,
+    p_fail: Optional[np.ndarray],
 ) -> list[Forecast]:
     parents = [parent] * len(dist) if isinstance(parent, Parent) else list(parent)
     yp = np.log([p.runtime_ms for p in parents])
@@ -182,7 +183,7 @@ def _read_forecasts(
                 expected_speedup=float(expected[k]),
                 speedup_interval_80=(lo, hi),
                 predicted_runtime_ms=float(np.exp(q50[k])),
-                p_fail=float(np.clip(p_fail[k], 0.0, 1.0)),
+                p_fail=None if p_fail is None else float(np.clip(p_fail[k], 0.0, 1.0)),
                 confidence=float(abs(2 * p_faster[k] - 1)),
                 rationale=rationale,
                 cost=SurrogateCost(latency_ms=0.0),

@@ -52,6 +52,8 @@ class Measurement(BaseModel):
     message: str = ""
     candidate_timing: Optional[TimingStats] = None
     reference_timing: Optional[TimingStats] = None
+    reference_alone_ms: Optional[float] = Field(None, description="median per-call time of the reference alone in a "
+                                                "second worker that never loaded the candidate (set when that worker timed it)")
     checks: list[str] = Field(default_factory=list, description="correctness and integrity checks that ran")
     warnings: list[str] = Field(default_factory=list)
     measurement_id: Optional[int] = None
