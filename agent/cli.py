@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kernelscout import __version__
-from kernelscout.agent.cli_errors import fail, validation_message
+from kernelscout.agent.cli_errors import fail, interrupted_code, stop_on_sigterm, validation_message
 from kernelscout.agent.search_config import help_default, search_config
 
 app = typer.Typer(
@@ -74,7 +74,7 @@ def measure(
     except KeyboardInterrupt:  # typer would exit 130 without a word
         where = request.run_dir or "runs/scratch"
         fail(f"interrupted: the measurement stays reserved in {where}'s ledger, and the same `kscout measure` command "
-             "takes it up without charging it again", as_json, code=130)
+             "takes it up without charging it again", as_json, code=interrupted_code())
     if as_json:
         print(result.model_dump_json())
     elif result.measurement_id is None and not result.charged and result.status.value in ("compile_error", "invalid_problem"):
@@ -165,7 +165,7 @@ def optimize(
     surrogate: Optional[str] = typer.Option(None, help=f"auto, learned, llm or none {help_default('surrogate')}"),
     device: Optional[str] = typer.Option(None, help=f"auto, cpu, cuda or cuda:N {help_default('device')}"),
     run_dir: Optional[str] = typer.Option(None, "--run-dir", help="run directory \\[default: runs/<name>-<time>]"),
-    seed: int = typer.Option(0, help="seed of the search policy"),
+    seed: int = typer.Option(0, min=0, help="seed of the search policy"),
     proposals: Optional[int] = typer.Option(None, help=f"candidates proposed per iteration {help_default('proposals')}"),
     patience: Optional[int] = typer.Option(None, help=f"stop after this many measurements without a new best (0: never) {help_default('patience')}"),
     max_wall: Optional[float] = typer.Option(None, "--max-wall", help="stop after this many seconds"),
@@ -246,7 +246,7 @@ def _interrupted(exc, as_json: bool) -> None:
         print(json.dumps({"status": "interrupted", "run_dir": str(exc.run_dir), "measurements_used": exc.used,
                           "budget": exc.cap, "message": str(exc)}))
     err.print(str(exc), soft_wrap=True, highlight=False)
-    raise typer.Exit(130)
+    raise typer.Exit(interrupted_code())
 
 
 def _finish_search(result, as_json: bool) -> None:
@@ -293,11 +293,12 @@ _register_tool_commands()
 
 
 def main() -> None:
+    stop_on_sigterm()
     try:
         app()
     except KeyboardInterrupt:
         err.print("interrupted")
-        sys.exit(130)
+        sys.exit(interrupted_code())
 
 
 if __name__ == "__main__":

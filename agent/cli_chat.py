@@ -20,6 +20,7 @@ from rich.markdown import Markdown
 from rich.syntax import Syntax
 from rich.table import Table
 
+from kernelscout.agent.cli_errors import Terminated
 from kernelscout.agent.search_config import help_default, search_config
 from kernelscout.sandbox.problem import InputFileError, problem_file, problem_name
 from kernelscout.tools.budget import Budget
@@ -209,7 +210,9 @@ class ChatREPL:
             while outcome.status == "confirm" and outcome.question is not None:
                 outcome = self.session.agent.answer(self.ask(outcome.question))
                 self.show(outcome)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
+            if isinstance(exc, Terminated):  # a stop from outside ends the session, not only the turn
+                raise
             self.console.print("[yellow]interrupted: the turn stopped. A measurement in flight is recorded or adopted "
                                "later, never paid for twice.[/yellow]")
         self.footer()
@@ -268,11 +271,12 @@ class ChatREPL:
             self.console.print(f"[red]unknown command {name}[/red]; type /help for the list", highlight=False)
             return True
         low, high, fn = calls[name]
-        if not low <= len(args) <= high:
+        # /measure's second word may only be its flag: a misspelt --again replayed the recorded result unannounced
+        if not low <= len(args) <= high or (name == "/measure" and args[1:] not in ([], ["--again"])):
             usage = next((ln.strip() for ln in HELP.splitlines() if ln.strip().startswith(name + " ") or ln.strip() == name), name)
             self.console.print(f"[red]usage:[/red] {usage.split('  ')[0]}", highlight=False)
             return True
-        if name == "/measure":
+        if name == "/measure" and Path(args[0]).is_file():  # else the error line comes alone, as in `kscout measure`
             self.console.print(f"[dim]measuring {args[0]} ...[/dim]", highlight=False)
         result = fn(args)
         self.render_tool(result, show_call=False)

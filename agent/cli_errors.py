@@ -6,9 +6,10 @@ usage error. `optimize`, `resume`, `run`, `eval-surrogate` and `bench search` al
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 from rich.console import Console
@@ -42,3 +43,28 @@ def json_errors(as_json: bool) -> Iterator[None]:
 def validation_message(exc: "ValidationError", flags: dict[str, str]) -> str:
     """A pydantic error as the flags the person typed: `--timeout: input should be greater than 0`."""
     return "; ".join(f"{flags.get(str(e['loc'][-1]), e['loc'][-1])}: {e['msg'].lower()}" for e in exc.errors())
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's stop, `timeout`, systemd), unwound as Ctrl-C is, so that an overnight log says where the
+    run stands and how to go on, as it does after Ctrl-C (a QA pass found it said nothing). A chat session ends on
+    it where Ctrl-C only ends the turn."""
+
+
+_SIGNAL_RECEIVED: Optional[int] = None
+
+
+def stop_on_sigterm() -> None:
+    """From the main thread, before any work. Sandbox pools kill their workers first, then call this handler."""
+    def handler(signum: int, frame: Any) -> None:
+        global _SIGNAL_RECEIVED
+        _SIGNAL_RECEIVED = signum
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def interrupted_code() -> int:
+    """The exit code of an interrupted command: 128 + 15 after SIGTERM, as the shell reports a process it killed;
+    130 after Ctrl-C."""
+    return 128 + _SIGNAL_RECEIVED if _SIGNAL_RECEIVED else 130

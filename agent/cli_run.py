@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kernelscout.agent.cli_errors import fail, validation_message
+from kernelscout.agent.cli_errors import fail, interrupted_code, validation_message
 from kernelscout.agent.search_config import help_default, search_config
 
 err = Console(stderr=True)
@@ -56,6 +56,21 @@ def print_summary(summary, console: Optional[Console] = None) -> None:
         console.print(f"report: {', '.join(map(str, reports))}", highlight=False, soft_wrap=True)
 
 
+def _check_device(device: str, refs) -> None:
+    """HeadlessError for a device the run's code problems cannot use (a name kscout does not know, or CUDA on a
+    machine without it): found once, before any problem starts, not as each problem failing in turn."""
+    from kernelscout.agent.headless import HeadlessError
+    from kernelscout.sandbox.problem import InputFileError
+    from kernelscout.tools.measure import resolve_device
+
+    if not any(ref.kind == "problem" for ref in refs):
+        return  # recorded spaces are replayed, whatever --device says
+    try:
+        resolve_device(device)
+    except InputFileError as exc:
+        raise HeadlessError(f"--device {exc}") from None
+
+
 def _run(headless, as_json: bool) -> None:
     from kernelscout.agent.headless import HeadlessError, RunProgress
 
@@ -65,7 +80,7 @@ def _run(headless, as_json: bool) -> None:
         fail(str(exc), as_json)
     except KeyboardInterrupt:
         err.print(f"interrupted; nothing measured is lost. Continue with: kscout resume {headless.path}", soft_wrap=True, highlight=False)
-        raise typer.Exit(130)
+        raise typer.Exit(interrupted_code())
     _finish(summary, as_json)
 
 
@@ -100,7 +115,7 @@ def register(app: typer.Typer) -> None:
         policy: Optional[str] = typer.Option(None, help=f"auto, tuner or llm (auto uses the tuner for recorded spaces) {help_default('policy')}"),
         surrogate: Optional[str] = typer.Option(None, help=f"auto, learned, llm or none {help_default('surrogate')}"),
         device: Optional[str] = typer.Option(None, help=f"auto, cpu, cuda or cuda:N {help_default('device')}"),
-        seed: int = typer.Option(0, help="seed of the search policy"),
+        seed: int = typer.Option(0, min=0, help="seed of the search policy"),
         proposals: Optional[int] = typer.Option(None, help=f"candidates proposed per iteration {help_default('proposals')}"),
         patience: Optional[int] = typer.Option(None, help=f"stop a problem after this many measurements without a new best (0: never) {help_default('patience')}"),
         confirm: Optional[int] = typer.Option(None, "--confirm", help="measurements kept to re-measure each problem's best "
@@ -141,6 +156,7 @@ def register(app: typer.Typer) -> None:
         try:
             folders = run_history(history, path)
             refs = attach_start(discover(problems), start)
+            _check_device(device, refs)  # before the night starts, not once per problem
             manifest = RunManifest(problems=refs, budget=budget, policy=policy, surrogate=surrogate, device=device, seed=seed,
                                    proposals=proposals, patience=patience, confirm=confirm, problem_wall_s=problem_wall, history=folders,
                                    caps=RunCaps(max_wall_s=max_wall, max_measurements=max_measurements, max_usd=max_usd, max_tokens=max_tokens))
@@ -150,5 +166,6 @@ def register(app: typer.Typer) -> None:
         except ValidationError as exc:
             fail(validation_message(exc, FLAGS), as_json)
         if not as_json:
-            err.print(f"[dim]{len(refs)} problems, budget {budget} each; run directory {headless.path}[/dim]", soft_wrap=True, highlight=False)
+            err.print(f"[dim]{len(refs)} problem{'' if len(refs) == 1 else 's'}, budget {budget} each; run directory {headless.path}[/dim]",
+                      soft_wrap=True, highlight=False)
         _run(headless, as_json)

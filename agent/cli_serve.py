@@ -14,6 +14,7 @@ from typing import Optional
 
 import typer
 
+from kernelscout.agent.cli_errors import interrupted_code
 from kernelscout.agent.search_config import help_default, search_config
 
 TOKEN_ENV = "KSCOUT_MCP_TOKEN"  # same as kernelscout.tools.mcp_server.TOKEN_ENV, without importing the SDK for --help
@@ -114,4 +115,4 @@ if __name__ == "__main__":
     try:
         _standalone()
     except KeyboardInterrupt:
-        sys.exit(130)
+        sys.exit(interrupted_code())

@@ -68,7 +68,7 @@ class RunManifest(BaseModel):
     policy: str = "auto"
     surrogate: str = "auto"
     device: str = "auto"
-    seed: int = 0
+    seed: int = Field(0, ge=0)
     proposals: int = Field(6, ge=1)
     patience: int = Field(0, ge=0)
     confirm: Optional[int] = Field(None, ge=0, description="measurements kept to re-measure each problem's best (None: "

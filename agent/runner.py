@@ -129,6 +129,8 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
         raise OptimizeError("--budget must be at least 1")
     if workers is not None and workers < 1:
         raise OptimizeError("--workers must be at least 1")
+    if seed < 0:
+        raise OptimizeError(f"--seed must be 0 or more, not {seed}")
     check_limits(proposals=proposals, patience=patience, max_wall=max_wall, max_device_s=max_device_s, max_usd=max_usd,
                  max_llm_tokens=max_llm_tokens)
     confirm = default_confirm(budget, space is not None) if confirm is None else confirm

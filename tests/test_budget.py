@@ -212,3 +212,36 @@ def test_a_killed_process_not_yet_reaped_is_dead_to_the_ledger(tmp_path):
                    (child.pid, socket.gethostname()))
     assert ledger.reserve("k").adopted  # not waited on as if it were still measuring
     child.wait()
+
+
+def test_a_measurement_into_a_folder_another_process_is_searching_in_is_refused_not_charged(tmp_path, write):
+    # it would be charged to that search's budget, and its --budget would change that search's cap under it
+    # (a QA pass saw a search capped at 4 go on to 12 measurements)
+    problem, cand = write("problem.py", SMALL_PROBLEM), write("cand.py", GOOD_CANDIDATE)
+    run = RunDir(tmp_path / "run")
+    Budget(run).set_cap(4)
+    holding = subprocess.Popen([sys.executable, "-c", "import time\nfrom kernelscout.tools.runlock import exclusive\n"
+                                f"with exclusive({str(run.path)!r}, 'kscout search'):\n    print('held', flush=True)\n    time.sleep(60)"],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        assert holding.stdout.readline().strip() == "held"
+        m = measure(MeasureRequest(problem=str(problem), candidate=str(cand), device="cpu", run_dir=str(run.path), budget=12,
+                                   harness=QUICK))
+    finally:
+        holding.kill()
+        holding.wait()
+    assert m.status == MeasureStatus.invalid_problem and not m.charged
+    assert "in use by a search that is still running (kscout search, pid" in m.message and "another run directory" in m.message
+    assert Budget(run).status().cap == 4 and Budget(run).status().used == 0
+
+
+def test_a_measurement_will_not_set_a_cap_below_what_the_folder_has_used(tmp_path, write):
+    run = RunDir(tmp_path / "run")
+    ledger = Budget(run)
+    for key in ("a", "b", "c"):
+        ledger.reserve(key)
+    m = measure(MeasureRequest(problem=str(write("problem.py", SMALL_PROBLEM)), candidate=str(write("cand.py", GOOD_CANDIDATE)),
+                               device="cpu", run_dir=str(run.path), budget=2, harness=QUICK))
+    assert m.status == MeasureStatus.invalid_problem and not m.charged
+    assert "below the 3 measurements" in m.message and "--budget 3" in m.message
+    assert ledger.cap is None

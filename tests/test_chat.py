@@ -215,7 +215,8 @@ def test_slash_commands_work_without_a_model(tmp_path, problem, pool, monkeypatc
     try:
         assert session.model is None
         term = run_repl(session, "/budget", "/predict good.py", "/measure good.py", "/measure good.py", "/history", "/best",
-                        "/diff reference good.py", "/diff good.py", "/frobnicate", "/forecasts", "make it faster", "/quit", "/budget")
+                        "/diff reference good.py", "/diff good.py", "/frobnicate", "/measure good.py --agian", "/forecasts",
+                        "make it faster", "/quit", "/budget")
     finally:
         session.close()
     out = term.text
@@ -230,8 +231,9 @@ def test_slash_commands_work_without_a_model(tmp_path, problem, pool, monkeypatc
     assert "best: " in out and "over the reference" in out
     assert "-class Model(nn.Module):" in out and "+class ModelNew(nn.Module):" in out  # /diff
     assert "usage: /diff A B" in out and "unknown command /frobnicate" in out
+    assert "usage: /measure FILE [--again]" in out  # a misspelt flag is not read as no flag
     assert "only slash commands work" in out
-    assert term.prompts.count("you> ") == 12  # /quit ended the session before the last line
+    assert term.prompts.count("you> ") == 13  # /quit ended the session before the last line
 
 
 def test_tool_errors_and_provider_failures_are_shown_and_the_session_goes_on(tmp_path, problem):

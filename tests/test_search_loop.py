@@ -167,13 +167,13 @@ def _sigint_as_from_a_terminal() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
-def _interrupted_after_3_measurements(cmd: list[str], run_dir: Path) -> tuple[subprocess.Popen, str, str]:
-    """Run `cmd` (a search) and press Ctrl-C once it has 3 measurements: the process, its stdout and stderr."""
+def _interrupted_after_3_measurements(cmd: list[str], run_dir: Path, sig: int = signal.SIGINT) -> tuple[subprocess.Popen, str, str]:
+    """Run `cmd` (a search) and press Ctrl-C (or send `sig`) once it has 3 measurements: the process, its stdout and stderr."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_as_from_a_terminal)
     deadline = time.monotonic() + 120
     while len(_measurement_ids(run_dir)) < 3 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)
     return proc, out, err
 
@@ -195,6 +195,19 @@ def test_ctrl_c_says_where_the_run_stands_and_resume_finishes_it(tmp_path):
     Budget(RunDir(run_dir)).set_cap(used + 5)  # as `kscout budget RUN_DIR --set` would
     done = subprocess.run([sys.executable, "-m", "kernelscout", "resume", str(run_dir), "--json"], capture_output=True, text=True, timeout=600)
     assert json.loads(done.stdout.strip().splitlines()[-1])["measurements_used"] == used + 5
+
+
+@needs_hub
+def test_sigterm_from_a_scheduler_also_says_how_to_go_on(tmp_path):
+    # what `timeout`, systemd or a batch scheduler sends; the log of an overnight run is all its user reads
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "kernelscout", "optimize", "--space", str(SPACE), "--budget", "3000", "--run-dir", str(run_dir),
+           "--surrogate", "none"]
+    proc, out, err = _interrupted_after_3_measurements(cmd, run_dir, signal.SIGTERM)
+    assert proc.returncode == 128 + signal.SIGTERM, (out, err)
+    used = Budget(RunDir(run_dir)).status().used
+    assert f"interrupted after {used} of 3000 measurements; nothing measured is lost. Continue with: kscout resume {run_dir}" \
+        in " ".join(err.split())
 
 
 @needs_hub

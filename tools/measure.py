@@ -19,6 +19,7 @@ from kernelscout.sandbox.device_lock import device_turn
 from kernelscout.sandbox.harness import HarnessConfig, run_measurement
 from kernelscout.sandbox.pool import WorkerPool
 from kernelscout.sandbox.problem import InputFileError, SourceFile, load_candidate, load_problem
+from kernelscout.tools import runlock
 from kernelscout.tools.budget import Budget, BudgetExhausted, InFlight
 from kernelscout.tools.rundir import RunDir, RunDirError
 from kernelscout.tools.schema import DEVICE_PATTERN, Measurement, MeasureStatus
@@ -73,11 +74,26 @@ def measurement_key(problem_sha: str, candidate_sha: str, device: str, repeat: s
 
 
 def open_run(run_dir: Optional[str], budget: Optional[int]) -> RunDir:
-    run = RunDir(run_dir or DEFAULT_RUN_DIR)
+    """The run directory a measurement is charged to, its cap set to `budget` when one is given.
+
+    RunDirError while a search in another process is using the folder: the measurement would be charged
+    to that search's budget (and `budget` would change its cap under it: a QA pass saw a search capped at 4
+    go on to 12), so it is refused before anything is charged."""
+    folder = Path(run_dir or DEFAULT_RUN_DIR)
+    searching = runlock.held_elsewhere(folder)
+    if searching:
+        raise RunDirError(f"{folder} is in use by a search that is still running ({searching}), and a measurement here "
+                          "would be charged to its budget; measure into another run directory (--run-dir), or wait "
+                          "for the search to finish")
+    run = RunDir(folder)
     if budget is not None:
         ledger = Budget(run)
         current = ledger.cap
         if current is None or budget != current:
+            used = ledger.status().used
+            if budget < used:
+                raise RunDirError(f"a budget of {budget} is below the {used} measurements {folder} has already used; "
+                                  f"give --budget {used} or more, or measure into a new run directory")
             ledger.set_cap(budget)
     return run
 

@@ -23,6 +23,7 @@ except ImportError:  # Windows: no advisory locks here, so no protection (the le
     fcntl = None
 
 LOCK_FILE = "search.lock"
+_HELD: set[Path] = set()  # folders this process searches in now (a lock file read from here would say "busy")
 
 
 class RunBusy(Exception):
@@ -53,9 +54,11 @@ def exclusive(folder: Path | str, what: str) -> Iterator[None]:
         handle.truncate()
         handle.write(f"{what}, pid {os.getpid()} on {socket.gethostname()}")
         handle.flush()
+        _HELD.add(folder.resolve())
         try:
             yield
         finally:
+            _HELD.discard(folder.resolve())
             handle.seek(0)
             handle.truncate()
     finally:
@@ -74,3 +77,10 @@ def holder(folder: Path | str) -> Optional[str]:
             return handle.read().strip() or "another process"
         fcntl.flock(handle, fcntl.LOCK_UN)
     return None
+
+
+def held_elsewhere(folder: Path | str) -> Optional[str]:
+    """Who is searching in the folder, unless it is this process (whose own measurements belong there)."""
+    if Path(folder).resolve() in _HELD:
+        return None
+    return holder(folder)
