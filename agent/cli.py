@@ -213,12 +213,15 @@ def resume(
                                                                       "between a stop and this resume does not count)"),
     max_device_s: Optional[float] = typer.Option(None, "--max-device-seconds", help="a new limit on measurement time"),
     patience: Optional[int] = typer.Option(None, help="a new number of measurements without a new best to stop after (0: never)"),
+    max_measurements: Optional[int] = typer.Option(None, "--max-measurements", help="a run of many problems: a new global "
+                                                   "measurement cap (a single search's budget: `kscout budget RUN_DIR --set N`)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object at the end"),
 ) -> None:
     """Continue a search after an interruption: no measurement lost, none repeated, no budget spent twice.
 
     A search that stopped at a limit goes on when the limit is given here higher than it was; one that spent its
-    measurement budget goes on after `kscout budget RUN_DIR --set N`."""
+    measurement budget goes on after `kscout budget RUN_DIR --set N`. A run of many problems (`kscout run`) takes new
+    global caps (--max-wall, --max-measurements, --max-usd, --max-tokens), and a problem skipped for one runs."""
     from kernelscout.agent.runner import OptimizeError, SearchInterrupted, resume_search
 
     from kernelscout.agent.headless import is_headless_run
@@ -227,10 +230,15 @@ def resume(
     if is_headless_run(run_dir):  # a multi-problem `kscout run`: resume it as a whole
         from kernelscout.agent.cli_run import resume_run
 
-        if any(v is not None for v in limits.values()):
-            fail(f"{run_dir} is a run of many problems, whose limits are fixed when it starts; resume it without "
-                 "--max-usd, --max-tokens, --max-wall, --max-device-seconds or --patience", as_json)
-        return resume_run(run_dir, as_json)
+        if max_device_s is not None or patience is not None:
+            fail(f"{run_dir} is a run of many problems, whose per-problem limits are fixed when it starts; resume it "
+                 "without --max-device-seconds or --patience (its global caps can change: --max-wall, --max-measurements, "
+                 "--max-usd, --max-tokens)", as_json)
+        return resume_run(run_dir, as_json, max_wall_s=max_wall, max_measurements=max_measurements, max_usd=max_usd,
+                          max_tokens=max_tokens)
+    if max_measurements is not None:
+        fail(f"--max-measurements is a cap over the problems of a `kscout run`; {run_dir} is one search, whose budget "
+             f"changes with `kscout budget {run_dir} --set N`", as_json)
     try:
         result = resume_search(run_dir, quiet=as_json, **limits)
     except SearchInterrupted as exc:

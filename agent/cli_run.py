@@ -92,14 +92,21 @@ def _finish(summary, as_json: bool) -> None:
     raise typer.Exit(_exit_code(summary))
 
 
-def resume_run(run_dir: str, as_json: bool = False) -> None:
-    """Continue a multi-problem run: finished and failed problems stay as they are, an interrupted one resumes."""
+def resume_run(run_dir: str, as_json: bool = False, **caps: Optional[float]) -> None:
+    """Continue a multi-problem run: finished and failed problems stay as they are, an interrupted one resumes, and
+    one skipped for a global cap runs if new `caps` (max_wall_s, max_measurements, max_usd, max_tokens) leave room."""
+    from pydantic import ValidationError
+
     from kernelscout.agent.headless import HeadlessError, HeadlessRun
 
     try:
         run = HeadlessRun.open(run_dir)
+        if any(v is not None for v in caps.values()):
+            run.change_caps(**caps)
     except HeadlessError as exc:
         fail(str(exc), as_json)
+    except ValidationError as exc:
+        fail(validation_message(exc, FLAGS), as_json)
     _run(run, as_json)
 
 

@@ -1,6 +1,7 @@
 """Headless multi-problem runs: many searches, one after another, resumable as a whole.
 
-A top run directory holds `manifest.json` (what to run and with which budgets, written once),
+A top run directory holds `manifest.json` (what to run and with which budgets, written once; only its
+global caps can be changed later, by `kscout resume RUN --max-...`),
 `headless.db` (one row per problem: pending, running, finished, failed or skipped) and one sub run
 directory per problem under `problems/<name>/`. Each sub run directory is an ordinary search run
 directory, so every guarantee of a single search (no measurement lost, no budget spent twice)
@@ -442,6 +443,9 @@ class HeadlessRun:
             raise HeadlessError(f"{path} holds a single search; use `kscout resume {path}` or a new --run-dir")
         if is_headless_run(path):
             existing = RunManifest.model_validate_json((path / MANIFEST).read_text())
+            if existing.model_dump(exclude={"caps"}) == manifest.model_dump(exclude={"caps"}) and existing.caps != manifest.caps:
+                raise HeadlessError(f"{path} holds this run with other global caps; change them with `kscout resume {path} "
+                                    "--max-wall S --max-measurements N --max-usd D --max-tokens T` (those given)")
             if existing.model_dump() != manifest.model_dump():
                 raise HeadlessError(f"{path} already holds a different run; use `kscout resume {path}` or a new --run-dir")
             return cls(path, existing)
@@ -455,6 +459,16 @@ class HeadlessRun:
         if not is_headless_run(path):
             raise HeadlessError(f"{path}: not a multi-problem run directory (no {MANIFEST})")
         return cls(path, RunManifest.model_validate_json((path / MANIFEST).read_text()))
+
+    def change_caps(self, **caps: Any) -> None:
+        """New global caps for the rest of the run (`kscout resume RUN --max-measurements N`, ...): a problem skipped
+        because a cap was used up runs once the new cap leaves room; everything else in the manifest stays fixed.
+        Without this, a run stopped by its cap could never finish in its folder (a QA pass found no way on)."""
+        new = self.manifest.caps.model_copy(update={k: v for k, v in caps.items() if v is not None})
+        RunCaps.model_validate(new.model_dump())  # the same checks as at the start (positive, ...)
+        self.manifest = self.manifest.model_copy(update={"caps": new})
+        write_text_atomic(self.path / MANIFEST, self.manifest.model_dump_json(indent=2), durable=True)
+        self._event("caps_changed", **new.model_dump())
 
     # caps -----------------------------------------------------------------------------------------
     def _spent(self) -> dict[str, float]:
@@ -489,6 +503,15 @@ class HeadlessRun:
             "max_usd": None if caps.max_usd is None else caps.max_usd - spent["usd"],
             "max_llm_tokens": None if caps.max_tokens is None else int(caps.max_tokens - spent["tokens"]),
         }
+
+    def _named_wall_cap(self, stop_reason: Optional[str], allow: dict[str, Any]) -> Optional[str]:
+        """The search names the wall-clock limit it was given; when that was what the run's global cap had left,
+        say so (a user who gave --max-wall 25 read "wall-clock limit of 3.3 s reached" and could not place it)."""
+        cap, own = self.manifest.caps.max_wall_s, self.manifest.problem_wall_s
+        if (stop_reason and stop_reason.startswith("wall-clock limit") and cap is not None and allow["max_wall"] is not None
+                and (own is None or allow["max_wall"] < own)):
+            return f"global wall-clock cap of {cap:g} s reached ({allow['max_wall']:g} s of it were left for this problem)"
+        return stop_reason
 
     # running --------------------------------------------------------------------------------------
     def run(self, quiet: bool = False, progress: Optional[RunProgress] = None) -> RunSummary:
@@ -572,10 +595,15 @@ class HeadlessRun:
             failure = _failure_of_measurements(sub)
             # finished with nothing to report: the search's message says why
             reason = failure or (result.message if result.best_speedup is None else None)
-            update = {"status": "failed" if failure else "finished", "reason": reason, "stop_reason": result.stop_reason,
-                      "best_path": result.best_path, "device": result.device, "policy": result.policy}
+            update = {"status": "failed" if failure else "finished", "reason": reason,
+                      "stop_reason": self._named_wall_cap(result.stop_reason, allow), "best_path": result.best_path,
+                      "device": result.device, "policy": result.policy}
+        except KeyboardInterrupt:  # the time searched so far still counts in this problem's wall
+            self.state.put(outcome.model_copy(update={"wall_s": round((outcome.wall_s or 0.0) + time.monotonic() - started, 3)}))
+            raise
         except SearchPaused as exc:  # the LLM provider failed: this problem waits, and so does the rest of the run
-            outcome = outcome.model_copy(update={"status": "pending", "reason": str(exc), **self._numbers(ref)})
+            wall = round((outcome.wall_s or 0.0) + time.monotonic() - started, 3)
+            outcome = outcome.model_copy(update={"status": "pending", "reason": str(exc), **self._numbers(ref), "wall_s": wall})
             self.state.put(outcome)
             self._event("problem_paused", name=ref.name, reason=str(exc))
             raise HeadlessError(f"{ref.name}: {exc}".replace(f"kscout resume {sub}", f"kscout resume {self.path}")) from None

@@ -234,11 +234,28 @@ def test_global_measurement_cap_splits_across_problems_and_skips_the_rest(tmp_pa
 
 
 @needs_hub
+def test_a_problem_skipped_for_the_global_cap_runs_when_resume_raises_it(tmp_path):
+    folder = _problems_folder(tmp_path, broken=False)
+    run_dir = str(tmp_path / "run")
+    _, first = _run([str(folder), "--budget", "3", "--max-measurements", "3", "--run-dir", run_dir])
+    assert [p["status"] for p in first["problems"]] == ["finished", "skipped"]
+    again = CliRunner().invoke(app, ["resume", run_dir, "--json"])  # the same cap: skipped again, and said why
+    assert json.loads(again.stdout.strip().splitlines()[-1])["problems"][1]["reason"] == "global measurement cap of 3 reached"
+    more = CliRunner().invoke(app, ["resume", run_dir, "--max-measurements", "6", "--json"])
+    summary = json.loads(more.stdout.strip().splitlines()[-1])
+    assert more.exit_code == 0 and [p["measurements_used"] for p in summary["problems"]] == [3, 3]
+    assert HeadlessRun.open(run_dir).manifest.caps.max_measurements == 6  # kept for later resumes
+    bad = CliRunner().invoke(app, ["resume", run_dir, "--max-measurements", "0"])
+    assert bad.exit_code == 2 and "--max-measurements" in bad.output
+
+
+@needs_hub
 def test_global_wall_clock_cap_stops_the_running_search_and_skips_the_rest(tmp_path):
     folder = _problems_folder(tmp_path, broken=False)
     result, summary = _run([str(folder), "--budget", "50", "--max-wall", "1", "--run-dir", str(tmp_path / "run")])
     first, second = summary["problems"]
-    assert first["status"] == "finished" and first["stop_reason"].startswith("wall-clock limit of")
+    # the search was given what the run's cap had left, and the row says whose limit that was
+    assert first["status"] == "finished" and first["stop_reason"].startswith("global wall-clock cap of 1 s reached (")
     assert 1 <= first["measurements_used"] < 50
     assert second["status"] == "skipped" and second["reason"] == "global wall-clock cap of 1 s reached"
     assert result.exit_code == 1
@@ -295,6 +312,7 @@ def test_resume_after_an_interruption_reruns_nothing_finished_and_spends_nothing
     first, second = run_dir / "problems" / "convolution_A100", run_dir / "problems" / "pnpoly_RTX_3090"
     state = {o.name: o.status for o in HeadlessRun.open(run_dir).state.all()}
     assert state == {"convolution_A100": "finished", "pnpoly_RTX_3090": "running"}
+    assert HeadlessRun.open(run_dir).state.get("pnpoly_RTX_3090").wall_s > 0  # the interrupted session's time counts
     # nothing runs it now, so a summary read afterwards (`kscout show`) does not call it running
     shown = {o.name: (o.status, o.reason) for o in HeadlessRun.open(run_dir).summary().problems}
     assert shown["pnpoly_RTX_3090"] == ("pending", f"interrupted; `kscout resume {run_dir}` goes on")
@@ -323,6 +341,8 @@ def test_a_different_run_in_the_same_directory_is_refused(tmp_path):
     HeadlessRun.create(tmp_path / "run", RunManifest(problems=discover([str(a)]), budget=2))
     with pytest.raises(HeadlessError, match="different run"):
         HeadlessRun.create(tmp_path / "run", RunManifest(problems=discover([str(b)]), budget=2))
+    with pytest.raises(HeadlessError, match="other global caps; change them with `kscout resume"):  # only the caps differ
+        HeadlessRun.create(tmp_path / "run", RunManifest(problems=discover([str(a)]), budget=2, caps={"max_measurements": 9}))
     result = CliRunner().invoke(app, ["run", str(tmp_path / "nowhere"), "--json"])
     assert result.exit_code == 2 and "no such file or folder" in json.loads(result.stdout)["message"]
 
