@@ -14,6 +14,7 @@ from typing import Optional
 
 import typer
 
+from kernelscout.tools.runlock import holder
 from kernelscout.agent.run_view import CandidateRow, RunView
 
 
@@ -195,6 +196,9 @@ def register(app: typer.Typer) -> None:
             else:
                 print_summary(summary)
                 typer.echo(f"one problem in detail: kscout show {Path(run_dir) / 'problems' / 'NAME'}")
+                if (summary.status == "incomplete" or summary.counts.get("skipped")) and holder(run_dir) is None:  # not running
+                    typer.echo(f"to go on: kscout resume {run_dir}" + (" (with higher global caps, such as --max-measurements "
+                               "N, for problems skipped for a cap)" if summary.counts.get("skipped") else ""))
             return
         try:
             view = view_run(run_dir, top=top)

@@ -17,6 +17,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter  # noqa: E402
 
 from kernelscout.agent.llm_pricing import UsageState, usage_line  # noqa: E402
 from kernelscout.agent.run_view import failure_row, llm_calls  # noqa: E402
@@ -64,8 +65,16 @@ def best_so_far_plot(speedups: list[Optional[float]], remeasured: Optional[list[
     ax.set_xlabel("measurements spent")
     ax.set_ylabel("speedup over reference")
     ax.set_title("best verified so far")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # measurements come whole
+    ax.legend(loc="best", fontsize=8)
     return _png(fig)
+
+
+def _nothing_yet(ax, why: str) -> None:
+    """An empty frame says why it is empty, rather than look like a plot that failed."""
+    ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes, color="gray", fontsize=9, wrap=True)
+    ax.set_xticks([])
+    ax.set_yticks([])
 
 
 def forecast_plot(pairs: list[tuple[float, float]]) -> str:
@@ -75,8 +84,15 @@ def forecast_plot(pairs: list[tuple[float, float]]) -> str:
         ax.scatter(f, m, s=14)
         lo, hi = min(min(f), min(m)), max(max(f), max(m))
         ax.plot([lo, hi], [lo, hi], color="gray", lw=0.8)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+        if hi / lo > 4:  # a log axis over less than a few-fold range labels only its minor ticks, one over the other
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            for axis in (ax.xaxis, ax.yaxis):
+                axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))  # 0.2, 0.5, 1, 2, 5: labelled
+                axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+                axis.set_minor_formatter(NullFormatter())
+    else:
+        _nothing_yet(ax, "no forecast scored yet:\nnone was followed by a\nmeasurement of the same candidate")
     ax.set_xlabel("forecast speedup over parent")
     ax.set_ylabel("measured speedup over parent")
     ax.set_title("forecast vs measured")
@@ -89,6 +105,8 @@ def calibration_plot(reliability: list) -> str:
     ax.plot([0, 1], [0, 1], color="gray", lw=0.8)
     if reliability:
         ax.scatter([b.forecast for b in reliability], [b.observed for b in reliability], s=[20 + 10 * b.count for b in reliability])
+    else:
+        ax.text(0.5, 0.5, "no forecast scored yet", ha="center", va="center", transform=ax.transAxes, color="gray", fontsize=9)
     ax.set_xlabel("forecast P(faster than parent)")
     ax.set_ylabel("observed frequency")
     ax.set_title("calibration in this run")

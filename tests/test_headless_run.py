@@ -239,6 +239,8 @@ def test_a_problem_skipped_for_the_global_cap_runs_when_resume_raises_it(tmp_pat
     run_dir = str(tmp_path / "run")
     _, first = _run([str(folder), "--budget", "3", "--max-measurements", "3", "--run-dir", run_dir])
     assert [p["status"] for p in first["problems"]] == ["finished", "skipped"]
+    shown = CliRunner().invoke(app, ["show", run_dir])
+    assert f"to go on: kscout resume {run_dir} (with higher global caps" in " ".join(shown.output.split())
     again = CliRunner().invoke(app, ["resume", run_dir, "--json"])  # the same cap: skipped again, and said why
     assert json.loads(again.stdout.strip().splitlines()[-1])["problems"][1]["reason"] == "global measurement cap of 3 reached"
     more = CliRunner().invoke(app, ["resume", run_dir, "--max-measurements", "6", "--json"])
