@@ -165,7 +165,7 @@ def optimize(
     surrogate: Optional[str] = typer.Option(None, help=f"auto, learned, llm or none {help_default('surrogate')}"),
     device: Optional[str] = typer.Option(None, help=f"auto, cpu, cuda or cuda:N {help_default('device')}"),
     run_dir: Optional[str] = typer.Option(None, "--run-dir", help="run directory \\[default: runs/<name>-<time>]"),
-    seed: int = typer.Option(0, min=0, help="seed of the search policy"),
+    seed: int = typer.Option(0, help="seed of the search policy (0 or more)"),
     proposals: Optional[int] = typer.Option(None, help=f"candidates proposed per iteration {help_default('proposals')}"),
     patience: Optional[int] = typer.Option(None, help=f"stop after this many measurements without a new best (0: never) {help_default('patience')}"),
     max_wall: Optional[float] = typer.Option(None, "--max-wall", help="stop after this many seconds"),

@@ -23,7 +23,7 @@ out = Console()
 
 FLAGS = {"budget": "--budget", "max_wall_s": "--max-wall", "max_measurements": "--max-measurements", "max_usd": "--max-usd",
          "max_tokens": "--max-tokens", "problem_wall_s": "--problem-wall", "proposals": "--proposals", "patience": "--patience",
-         "confirm": "--confirm"}
+         "confirm": "--confirm", "seed": "--seed"}
 
 
 def _exit_code(summary) -> int:
@@ -122,7 +122,7 @@ def register(app: typer.Typer) -> None:
         policy: Optional[str] = typer.Option(None, help=f"auto, tuner or llm (auto uses the tuner for recorded spaces) {help_default('policy')}"),
         surrogate: Optional[str] = typer.Option(None, help=f"auto, learned, llm or none {help_default('surrogate')}"),
         device: Optional[str] = typer.Option(None, help=f"auto, cpu, cuda or cuda:N {help_default('device')}"),
-        seed: int = typer.Option(0, min=0, help="seed of the search policy"),
+        seed: int = typer.Option(0, help="seed of the search policy (0 or more)"),
         proposals: Optional[int] = typer.Option(None, help=f"candidates proposed per iteration {help_default('proposals')}"),
         patience: Optional[int] = typer.Option(None, help=f"stop a problem after this many measurements without a new best (0: never) {help_default('patience')}"),
         confirm: Optional[int] = typer.Option(None, "--confirm", help="measurements kept to re-measure each problem's best "

@@ -57,6 +57,21 @@ def test_a_limit_that_would_stop_the_search_at_once_is_refused(problem, tmp_path
     assert not run.exists()
 
 
+@pytest.mark.parametrize("command", ["optimize", "run"])
+def test_a_negative_seed_is_refused_before_the_run_exists(problem, tmp_path, command):
+    # it failed deep in numpy: a traceback from optimize, and in `kscout run` every problem in turn, the folder spent
+    run = tmp_path / "run"
+    assert_usage_error(kscout(command, str(problem), "--run-dir", str(run), "--seed", "-1"), "--seed")
+    assert not run.exists()
+
+
+@pytest.mark.parametrize("device", ["gpu", "cuda:99"])
+def test_kscout_run_checks_the_device_once_up_front(problem, tmp_path, device):
+    run = tmp_path / "night"
+    assert_usage_error(kscout("run", str(problem), "--device", device, "--run-dir", str(run)), f"--device {device}")
+    assert not run.exists()
+
+
 def test_a_run_directory_that_is_a_file_is_a_usage_error_everywhere(problem, tmp_path):
     file = tmp_path / "afile"
     file.write_text("")
