@@ -16,6 +16,7 @@ from rich.table import Table
 
 from kernelscout.agent.cli_errors import fail, interrupted_code, validation_message
 from kernelscout.agent.search_config import help_default, search_config
+from kernelscout.tools.runlock import holder
 
 err = Console(stderr=True)
 out = Console()
@@ -172,7 +173,7 @@ def register(app: typer.Typer) -> None:
             fail(str(exc), as_json)
         except ValidationError as exc:
             fail(validation_message(exc, FLAGS), as_json)
-        if not as_json:
+        if not as_json and holder(headless.path) is None:  # a run busy elsewhere is refused next, this line unsaid
             err.print(f"[dim]{len(refs)} problem{'' if len(refs) == 1 else 's'}, budget {budget} each; run directory {headless.path}[/dim]",
                       soft_wrap=True, highlight=False)
         _run(headless, as_json)

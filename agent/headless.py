@@ -399,7 +399,8 @@ class RunProgress:
         if self.console.is_terminal:
             self.console.print(rich_text, highlight=False)
         else:
-            print(f"[{time.monotonic() - self._t0:7.1f}s] {plain}", file=sys.stderr, flush=True)
+            # the run's clock, named: each problem's search prints its own lines on its own clock in between
+            print(f"[run {time.monotonic() - self._t0:7.1f}s] {plain}", file=sys.stderr, flush=True)
 
     def start(self, index: int, ref: ProblemRef, budget: int, resumed: bool) -> None:
         verb = "resuming" if resumed else "starting"
