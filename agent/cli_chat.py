@@ -355,7 +355,7 @@ class ChatREPL:
                 c.print(Markdown(last))
         if s.model is None:
             c.print("[yellow]Slash-command mode: no LLM is configured for the chat agent.[/yellow]")
-            c.print(s.no_model_reason, markup=False, highlight=False)
+            c.print(s.no_model_reason, markup=False, highlight=False, soft_wrap=not c.is_terminal)  # whole lines in a log
         else:
             confirm = "asks before each measurement" if s.agent.settings.confirm else "measures without asking"
             c.print(f"[dim]model {getattr(s.model, 'model', '?')}; the agent {confirm}. /help lists slash commands.[/dim]",
