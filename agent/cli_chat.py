@@ -276,7 +276,7 @@ class ChatREPL:
             usage = next((ln.strip() for ln in HELP.splitlines() if ln.strip().startswith(name + " ") or ln.strip() == name), name)
             self.console.print(f"[red]usage:[/red] {usage.split('  ')[0]}", highlight=False)
             return True
-        if name == "/measure" and Path(args[0]).is_file():  # else the error line comes alone, as in `kscout measure`
+        if name == "/measure" and tb.resolve(args[0]).is_file():  # else the error line comes alone, as in `kscout measure`
             self.console.print(f"[dim]measuring {args[0]} ...[/dim]", highlight=False)
         result = fn(args)
         self.render_tool(result, show_call=False)

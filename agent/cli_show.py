@@ -14,8 +14,8 @@ from typing import Optional
 
 import typer
 
-from kernelscout.tools.runlock import holder
 from kernelscout.agent.run_view import CandidateRow, RunView
+from kernelscout.tools.runlock import holder
 
 
 def _x(value: Optional[float]) -> str:

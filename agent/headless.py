@@ -571,7 +571,11 @@ class HeadlessRun:
         self._event("problem_start", name=ref.name, resumed=resumed, **allow)
         progress.start(index, ref, allow["budget"], resumed)
         m = self.manifest
-        started = time.monotonic()
+        started, earlier = time.monotonic(), outcome.wall_s or 0.0
+
+        def wall() -> float:  # this problem's time over every session, this one's so far included
+            return round(earlier + time.monotonic() - started, 3)
+
         update: dict[str, Any]
         try:
             # the cap goes into the problem's ledger before its search exists, so no kill leaves it uncapped
@@ -600,11 +604,10 @@ class HeadlessRun:
                       "stop_reason": self._named_wall_cap(result.stop_reason, allow), "best_path": result.best_path,
                       "device": result.device, "policy": result.policy}
         except KeyboardInterrupt:  # the time searched so far still counts in this problem's wall
-            self.state.put(outcome.model_copy(update={"wall_s": round((outcome.wall_s or 0.0) + time.monotonic() - started, 3)}))
+            self.state.put(outcome.model_copy(update={"wall_s": wall()}))
             raise
         except SearchPaused as exc:  # the LLM provider failed: this problem waits, and so does the rest of the run
-            wall = round((outcome.wall_s or 0.0) + time.monotonic() - started, 3)
-            outcome = outcome.model_copy(update={"status": "pending", "reason": str(exc), **self._numbers(ref), "wall_s": wall})
+            outcome = outcome.model_copy(update={"status": "pending", "reason": str(exc), **self._numbers(ref), "wall_s": wall()})
             self.state.put(outcome)
             self._event("problem_paused", name=ref.name, reason=str(exc))
             raise HeadlessError(f"{ref.name}: {exc}".replace(f"kscout resume {sub}", f"kscout resume {self.path}")) from None
@@ -613,9 +616,7 @@ class HeadlessRun:
         except Exception as exc:  # a crash in one problem must not end the night
             update = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"}
             self._event("problem_error", name=ref.name, traceback=traceback.format_exc())
-        wall = time.monotonic() - started
-        previous = outcome.wall_s or 0.0
-        outcome = outcome.model_copy(update={**update, **self._numbers(ref), "wall_s": round(previous + wall, 3)})
+        outcome = outcome.model_copy(update={**update, **self._numbers(ref), "wall_s": wall()})
         self.state.put(outcome)
         self._event("problem_end", **outcome.model_dump())
         return outcome

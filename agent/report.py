@@ -72,9 +72,7 @@ def best_so_far_plot(speedups: list[Optional[float]], remeasured: Optional[list[
 
 def _nothing_yet(ax, why: str) -> None:
     """An empty frame says why it is empty, rather than look like a plot that failed."""
-    ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes, color="gray", fontsize=9, wrap=True)
-    ax.set_xticks([])
-    ax.set_yticks([])
+    ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes, color="gray", fontsize=9)
 
 
 def forecast_plot(pairs: list[tuple[float, float]]) -> str:
@@ -93,6 +91,8 @@ def forecast_plot(pairs: list[tuple[float, float]]) -> str:
                 axis.set_minor_formatter(NullFormatter())
     else:
         _nothing_yet(ax, "no forecast scored yet:\nnone was followed by a\nmeasurement of the same candidate")
+        ax.set_xticks([])  # no scale to read
+        ax.set_yticks([])
     ax.set_xlabel("forecast speedup over parent")
     ax.set_ylabel("measured speedup over parent")
     ax.set_title("forecast vs measured")
@@ -106,7 +106,7 @@ def calibration_plot(reliability: list) -> str:
     if reliability:
         ax.scatter([b.forecast for b in reliability], [b.observed for b in reliability], s=[20 + 10 * b.count for b in reliability])
     else:
-        ax.text(0.5, 0.5, "no forecast scored yet", ha="center", va="center", transform=ax.transAxes, color="gray", fontsize=9)
+        _nothing_yet(ax, "no forecast scored yet")
     ax.set_xlabel("forecast P(faster than parent)")
     ax.set_ylabel("observed frequency")
     ax.set_title("calibration in this run")
