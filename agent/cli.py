@@ -128,7 +128,7 @@ def budget(
     from pathlib import Path
 
     from kernelscout.agent.run_view import RunViewError, open_run
-    from kernelscout.tools.budget import Budget
+    from kernelscout.tools.budget import Budget, CapBelowUsed
     from kernelscout.tools.rundir import RunDir
 
     # Reading never creates a run directory (a mistyped path would read as "uncapped"); setting a cap on a
@@ -142,11 +142,11 @@ def budget(
     if created and not as_json:
         err.print(f"created run directory {escape(run_dir)}")
     if set_cap is not None:
-        used = ledger.status().used
-        if set_cap < used:
-            fail(f"--set {set_cap} is below the {used} measurements already used; --set {used} stops any further "
+        try:
+            ledger.set_cap(set_cap)
+        except CapBelowUsed as exc:
+            fail(f"--set {set_cap} is below the {exc.used} measurements already used; --set {exc.used} stops any further "
                  "measurement, a larger cap allows more", as_json)
-        ledger.set_cap(set_cap)
     status = ledger.status()
     if as_json:
         print(status.model_dump_json())

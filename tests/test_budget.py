@@ -196,6 +196,22 @@ def test_kscout_budget_will_not_set_a_cap_below_what_is_used(tmp_path):
     assert ledger.cap is None
 
 
+def test_no_adapter_can_set_a_cap_below_what_is_used_since_the_ledger_refuses_it(tmp_path):
+    from kernelscout.tools.budget import CapBelowUsed
+
+    ledger = Budget(RunDir(tmp_path / "run"))
+    ledger.set_cap(5)
+    for key in ("a", "b", "c"):
+        ledger.reserve(key)
+    with pytest.raises(CapBelowUsed, match="below the 3 measurements already used"):
+        ledger.set_cap(2)
+    assert ledger.status().cap == 5  # left as it was
+    ledger.set_cap(3)  # equal to what is used: stops further measurement, which is allowed
+    assert ledger.status().remaining == 0
+    ledger.set_cap(None)
+    assert ledger.cap is None
+
+
 def test_a_killed_process_not_yet_reaped_is_dead_to_the_ledger(tmp_path):
     import os
     import signal
@@ -233,6 +249,30 @@ def test_a_measurement_into_a_folder_another_process_is_searching_in_is_refused_
     assert m.status == MeasureStatus.invalid_problem and not m.charged
     assert "in use by a search that is still running (kscout search, pid" in m.message and "another run directory" in m.message
     assert Budget(run).status().cap == 4 and Budget(run).status().used == 0
+
+
+def test_a_search_cannot_start_in_a_folder_between_a_measurements_check_and_its_charge(tmp_path, write, monkeypatch):
+    # a search starting in that moment would find the measurement charged to its own budget (once the
+    # measurement is charged, the search is refused anyway, for measurements made outside a search)
+    problem, cand = write("problem.py", SMALL_PROBLEM), write("cand.py", GOOD_CANDIDATE)
+    run_dir = tmp_path / "run"
+    seen, reserve = {}, Budget.reserve
+
+    def search_then_reserve(self, key, share=False):
+        if "search" not in seen:
+            seen["search"] = subprocess.run([sys.executable, "-m", "kernelscout.agent.cli", "optimize", str(problem), "--budget", "2",
+                                             "--device", "cpu", "--run-dir", str(run_dir)], capture_output=True, text=True)
+        return reserve(self, key, share)
+
+    monkeypatch.setattr(Budget, "reserve", search_then_reserve)
+    m = measure(MeasureRequest(problem=str(problem), candidate=str(cand), device="cpu", run_dir=str(run_dir), harness=QUICK))
+    assert m.status == MeasureStatus.ok and m.charged
+    assert seen["search"].returncode == 2, seen["search"].stderr
+    assert "in use by a measurement made outside a search" in seen["search"].stderr
+    assert Budget(RunDir(run_dir)).status().used == 1 and RunDir(run_dir).get_meta("search_spec") is None
+    from kernelscout.tools.runlock import holder
+
+    assert holder(run_dir) is None  # free again once the measurement is done
 
 
 def test_a_measurement_will_not_set_a_cap_below_what_the_folder_has_used(tmp_path, write):

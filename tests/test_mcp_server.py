@@ -275,6 +275,22 @@ def test_serve_caps_an_uncapped_run_directory(tmp_path):
     assert ensure_cap(str(tmp_path / "run"), None).cap == 5  # an existing cap is kept
 
 
+def test_serve_with_a_budget_below_what_the_folder_has_used_is_refused_and_says_what_would_do(tmp_path):
+    from typer.testing import CliRunner
+
+    from kernelscout.agent.cli import app
+    from kernelscout.tools.budget import Budget
+    from kernelscout.tools.rundir import RunDir
+
+    ledger = Budget(RunDir(tmp_path / "run"))
+    for key in ("a", "b", "c", "d"):
+        ledger.reserve(key)
+    result = CliRunner().invoke(app, ["serve", "--budget", "2", "--device", "cpu", "--run-dir", str(tmp_path / "run")])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "--budget 2 is below the 4 measurements" in result.output and "--budget 4 or more" in result.output
+    assert ledger.cap is None  # was "4 used of 2" before
+
+
 def test_serve_with_a_negative_budget_is_refused_before_the_run_directory_exists(tmp_path):
     from typer.testing import CliRunner
 

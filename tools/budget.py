@@ -28,6 +28,15 @@ class BudgetExhausted(Exception):
         )
 
 
+class CapBelowUsed(ValueError):
+    """A cap under what the folder has already spent: it could only read as "7 used of 5"."""
+
+    def __init__(self, cap: int, used: int):
+        self.cap, self.used = cap, used
+        super().__init__(f"a cap of {cap} is below the {used} measurements already used; a cap of {used} stops any "
+                         "further measurement, a larger one allows more")
+
+
 class InFlight(Exception):
     """Another process is measuring the same candidate now; wait for its result rather than pay again."""
 
@@ -72,9 +81,15 @@ class Budget:
         return None if value in (None, "") else int(value)
 
     def set_cap(self, cap: Optional[int]) -> None:
+        """CapBelowUsed for a cap under what is already spent. Read and written in one transaction, so a
+        measurement charged by another process in between cannot slip under the new cap unseen."""
         if cap is not None and cap < 0:
             raise ValueError("a measurement budget cannot be negative")
-        self.run.set_meta("measurement_cap", "" if cap is None else str(cap))
+        with self.run.transaction() as db:
+            used = self._status(db).used
+            if cap is not None and cap < used:
+                raise CapBelowUsed(cap, used)
+            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", ("measurement_cap", "" if cap is None else str(cap)))
 
     def status(self) -> BudgetStatus:
         with self.run.connect() as db:

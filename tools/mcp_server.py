@@ -41,7 +41,7 @@ from kernelscout.sandbox.harness import HarnessConfig
 from kernelscout.sandbox.pool import WorkerPool
 from kernelscout.sandbox.problem import InputFileError, load_candidate, load_problem
 from kernelscout.tools.archive import Archive, CandidateRecord
-from kernelscout.tools.budget import Budget
+from kernelscout.tools.budget import Budget, CapBelowUsed
 from kernelscout.tools.forecast_check import ForecastCheck, check_forecasts
 from kernelscout.tools.measure import DEFAULT_RUN_DIR, MeasureRequest, measured_files, open_run, resolve_device
 from kernelscout.tools.measure import measure as run_measure
@@ -470,7 +470,11 @@ def ensure_cap(run_dir: str, budget: Optional[int], default_more: int = DEFAULT_
         raise ValueError(f"--budget {budget}: a measurement budget cannot be negative; give 0 (measure nothing) or more")
     ledger = Budget(RunDir(run_dir))
     if budget is not None:
-        ledger.set_cap(budget)
+        try:
+            ledger.set_cap(budget)
+        except CapBelowUsed as exc:
+            raise ValueError(f"--budget {budget} is below the {exc.used} measurements {run_dir} has already used; give "
+                             f"--budget {exc.used} or more, or serve another run directory (--run-dir)") from None
     elif ledger.cap is None:
         ledger.set_cap(ledger.status().used + default_more)
     return ledger.status()

@@ -20,7 +20,7 @@ from kernelscout.sandbox.harness import HarnessConfig, run_measurement
 from kernelscout.sandbox.pool import WorkerPool
 from kernelscout.sandbox.problem import InputFileError, SourceFile, load_candidate, load_problem
 from kernelscout.tools import runlock
-from kernelscout.tools.budget import Budget, BudgetExhausted, InFlight
+from kernelscout.tools.budget import Budget, BudgetExhausted, CapBelowUsed, InFlight
 from kernelscout.tools.rundir import RunDir, RunDirError
 from kernelscout.tools.schema import DEVICE_PATTERN, Measurement, MeasureStatus
 
@@ -73,28 +73,32 @@ def measurement_key(problem_sha: str, candidate_sha: str, device: str, repeat: s
     return hashlib.sha256(f"{HARNESS_VERSION}|{problem_sha}|{candidate}|{device}".encode()).hexdigest()
 
 
+def _searched_elsewhere(folder: Path, searching: str) -> RunDirError:
+    return RunDirError(f"{folder} is in use by a search that is still running ({searching}), and a measurement here "
+                       "would be charged to its budget; measure into another run directory (--run-dir), or wait "
+                       "for the search to finish")
+
+
 def open_run(run_dir: Optional[str], budget: Optional[int]) -> RunDir:
     """The run directory a measurement is charged to, its cap set to `budget` when one is given.
 
     RunDirError while a search in another process is using the folder: the measurement would be charged
     to that search's budget (and `budget` would change its cap under it: a QA pass saw a search capped at 4
-    go on to 12), so it is refused before anything is charged."""
+    go on to 12), so it is refused before anything is charged. `measure` also keeps searches out of the
+    folder while it runs (runlock.shared); this check is for callers that only open the folder."""
     folder = Path(run_dir or DEFAULT_RUN_DIR)
     searching = runlock.held_elsewhere(folder)
     if searching:
-        raise RunDirError(f"{folder} is in use by a search that is still running ({searching}), and a measurement here "
-                          "would be charged to its budget; measure into another run directory (--run-dir), or wait "
-                          "for the search to finish")
+        raise _searched_elsewhere(folder, searching)
     run = RunDir(folder)
     if budget is not None:
         ledger = Budget(run)
-        current = ledger.cap
-        if current is None or budget != current:
-            used = ledger.status().used
-            if budget < used:
-                raise RunDirError(f"a budget of {budget} is below the {used} measurements {folder} has already used; "
-                                  f"give --budget {used} or more, or measure into a new run directory")
-            ledger.set_cap(budget)
+        if budget != ledger.cap:
+            try:
+                ledger.set_cap(budget)
+            except CapBelowUsed as exc:
+                raise RunDirError(f"a budget of {budget} is below the {exc.used} measurements {folder} has already used; "
+                                  f"give --budget {exc.used} or more, or measure into a new run directory") from None
     return run
 
 
@@ -111,10 +115,21 @@ def measure(request: MeasureRequest, pool: Optional[WorkerPool] = None,
         candidate = load_candidate(request.candidate)
     except InputFileError as exc:
         return Measurement(status=MeasureStatus(exc.kind), message=str(exc), device=request.device)
+    folder = Path(request.run_dir or DEFAULT_RUN_DIR)
     try:
-        run = open_run(request.run_dir, request.budget)
-    except RunDirError as exc:
-        return Measurement(status=MeasureStatus.invalid_problem, message=str(exc), device=device)
+        # held from the check to the charge, so a search cannot start in the folder in between
+        with runlock.shared(folder):
+            try:
+                run = open_run(str(folder), request.budget)
+            except RunDirError as exc:
+                return Measurement(status=MeasureStatus.invalid_problem, message=str(exc), device=device)
+            return _measure_in(run, request, problem, candidate, device, pool, execute)
+    except runlock.RunBusy as exc:
+        return Measurement(status=MeasureStatus.invalid_problem, message=str(_searched_elsewhere(folder, exc.holder)), device=device)
+
+
+def _measure_in(run: RunDir, request: MeasureRequest, problem: SourceFile, candidate: SourceFile, device: str,
+                pool: Optional[WorkerPool], execute: Optional[Callable[[SourceFile, SourceFile, HarnessConfig], Measurement]]) -> Measurement:
     key = measurement_key(problem.sha, candidate.sha, device, request.repeat)
     run.save_kernel(candidate.sha, candidate.source)
     config = request.harness.model_copy(update={"device": device})

@@ -23,16 +23,21 @@ except ImportError:  # Windows: no advisory locks here, so no protection (the le
     fcntl = None
 
 LOCK_FILE = "search.lock"
+MEASURING = "a measurement made outside a search (`kscout measure`, the MCP server or a chat)"
 _HELD: set[Path] = set()  # folders this process searches in now (a lock file read from here would say "busy")
 
 
 class RunBusy(Exception):
-    """Another live process is searching in this folder."""
+    """Another live process is searching in this folder, or (seen by a search) measuring in it."""
 
     def __init__(self, folder: Path, holder: str):
         self.folder, self.holder = folder, holder
-        super().__init__(f"{folder} is in use by a search that is still running ({holder or 'another process'}); "
-                         "wait for it to finish, or stop it (Ctrl-C) and then `kscout resume` it")
+        if holder == MEASURING:
+            super().__init__(f"{folder} is in use by {holder}, which is still running; wait for it to finish, or "
+                             "search in another folder (--run-dir)")
+        else:
+            super().__init__(f"{folder} is in use by a search that is still running ({holder or 'another process'}); "
+                             "wait for it to finish, or stop it (Ctrl-C) and then `kscout resume` it")
 
 
 @contextmanager
@@ -49,7 +54,7 @@ def exclusive(folder: Path | str, what: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.seek(0)
-            raise RunBusy(folder, handle.read().strip()) from None
+            raise RunBusy(folder, handle.read().strip() or MEASURING) from None
         handle.seek(0)
         handle.truncate()
         handle.write(f"{what}, pid {os.getpid()} on {socket.gethostname()}")
@@ -63,6 +68,27 @@ def exclusive(folder: Path | str, what: str) -> Iterator[None]:
             handle.truncate()
     finally:
         handle.close()  # closing the file releases the lock
+
+
+@contextmanager
+def shared(folder: Path | str) -> Iterator[None]:
+    """Keep searches out of the folder for the block, beside other holders of this lock: a measurement made
+    outside a search holds it from the check to the charge, so a search cannot start in between and find
+    the measurement charged to its budget. RunBusy at once while a search holds the folder; nothing in this
+    process's own searched folders (their measurements belong there) or in a path that is not a folder (left
+    to the run directory's own error)."""
+    folder = Path(folder)
+    if fcntl is None or folder.resolve() in _HELD or (folder.exists() and not folder.is_dir()):
+        yield
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / LOCK_FILE, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            raise RunBusy(folder, handle.read().strip()) from None
+        yield  # closing the file releases the lock
 
 
 def holder(folder: Path | str) -> Optional[str]:
