@@ -18,6 +18,7 @@ set for its ``openai-compatible`` server is not sent to Anthropic.
 from __future__ import annotations
 
 import difflib
+import re
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -109,13 +110,27 @@ def read_config_file(path: Path, error: type[ValueError]) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        data = tomllib.loads(text)
     except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise error(f"cannot read {path}: {exc}") from exc
+        where = _quoted_line(text, str(exc)) if isinstance(exc, tomllib.TOMLDecodeError) else ""
+        raise error(f"cannot read {path}: {exc}{where}") from exc
     for name, value in data.items():
         if name not in CONFIG_SECTIONS:
             raise error(_unknown_section(path, name, value))
     return data
+
+
+def _quoted_line(text: str, message: str) -> str:
+    """The line a TOML error points at, quoted: tomllib's words can mislead (`[search` without its `]`, after a
+    `[search]`, reads "Cannot declare ('search',) twice"), the line itself does not."""
+    found = re.search(r"at line (\d+)", message)
+    lines = text.splitlines()
+    if not found or not 0 < int(found.group(1)) <= len(lines):
+        return ""
+    line = lines[int(found.group(1)) - 1].strip()
+    hint = "; a section header needs its closing ]" if line.startswith("[") and not line.split("#")[0].rstrip().endswith("]") else ""
+    return f": `{line}`{hint}"
 
 
 def _unknown_section(path: Path, name: str, value: Any) -> str:

@@ -38,6 +38,8 @@ def test_the_project_file_overrides_the_users_setting_by_setting(project):
     ('[search]\npolicy = "genetic"\n', "policy"),
     ('[search]\nsurrogate = "xgb"\n', "'xgb'"),
     ('[search\nbudget = 5\n', "cannot read"),
+    # tomllib calls this one a section declared twice; the line itself is quoted, and what it lacks named
+    ('[search]\nbudget = 3\n[search\npolicy = "tuner"\n', "`[search`; a section header needs its closing ]"),
 ])
 def test_a_bad_setting_is_an_error_that_names_the_file(project, text, phrase):
     (project / "proj" / "kscout.toml").write_text(text)
