@@ -104,6 +104,7 @@ class SearchLoop:
         self._lay_dead_s = 0.0  # how long a killed search lay dead before this resume; `check` moves `started` by it
         self.workers = 1  # measurements in flight at once; see scale_out
         self._busy_streak = 0  # measurements in a row whose timing a busy machine voided (MACHINE_BUSY)
+        self._voided_by_burst: list[int] = []  # their candidates, timed again once the machine is idle
         self._rebuild_predictor()
 
     def scale_out(self, dispatcher: Any) -> None:
@@ -221,8 +222,8 @@ class SearchLoop:
                         continue
                     if m.status == MeasureStatus.invalid_problem and stop is None:
                         stop, queue = f"{PROBLEM_UNUSABLE}: {m.message}", []
+                    busy = m.status == MeasureStatus.ok and (m.timing_invalid_reason or "").startswith(BUSY_REASON)
                     if m.status == MeasureStatus.ok:
-                        busy = (m.timing_invalid_reason or "").startswith(BUSY_REASON)
                         self._busy_streak = self._busy_streak + 1 if busy else 0
                         if self._busy_streak >= BUSY_STREAK and stop is None:
                             stop, queue = (f"{MACHINE_BUSY}: {self._busy_streak} measurements in a row were timed while other processes "
@@ -231,9 +232,26 @@ class SearchLoop:
                     repaired = self._record(rec, m, progress, state["iteration"])
                     if repaired is not None and stop is None:
                         queue.insert(0, repaired)
+                    if m.status == MeasureStatus.ok:
+                        self._retime_after_burst(rec, busy, stopped=stop is not None)
         if stop:
             return {**progress, "stop_reason": stop}
         return {**progress, **self._cap_stop} if self._cap_stop else progress
+
+    def _retime_after_burst(self, rec: CandidateRecord, busy: bool, stopped: bool) -> None:
+        """A burst of load that voided fewer timings than stop the search (MACHINE_BUSY): once a timing is valid
+        again, the candidates it voided go back to the queue, once each (a new measurement each), and the next
+        iteration times them whatever their forecast; they were chosen and never judged. A streak that stops
+        the search is left to the resume (`_requeue_busy`)."""
+        if busy:
+            if not rec.requeued:
+                self._voided_by_burst.append(rec.id)
+            return
+        if not stopped and self._voided_by_burst:
+            for cid in self._voided_by_burst:
+                self.archive.requeue(cid)
+            self._emit("requeue", candidates=self._voided_by_burst, reason="timing void: the machine was busy for a moment")
+        self._voided_by_burst = []
 
     def _record(self, rec: CandidateRecord, m: Measurement, progress: dict, iteration: int) -> Optional[int]:
         """Archive one measurement, teach the predictor, track the best; returns a repaired candidate to measure."""

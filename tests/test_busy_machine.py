@@ -68,3 +68,27 @@ def test_a_search_on_a_busy_machine_stops_and_goes_on_once_it_is_idle(tmp_path):
     requeued = next(e for e in after if e["event"] == "requeue")["candidates"]
     assert len(requeued) == 2
     assert [e["candidate"] for e in after if e["event"] == "measure"][:2] == requeued
+
+
+def test_a_burst_of_load_that_voids_one_timing_has_that_candidate_timed_again_in_the_same_run(tmp_path, monkeypatch):
+    from kernelscout.agent import targets
+    from kernelscout.agent.runner import start_search
+
+    measure, calls = targets.CodeTarget.measure, []
+
+    def first_under_load(self, rec, again=False):  # other processes take every core for one measurement only
+        calls.append(rec.id)
+        if len(calls) == 1:
+            with every_core_busy():
+                return measure(self, rec, again=again)
+        return measure(self, rec, again=again)
+
+    monkeypatch.setattr(targets.CodeTarget, "measure", first_under_load)
+    run = tmp_path / "run"
+    result = start_search(problem=str(SOFTMAX / "problem.py"), space=None, budget=3, device="cpu", run_dir=str(run), quiet=True,
+                          report=False, confirm=0, start=[str(SOFTMAX / "fast.py"), str(SOFTMAX / "naive.py")])
+    assert result.measurements_used == 3
+    assert calls[2] == calls[0]  # fast.py, voided, was the third measurement; naive.py's valid timing came between
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    assert [e["candidates"] for e in events if e["event"] == "requeue"] == [[calls[0]]]
+    assert result.best_speedup and result.best_speedup > 1.2  # fast.py, judged the second time
