@@ -455,14 +455,19 @@ def _space(path: str) -> ReplaySpace:
 
 
 def _plain_cache(path: str, workdir: str) -> str:
-    """Kernel Tuner reads plain, complete JSON with its header fields before the cache: a private
-    canonical copy per process, so that an interrupted cache (which our loader repairs), a re-saved
-    one whose `cache` is not the last key, or one missing header fields runs as it replays here."""
+    """Kernel Tuner reads plain, complete JSON with its header fields before the cache: a canonical copy,
+    so that an interrupted cache (which our loader repairs), a re-saved one whose `cache` is not the last key,
+    or one missing header fields runs as it replays here. One copy per space's content, shared by every
+    process: in simulation mode Kernel Tuner only reads the file (a copy per process, with bayes_opt's fresh
+    process per run, filled a 2-seed run's folder with 214 MB of copies)."""
     if path not in _PLAIN:
-        dest = Path(workdir) / f"kt-{os.getpid()}" / Path(path).name.removesuffix(".gz")
+        space = _space(path)
+        dest = Path(workdir) / "kt-caches" / f"{space.content_sha[:16]}-{Path(path).name.removesuffix('.gz')}"
+        if dest.is_file():
+            _PLAIN[path] = str(dest)
+            return _PLAIN[path]
         dest.parent.mkdir(parents=True, exist_ok=True)
         raw = read_cache_json(Path(path))
-        space = _space(path)
         doc = {k: v for k, v in raw.items() if k != "cache"}
         doc.setdefault("device_name", space.device_name or "unknown")
         doc.setdefault("kernel_name", space.kernel_name or "kernel")
@@ -470,7 +475,9 @@ def _plain_cache(path: str, workdir: str) -> str:
         doc["tune_params_keys"] = list(space.param_names)
         doc.setdefault("objective", "time")
         doc["cache"] = raw["cache"]
-        dest.write_text(json.dumps(doc))
+        partial = dest.with_name(f"{dest.name}.{os.getpid()}.part")  # whole or absent for a process beside this one
+        partial.write_text(json.dumps(doc))
+        os.replace(partial, dest)
         _PLAIN[path] = str(dest)
     return _PLAIN[path]
 
@@ -510,7 +517,7 @@ def run_bench(req: BenchRequest, progress: Optional[Callable[[int, int, Trace], 
         raise BenchError("--budgets must be positive integers, e.g. 20,50,100")
     unknown = set(req.baselines) - {"kernel_tuner"}
     if unknown:
-        raise BenchError(f"unknown baseline(s) {', '.join(sorted(unknown))}; the only baseline is kernel_tuner")
+        raise BenchError(f"unknown baseline(s) {', '.join(sorted(unknown))}; give kernel_tuner, or none for kernelscout alone")
     spaces = {}
     for p in paths:
         try:

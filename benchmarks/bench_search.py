@@ -86,7 +86,11 @@ def goals_line(result) -> str:
         least = min(considered)
         parts.append(f"at least {MIN_CONSIDERED:.0f} candidates considered per measurement: "
                      f"{'met' if least >= MIN_CONSIDERED else 'NOT met'} (least {least:.1f})")
-    return "Goals for kernelscout, mean over spaces: " + "; ".join(parts) + ".\n\n" if parts else ""
+    if not parts:
+        return ""
+    scope = "mean over spaces" if result.seeds >= 10 else \
+        f"mean over spaces, on {result.seeds} seed(s) only (the goals are judged on 10; this is no verdict)"
+    return f"Goals for kernelscout, {scope}: " + "; ".join(parts) + ".\n\n"
 
 
 def markdown(result, command: str, wall_s: float, jobs: int, note: str = "") -> str:
@@ -123,7 +127,8 @@ def markdown(result, command: str, wall_s: float, jobs: int, note: str = "") -> 
     quick = ""
     if result.seeds < 10 or result.budgets != [20, 50, 100]:
         quick = (f"**Quick run** ({result.seeds} seed(s), budgets {', '.join(budgets)}): the published table uses 10 seeds and "
-                 "budgets 20, 50, 100. With one seed a single lucky or unlucky run decides a cell.\n\n")
+                 "budgets 20, 50, 100. " + ("With one seed a single lucky or unlucky run decides a cell" if result.seeds == 1
+                                            else f"With {result.seeds} seeds a few lucky or unlucky runs decide a cell") + ".\n\n")
     return f"""{SECTION}
 
 {quick}{goals_line(result)}{note + chr(10) + chr(10) if note else ''}Earlier tables, and every change to the search tried against these goals with what it gave: {HISTORY}.
