@@ -92,7 +92,9 @@ def render(view: RunView) -> None:
                     "" if view.status in ("finished", "failed") else f"; `kscout resume {escape(view.run_dir)}` goes on"))
     flight = f" ({view.budget.reserved} in flight)" if view.budget.reserved else ""
     per = f" ({view.considered_per_measurement:.1f} per measurement)" if view.budget.used else ""
-    head.add_row("measurements", f"{spent}{flight}, {view.considered} candidates considered{per}")
+    again = (f"; {view.measured_again} of them of a candidate measured again after a void or suspect timing"
+             if view.measured_again else "")
+    head.add_row("measurements", f"{spent}{flight}, {view.considered} candidates considered{per}{again}")
     # "failed" in the archive covers a correct candidate whose timing was void (a Triton kernel on the CPU, say)
     head.add_row("candidates", ", ".join(f"{n} {_STATE_WORDS.get(s, s)}" for s, n in sorted(view.states.items())))
     head.add_row("best", escape(_best_line(view.best)) if view.best else "no verified candidate yet")

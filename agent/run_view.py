@@ -69,6 +69,8 @@ class RunView(BaseModel):
     best: Optional[CandidateRow] = None
     best_file: Optional[str] = None
     top: list[CandidateRow] = Field(default_factory=list, description="measured candidates, fastest first")
+    measured_again: int = Field(0, description="measurements of a candidate measured before in this run: after a void timing "
+                                "(a busy machine) or a time below the speed-of-light floor; re-measurements of the best apart")
     failed: int = Field(0, description="candidates whose measurement did not count (failed, or timing not valid)")
     failures: list[FailedRow] = Field(default_factory=list, description="the latest of them, newest first")
     forecast_check: Optional[ForecastCheck] = None
@@ -153,6 +155,8 @@ def view_run(path: str | Path, top: int = 10) -> RunView:
     used = status.used
     considered = len({f["candidate_id"] for f in forecasts})
     failed, failures = archive.failures()
+    with run.connect() as db:  # the same key charged twice; a re-measurement of the best has a key of its own
+        measured_again = db.execute("SELECT COUNT(*) - COUNT(DISTINCT key) FROM measurements WHERE charged = 1").fetchone()[0]
     return RunView(
         run_dir=str(run.path), kind=spec.kind, target=spec.path, device=spec.device, policy=spec.policy, surrogate=spec.surrogate,
         status="running" if live else (finished.get("status") or "finished") if finished else "unfinished", running=live,
@@ -160,7 +164,7 @@ def view_run(path: str | Path, top: int = 10) -> RunView:
         continue_with=None if live else (finished or {}).get("continue_with"),
         states=archive.counts(), considered=considered, considered_per_measurement=round(considered / used, 2) if used else 0.0,
         best=_row(archive, best, deciding) if best else None, best_file=best_file if best else None, top=rows[:top],
-        failed=failed, failures=[failure_row(cid, m) for cid, m in failures],
+        failed=failed, failures=[failure_row(cid, m) for cid, m in failures], measured_again=measured_again,
         forecast_check=check_forecasts(archive),
         report=str(run.path / "report.html") if (run.path / "report.html").is_file() else None,
         llm_usage=llm_calls(run), chat_llm_usage=llm_calls(run, CHAT_USAGE_META),

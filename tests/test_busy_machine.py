@@ -92,3 +92,5 @@ def test_a_burst_of_load_that_voids_one_timing_has_that_candidate_timed_again_in
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
     assert [e["candidates"] for e in events if e["event"] == "requeue"] == [[calls[0]]]
     assert result.best_speedup and result.best_speedup > 1.2  # fast.py, judged the second time
+    shown = json.loads(kscout("show", str(run), "--json").stdout)
+    assert shown["measured_again"] == 1 and shown["failed"] == 0  # 3 spent on 2 candidates, and why
