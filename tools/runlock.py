@@ -78,10 +78,15 @@ def shared(folder: Path | str) -> Iterator[None]:
     process's own searched folders (their measurements belong there) or in a path that is not a folder (left
     to the run directory's own error)."""
     folder = Path(folder)
-    if fcntl is None or folder.resolve() in _HELD or (folder.exists() and not folder.is_dir()):
+    try:
+        usable = fcntl is not None and folder.resolve() not in _HELD and not (folder.exists() and not folder.is_dir())
+        if usable:
+            folder.mkdir(parents=True, exist_ok=True)
+    except OSError:  # under a file, say: the run directory's own check says so
+        usable = False
+    if not usable:
         yield
         return
-    folder.mkdir(parents=True, exist_ok=True)
     with open(folder / LOCK_FILE, "a+") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
