@@ -18,8 +18,8 @@ set for its ``openai-compatible`` server is not sent to Anthropic.
 from __future__ import annotations
 
 import difflib
-import re
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path

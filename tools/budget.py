@@ -89,7 +89,7 @@ class Budget:
             used = self._status(db).used
             if cap is not None and cap < used:
                 raise CapBelowUsed(cap, used)
-            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", ("measurement_cap", "" if cap is None else str(cap)))
+            self.run.set_meta("measurement_cap", "" if cap is None else str(cap), db=db)
 
     def status(self) -> BudgetStatus:
         with self.run.connect() as db:

@@ -134,9 +134,13 @@ class RunDir:
             row = db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return row[0] if row else None
 
-    def set_meta(self, key: str, value: str) -> None:
-        with self.transaction() as db:
+    def set_meta(self, key: str, value: str, db: Optional[sqlite3.Connection] = None) -> None:
+        """`db`: a transaction the caller holds (a value checked and written at once), else one of its own."""
+        if db is not None:
             db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+            return
+        with self.transaction() as own:
+            self.set_meta(key, value, db=own)
 
     def event(self, kind: str, **data: Any) -> None:
         line = json.dumps({"ts": time.time(), "event": kind, "pid": os.getpid(), **data}, default=str)

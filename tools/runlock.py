@@ -92,7 +92,7 @@ def shared(folder: Path | str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.seek(0)
-            raise RunBusy(folder, handle.read().strip()) from None
+            raise RunBusy(folder, handle.read().strip() or "another process") from None
         yield  # closing the file releases the lock
 
 
