@@ -104,7 +104,6 @@ class SearchLoop:
         self._lay_dead_s = 0.0  # how long a killed search lay dead before this resume; `check` moves `started` by it
         self.workers = 1  # measurements in flight at once; see scale_out
         self._busy_streak = 0  # measurements in a row whose timing a busy machine voided (MACHINE_BUSY)
-        self._voided_by_burst: list[int] = []  # their candidates, timed again once the machine is idle
         self._rebuild_predictor()
 
     def scale_out(self, dispatcher: Any) -> None:
@@ -241,17 +240,16 @@ class SearchLoop:
     def _retime_after_burst(self, rec: CandidateRecord, busy: bool, stopped: bool) -> None:
         """A burst of load that voided fewer timings than stop the search (MACHINE_BUSY): once a timing is valid
         again, the candidates it voided go back to the queue, once each (a new measurement each), and the next
-        iteration times them whatever their forecast; they were chosen and never judged. A streak that stops
-        the search is left to the resume (`_requeue_busy`)."""
-        if busy:
-            if not rec.requeued:
-                self._voided_by_burst.append(rec.id)
+        iteration times them whatever their forecast; they were chosen and never judged. The voided ones are
+        read from the ledger, so a kill (or a spent budget) between the void and the valid timing loses no
+        retry. A streak that stops the search is left to the resume (`_requeue_busy`)."""
+        if busy or stopped:
             return
-        if not stopped and self._voided_by_burst:
-            for cid in self._voided_by_burst:
-                self.archive.requeue(cid)
-            self._emit("requeue", candidates=self._voided_by_burst, reason="timing void: the machine was busy for a moment")
-        self._voided_by_burst = []
+        once = [cid for cid, times in self.archive.void_timings(BUSY_REASON) if times == 1]
+        for cid in once:
+            self.archive.requeue(cid)
+        if once:
+            self._emit("requeue", candidates=once, reason="timing void: the machine was busy for a moment")
 
     def _record(self, rec: CandidateRecord, m: Measurement, progress: dict, iteration: int) -> Optional[int]:
         """Archive one measurement, teach the predictor, track the best; returns a repaired candidate to measure."""
@@ -382,14 +380,9 @@ class SearchLoop:
     def _requeue_busy(self) -> None:
         """Candidates whose timing a busy machine voided were never judged: the stop told the user to resume
         when the machine is idle, so they go back to the queue and are timed again (a new measurement each)."""
-        requeued = []
-        for rec in self.archive.all():
-            if rec.state != "failed" or rec.measurement_id is None:
-                continue
-            m = self.target.recorded_measurement(rec)
-            if m is not None and (m.timing_invalid_reason or "").startswith(BUSY_REASON):
-                self.archive.requeue(rec.id)
-                requeued.append(rec.id)
+        requeued = [cid for cid, _ in self.archive.void_timings(BUSY_REASON)]
+        for cid in requeued:
+            self.archive.requeue(cid)
         if requeued:
             self._emit("requeue", candidates=requeued, reason="timing void: the machine was busy")
 

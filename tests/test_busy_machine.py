@@ -94,3 +94,33 @@ def test_a_burst_of_load_that_voids_one_timing_has_that_candidate_timed_again_in
     assert result.best_speedup and result.best_speedup > 1.2  # fast.py, judged the second time
     shown = json.loads(kscout("show", str(run), "--json").stdout)
     assert shown["measured_again"] == 1 and shown["failed"] == 0  # 3 spent on 2 candidates, and why
+
+
+
+def test_a_void_timing_is_still_timed_again_after_a_kill_before_the_next_valid_one(tmp_path, monkeypatch):
+    """The voided candidates are read from the ledger, not remembered: a search killed right after a void
+    still times that candidate again once the resumed search gets a valid timing."""
+    import pytest
+    from kernelscout.agent import targets
+    from kernelscout.agent.runner import resume_search, start_search
+
+    measure, calls = targets.CodeTarget.measure, []
+
+    def under_load_then_killed(self, rec, again=False):
+        calls.append(rec.id)
+        if len(calls) == 1:
+            with every_core_busy():
+                return measure(self, rec, again=again)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the process dies before the second measurement starts
+        return measure(self, rec, again=again)
+
+    monkeypatch.setattr(targets.CodeTarget, "measure", under_load_then_killed)
+    run = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        start_search(problem=str(SOFTMAX / "problem.py"), space=None, budget=3, device="cpu", run_dir=str(run), quiet=True,
+                     report=False, confirm=0, start=[str(SOFTMAX / "fast.py"), str(SOFTMAX / "naive.py")])
+    resumed = resume_search(str(run), quiet=True)
+    assert resumed.measurements_used == 3
+    assert calls[2:] == [calls[1], calls[0]]  # naive.py's valid timing, then fast.py, voided before the kill, again
+    assert resumed.best_speedup and resumed.best_speedup > 1.2

@@ -190,6 +190,19 @@ class Archive:
         with self.run.transaction(durable=False) as db:
             db.execute("UPDATE candidates SET state = 'proposed', speedup = NULL WHERE id = ?", (candidate_id,))
 
+    def void_timings(self, reason_prefix: str) -> list[tuple[int, int]]:
+        """(candidate id, how many charged measurements share its key) for each failed candidate whose latest
+        measurement ran but whose timing was void for a reason starting with `reason_prefix`. Read from the
+        ledger, not kept in memory, so a search killed between a void timing and its retry still retries."""
+        with self.run.connect() as db:
+            rows = db.execute(
+                "SELECT c.id, (SELECT COUNT(*) FROM measurements o WHERE o.key = m.key AND o.charged = 1)"
+                " FROM candidates c JOIN measurements m ON m.id = c.measurement_id"
+                " WHERE c.state = 'failed' AND m.status = 'ok'"
+                " AND substr(json_extract(m.result_json, '$.timing_invalid_reason'), 1, ?) = ? ORDER BY c.id",
+                (len(reason_prefix), reason_prefix)).fetchall()
+        return [(cid, times) for cid, times in rows]
+
     def failures(self, limit: int = 8) -> tuple[int, list[tuple[int, Measurement]]]:
         """(how many candidates' measurements did not count, the latest `limit` of them with their
         measurement): a failure's message, or what voided its timing, is what a user needs to fix it."""
