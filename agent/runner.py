@@ -224,12 +224,15 @@ def _take_folder(run: RunDir, spec: SearchSpec, save: bool = False) -> None:
 @contextlib.contextmanager
 def _searching(run: RunDir):
     """One search at a time in a run directory (tools/runlock.py)."""
-    from kernelscout.tools.runlock import RunBusy, exclusive
+    from kernelscout.tools.budget import Budget
+    from kernelscout.tools.runlock import MEASURING, RunBusy, exclusive
 
     try:
         with exclusive(run.path, "kscout search"):
             yield
     except RunBusy as exc:
+        if exc.holder == MEASURING:  # name the measurements, from their reservations (none yet: not named)
+            exc = RunBusy(exc.folder, exc.holder, Budget(run).in_flight())
         raise OptimizeError(str(exc)) from None
 
 

@@ -1,6 +1,7 @@
 """The budget cannot be exceeded: not by repeats, not by crashes, not by racing processes."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -273,6 +274,30 @@ def test_a_search_cannot_start_in_a_folder_between_a_measurements_check_and_its_
     from kernelscout.tools.runlock import holder
 
     assert holder(run_dir) is None  # free again once the measurement is done
+
+
+def test_a_search_refused_by_a_running_measurement_names_its_process(tmp_path, write, monkeypatch):
+    from kernelscout.agent.runner import start_search
+    from kernelscout.sandbox.replay import recorded_spaces_dir
+
+    problem, cand = write("problem.py", SMALL_PROBLEM), write("cand.py", GOOD_CANDIDATE)
+    run_dir = tmp_path / "run"
+    start_search(problem=None, space=str(recorded_spaces_dir() / "pnpoly_RTX_3090.json.gz"), budget=3, run_dir=str(run_dir),
+                 quiet=True, report=False)
+    seen, settle = {}, Budget.settle
+
+    def resume_then_settle(self, reservation, charged, db=None):  # the measurement has run, and is not yet charged
+        if "resume" not in seen:
+            seen["resume"] = subprocess.run([sys.executable, "-m", "kernelscout.agent.cli", "resume", str(run_dir)],
+                                            capture_output=True, text=True)
+        return settle(self, reservation, charged, db)
+
+    monkeypatch.setattr(Budget, "settle", resume_then_settle)
+    m = measure(MeasureRequest(problem=str(problem), candidate=str(cand), device="cpu", run_dir=str(run_dir), budget=4, harness=QUICK))
+    assert m.status == MeasureStatus.ok and m.charged
+    assert seen["resume"].returncode == 2
+    assert (f"a measurement made outside a search (`kscout measure`, the MCP server or a chat), pid {os.getpid()} on "
+            in seen["resume"].stderr.replace("\n", " "))
 
 
 def test_a_measurement_will_not_set_a_cap_below_what_the_folder_has_used(tmp_path, write):

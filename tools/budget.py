@@ -111,6 +111,13 @@ class Budget:
             rows = db.execute("SELECT owner_pid, owner_host FROM ledger WHERE state = 'reserved'").fetchall()
         return sum(1 for pid, owner_host in rows if _owner_gone(pid, owner_host, host))
 
+    def in_flight(self) -> tuple[tuple[int, str], ...]:
+        """(pid, host) of each live process holding a reservation: the measurements running now."""
+        host = socket.gethostname()
+        with self.run.connect() as db:
+            rows = db.execute("SELECT owner_pid, owner_host FROM ledger WHERE state = 'reserved' ORDER BY id").fetchall()
+        return tuple(dict.fromkeys((pid, owner_host) for pid, owner_host in rows if not _owner_gone(pid, owner_host, host)))
+
     def reserve(self, key: str, share: bool = False) -> Reservation:
         """Reserve one measurement of `key`. InFlight when another live process is measuring the same key,
         unless `share` (a measurement asked for again on purpose): its result will be this one's."""
