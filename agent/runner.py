@@ -222,7 +222,7 @@ def _take_folder(run: RunDir, spec: SearchSpec, save: bool = False) -> None:
 
 
 @contextlib.contextmanager
-def _searching(run: RunDir):
+def _searching(run: RunDir, resuming: bool = False):
     """One search at a time in a run directory (tools/runlock.py)."""
     from kernelscout.tools.budget import Budget
     from kernelscout.tools.runlock import MEASURING, RunBusy, exclusive
@@ -232,7 +232,7 @@ def _searching(run: RunDir):
             yield
     except RunBusy as exc:
         if exc.holder == MEASURING:  # name the measurements, from their reservations (none yet: not named)
-            exc = RunBusy(exc.folder, exc.holder, Budget(run).in_flight())
+            exc = RunBusy(exc.folder, exc.holder, Budget(run).in_flight(), resuming=resuming)
         raise OptimizeError(str(exc)) from None
 
 
@@ -410,7 +410,7 @@ def resume_search(run_dir: str, quiet: bool = False, *, max_usd: Optional[float]
         _check_space(spec.path, spec.warm_start, spec.surrogate)
     else:
         check_llm(spec.policy, spec.surrogate)
-    with _searching(run):
+    with _searching(run, resuming=True):
         spec = change_limits(run, spec, max_usd=max_usd, max_llm_tokens=max_llm_tokens, max_wall_s=max_wall,
                              max_device_s=max_device_s, patience=patience)
         _archive_start(run, spec, resume=True)

@@ -298,6 +298,7 @@ def test_a_search_refused_by_a_running_measurement_names_its_process(tmp_path, w
     assert seen["resume"].returncode == 2
     assert (f"a measurement made outside a search (`kscout measure`, the MCP server or a chat), pid {os.getpid()} on "
             in seen["resume"].stderr.replace("\n", " "))
+    assert "wait for it to finish, then resume" in seen["resume"].stderr.replace("\n", " ")  # not "another folder"
 
 
 def test_a_measurement_will_not_set_a_cap_below_what_the_folder_has_used(tmp_path, write):

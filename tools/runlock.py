@@ -30,14 +30,15 @@ _HELD: set[Path] = set()  # folders this process searches in now (a lock file re
 class RunBusy(Exception):
     """Another live process is searching in this folder, or (seen by a search) measuring in it."""
 
-    def __init__(self, folder: Path, holder: str, owners: tuple[tuple[int, str], ...] = ()):
+    def __init__(self, folder: Path, holder: str, owners: tuple[tuple[int, str], ...] = (), resuming: bool = False):
         """`owners`: (pid, host) of the measurements in flight, when the caller can read them from the ledger
-        (measurements hold the lock shared, so none can write its name into the lock file)."""
+        (measurements hold the lock shared, so none can write its name into the lock file). `resuming`: the
+        refused search lives in this folder, so another folder is no way out."""
         self.folder, self.holder = folder, holder
         if holder == MEASURING:
             named = "".join(f", pid {pid} on {host}" for pid, host in owners)
-            super().__init__(f"{folder} is in use by {holder}{named}, which is still running; wait for it to finish, or "
-                             "search in another folder (--run-dir)")
+            way_out = "then resume" if resuming else "or search in another folder (--run-dir)"
+            super().__init__(f"{folder} is in use by {holder}{named}, which is still running; wait for it to finish, {way_out}")
         else:
             super().__init__(f"{folder} is in use by a search that is still running ({holder or 'another process'}); "
                              "wait for it to finish, or stop it (Ctrl-C) and then `kscout resume` it")
