@@ -137,6 +137,28 @@ def test_a_resume_while_the_search_is_still_running_is_refused(tmp_path):
     assert after.status == "finished" and after.budget == before.budget
 
 
+@pytest.mark.parametrize("mode, said", [("LOCK_EX", "in use by a search that is still running (just started"),
+                                         ("LOCK_SH", "in use by a measurement made outside a search")])
+def test_a_refused_search_tells_a_starting_search_from_a_measurement(tmp_path, mode, said):
+    # a search writes its name into search.lock just after taking it; in that moment the empty file alone
+    # would read like a measurement (which holds the lock shared and writes nothing)
+    from kernelscout.tools.runlock import RunBusy, exclusive
+
+    (tmp_path / "search.lock").touch()
+    holding = subprocess.Popen([sys.executable, "-c", f"import fcntl, time\nh = open({str(tmp_path / 'search.lock')!r})\n"
+                                f"fcntl.flock(h, fcntl.{mode})\nprint('held', flush=True)\ntime.sleep(60)"],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        assert holding.stdout.readline().strip() == "held"
+        with pytest.raises(RunBusy) as refused:
+            with exclusive(tmp_path, "kscout search"):
+                pass
+    finally:
+        holding.kill()
+        holding.wait()
+    assert said in str(refused.value)
+
+
 def _contents(folder: Path) -> tuple[list[str], list[str]]:
     """A folder's files and its run.db's rows (SQLite's own -wal and -shm come and go with connections)."""
     import sqlite3

@@ -57,8 +57,7 @@ def exclusive(folder: Path | str, what: str) -> Iterator[None]:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            handle.seek(0)
-            raise RunBusy(folder, handle.read().strip() or MEASURING) from None
+            raise RunBusy(folder, _who_holds(handle)) from None
         handle.seek(0)
         handle.truncate()
         handle.write(f"{what}, pid {os.getpid()} on {socket.gethostname()}")
@@ -72,6 +71,19 @@ def exclusive(folder: Path | str, what: str) -> Iterator[None]:
             handle.truncate()
     finally:
         handle.close()  # closing the file releases the lock
+
+
+def _who_holds(handle) -> str:
+    """Who holds the lock this process could not take exclusively. A shared lock still granted means the
+    holders are measurements (they hold it shared and write nothing); otherwise a search holds it, whose name
+    may not be written yet in the moment after it took the lock."""
+    try:
+        fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        return handle.read().strip() or "just started, its pid not yet written"
+    fcntl.flock(handle, fcntl.LOCK_UN)
+    return MEASURING
 
 
 @contextmanager
