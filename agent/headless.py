@@ -562,6 +562,7 @@ class HeadlessRun:
         return {**n, "report": str(report) if report.exists() else None}
 
     def _run_problem(self, index: int, ref: ProblemRef, allow: dict[str, Any], quiet: bool, progress: RunProgress) -> ProblemOutcome:
+        from kernelscout.agent.graph import MACHINE_BUSY
         from kernelscout.agent.runner import OptimizeError, SearchPaused, resume_search, start_search
 
         sub = self.path / "problems" / ref.name
@@ -603,6 +604,11 @@ class HeadlessRun:
             update = {"status": "failed" if failure else "finished", "reason": reason,
                       "stop_reason": self._named_wall_cap(result.stop_reason, allow), "best_path": result.best_path,
                       "device": result.device, "policy": result.policy}
+            if not failure and (result.stop_reason or "").startswith(MACHINE_BUSY):
+                # not finished: the rest of its budget waits for an idle machine, and the run's resume goes on with it
+                update.update(status="pending", reason=f"{MACHINE_BUSY} (its timings were void); `kscout resume {self.path}` "
+                                                       "goes on with it once the machine is idle")
+                self._event("problem_paused", name=ref.name, reason=result.stop_reason)
         except KeyboardInterrupt:  # the time searched so far still counts in this problem's wall
             self.state.put(outcome.model_copy(update={"wall_s": wall()}))
             raise

@@ -62,9 +62,9 @@ class ReplayTarget:
         return config_sha(self.space, proposal.params)
 
     def measure(self, rec: CandidateRecord, repeat: str = "", again: bool = False) -> Measurement:
-        """`again` is for the interface's sake: a replayed measurement is never voided by a busy machine."""
+        """`again`: a new measurement even if this configuration was measured here (its first judged nothing)."""
         execute = self.dispatcher.replay(self.space, rec.params, self.reference) if self.dispatcher else None
-        return measure_replay(self.space, rec.params, self.run, reference=self.reference, execute=execute, repeat=repeat)
+        return measure_replay(self.space, rec.params, self.run, reference=self.reference, execute=execute, repeat=repeat, again=again)
 
     def confirm(self, rec: CandidateRecord, label: str) -> Measurement:
         """A fresh replay of a chosen configuration (its own noise draw), under its own key."""

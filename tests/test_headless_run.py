@@ -222,6 +222,34 @@ def test_a_crash_inside_one_search_fails_that_problem_only(tmp_path, monkeypatch
 
 
 @needs_hub
+def test_a_problem_stopped_by_a_busy_machine_waits_for_the_runs_resume(tmp_path, monkeypatch):
+    from kernelscout.sandbox.replay import ReplayDevice
+    from kernelscout.sandbox.stats import busy_machine
+
+    real, busy = ReplayDevice.measure, {"on": True}
+
+    def busy_on_pnpoly(self, config, rng, reference=None):
+        m = real(self, config, rng, reference=reference)
+        if busy["on"] and "pnpoly" in self.space.name:  # other processes held the cores: the timing is void
+            m.timing_valid, m.timing_invalid_reason, m.speedup = False, busy_machine(20, 5), None
+        return m
+
+    monkeypatch.setattr(ReplayDevice, "measure", busy_on_pnpoly)
+    run = tmp_path / "run"
+    result, summary = _run([str(_problems_folder(tmp_path, broken=False)), "--budget", "4", "--run-dir", str(run)])
+    by_name = {p["name"]: p for p in summary["problems"]}
+    assert by_name["convolution_A100"]["status"] == "finished"
+    assert by_name["pnpoly_RTX_3090"]["status"] == "pending"  # not finished: half its budget waits for an idle machine
+    assert f"kscout resume {run}" in by_name["pnpoly_RTX_3090"]["reason"]
+    assert by_name["pnpoly_RTX_3090"]["measurements_used"] == 2 and result.exit_code == 1
+    busy["on"] = False
+    result = CliRunner().invoke(app, ["resume", str(run), "--json"])
+    after = {p["name"]: p for p in json.loads(result.stdout.strip().splitlines()[-1])["problems"]}
+    assert after["pnpoly_RTX_3090"]["status"] == "finished" and after["pnpoly_RTX_3090"]["measurements_used"] == 4
+    assert after["convolution_A100"]["measurements_used"] == 4 and result.exit_code == 0
+
+
+@needs_hub
 def test_global_measurement_cap_splits_across_problems_and_skips_the_rest(tmp_path):
     folder = _problems_folder(tmp_path, broken=False)
     shutil.copyfile(SPACES[0], folder / "zz_again.json.gz")
