@@ -23,7 +23,7 @@ def fail(message: str, as_json: bool, code: int = 2) -> None:
     if as_json:
         typer.echo(json.dumps({"status": "failed", "message": message}))
     else:
-        Console(stderr=True).print(f"[red]error:[/red] {escape(message)}", soft_wrap=True, highlight=False)  # "[search]" is text
+        Console(stderr=True).print(f"[red]error:[/red] {escape(message)}", soft_wrap=True, highlight=False, emoji=False)  # "[search]" and "cuda:x:" are text
     raise typer.Exit(code)
 
 

@@ -65,7 +65,7 @@ def test_a_negative_seed_is_refused_before_the_run_exists(problem, tmp_path, com
     assert not run.exists()
 
 
-@pytest.mark.parametrize("device", ["gpu", "cuda:99"])
+@pytest.mark.parametrize("device", ["gpu", "cuda:99", "cuda:x"])  # cuda:x: once printed as an emoji
 def test_kscout_run_checks_the_device_once_up_front(problem, tmp_path, device):
     run = tmp_path / "night"
     assert_usage_error(kscout("run", str(problem), "--device", device, "--run-dir", str(run)), f"--device {device}")
