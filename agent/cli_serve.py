@@ -14,9 +14,10 @@ from typing import Optional
 
 import typer
 
-from kernelscout.agent.cli_errors import interrupted_code
+from kernelscout.agent.cli_errors import interrupted_code, validation_message
 from kernelscout.agent.search_config import help_default, search_config
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 TOKEN_ENV = "KSCOUT_MCP_TOKEN"  # same as kernelscout.tools.mcp_server.TOKEN_ENV, without importing the SDK for --help
 
 
@@ -33,7 +34,7 @@ def register(app: typer.Typer) -> None:
                                              + help_default("device")),
         http: bool = typer.Option(False, "--http", help="serve streamable HTTP instead of stdio"),
         host: str = typer.Option("127.0.0.1", help="HTTP: interface to listen on; anything but loopback needs --allow-remote and a token"),
-        port: int = typer.Option(8000, help="HTTP: port"),
+        port: int = typer.Option(8000, min=0, max=65535, help="HTTP: port"),
         path: str = typer.Option("/mcp", help="HTTP: endpoint path"),
         allow_remote: bool = typer.Option(False, "--allow-remote", help="HTTP: allow listening beyond loopback (needs a token)"),
         token: Optional[str] = typer.Option(
@@ -57,10 +58,20 @@ def run(run_dir: Optional[str] = None, budget: Optional[int] = None, device: str
     except ImportError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2)
+    from pydantic import ValidationError
+
     from kernelscout.sandbox.harness import HarnessConfig
     from kernelscout.sandbox.problem import InputFileError
     from kernelscout.tools.measure import DEFAULT_RUN_DIR, resolve_device
 
+    if log_level.upper() not in LOG_LEVELS:
+        typer.echo(f"error: --log-level {log_level}: use one of {', '.join(LOG_LEVELS)}", err=True)
+        raise typer.Exit(2)
+    try:  # before anything is written into the run directory
+        harness = HarnessConfig(timeout_s=timeout, timing_budget_s=timing_budget)
+    except ValidationError as exc:
+        typer.echo(f"error: {validation_message(exc, {'timeout_s': '--timeout', 'timing_budget_s': '--timing-budget'})}", err=True)
+        raise typer.Exit(2)
     mcp_server.configure_logging(log_level.upper())
     log = mcp_server.log
     token = mcp_server.resolve_token(token)
@@ -78,7 +89,6 @@ def run(run_dir: Optional[str] = None, budget: Optional[int] = None, device: str
         raise typer.Exit(2)
     try:
         status = mcp_server.ensure_cap(directory, budget)
-        harness = HarnessConfig(timeout_s=timeout, timing_budget_s=timing_budget)
         server = mcp_server.build_server(directory, device=device, harness=harness)
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -301,6 +301,22 @@ def test_serve_with_a_negative_budget_is_refused_before_the_run_directory_exists
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("flags, said", [(["--timeout", "-5", "--budget", "7"], "--timeout: input should be greater than 0"),
+                                          (["--timing-budget", "0"], "--timing-budget: input should be greater than 0"),
+                                          (["--log-level", "LOUD"], "--log-level LOUD: use one of DEBUG, INFO"),
+                                          (["--http", "--port", "99999"], "99999 is not in the range")])
+def test_serve_with_a_bad_setting_names_the_flag_and_leaves_no_run_directory(tmp_path, flags, said):
+    # these were a traceback (--port, --log-level) or a pydantic dump after the folder's cap was already set
+    from typer.testing import CliRunner
+
+    from kernelscout.agent.cli import app
+
+    result = CliRunner().invoke(app, ["serve", "--device", "cpu", "--run-dir", str(tmp_path / "run"), *flags])
+    assert result.exit_code == 2 and said in " ".join(result.output.replace("│", " ").split()), result.output
+    assert "Traceback" not in result.output and "pydantic" not in result.output
+    assert not (tmp_path / "run").exists()
+
+
 def test_an_argument_a_tool_does_not_take_is_refused_and_spends_nothing(tmp_path, files):
     """An agent that believes it can raise the budget or loosen the harness hears that it cannot."""
     server = build_server(str(tmp_path / "run"), device="cpu", budget=3, chat_model=None)
