@@ -511,6 +511,10 @@ def _summary(r: ToolResult) -> str:
 # -- the command ---------------------------------------------------------------------------------------------------
 
 
+_CHAT_FLAGS = {"provider": "--provider", "model": "--model", "base_url": "--base-url", "max_usd": "--max-usd",
+               "max_tokens_total": "--max-tokens", "timeout_s": "--timeout", "timing_budget_s": "--timing-budget"}
+
+
 def register(app: typer.Typer) -> None:
     """Add the `chat` command to a typer app."""
 
@@ -537,9 +541,17 @@ def register(app: typer.Typer) -> None:
         from kernelscout.agent.llm_config import LLMConfig
         from kernelscout.sandbox.harness import HarnessConfig
 
+        from pydantic import ValidationError
+
+        from kernelscout.agent.cli_errors import validation_message
+
         console = Console()
         try:
             flags = LLMConfig(provider=provider, model=model, base_url=base_url, max_usd=max_usd, max_tokens_total=max_tokens)
+            harness = HarnessConfig(timeout_s=timeout, timing_budget_s=timing_budget)
+        except ValidationError as exc:  # as the flags typed, not pydantic's dump
+            console.print(f"[red]error:[/red] {_escape(validation_message(exc, _CHAT_FLAGS))}")
+            raise typer.Exit(2) from None
         except ValueError as exc:
             console.print(f"[red]error:[/red] {_escape(str(exc))}")
             raise typer.Exit(2) from None
@@ -547,7 +559,7 @@ def register(app: typer.Typer) -> None:
         device = search_config(False).pick("device", device)
         try:
             session = open_chat(problem, run_dir, device=device, budget=budget, settings=ChatSettings(confirm=confirm),
-                                harness=HarnessConfig(timeout_s=timeout, timing_budget_s=timing_budget),
+                                harness=harness,
                                 llm_flags=flags if has_flags else None)
         except (ChatSetupError, ToolFailure, ValueError) as exc:
             console.print(f"[red]error:[/red] {_escape(str(exc))}")

@@ -348,6 +348,19 @@ def test_kscout_chat_command_starts_in_slash_command_mode(tmp_path, problem, mon
     assert os.path.exists(tmp_path / "run" / "checkpoints.db")
 
 
+@pytest.mark.parametrize("flags, said", [(["--timeout", "-5"], "--timeout: input should be greater than 0"),
+                                          (["--max-usd", "-1"], "--max-usd: input should be greater than or equal to 0"),
+                                          (["--provider", "bogus"], "--provider: input should be 'anthropic', 'openai'")])
+def test_kscout_chat_with_a_bad_setting_names_the_flag_and_leaves_no_run_directory(tmp_path, problem, flags, said):
+    from typer.testing import CliRunner
+
+    from kernelscout.agent.cli import app
+
+    result = CliRunner().invoke(app, ["chat", str(problem), "--run-dir", str(tmp_path / "run"), "--device", "cpu", *flags])
+    assert result.exit_code == 2 and said in result.output, result.output
+    assert "pydantic" not in result.output and not (tmp_path / "run").exists()
+
+
 def test_a_turn_cut_off_in_the_middle_of_a_tool_is_finished_by_the_next_session(tmp_path, problem, pool, monkeypatch):
     run_dir = str(tmp_path / "run")
     first = Agent(call("measure", 1, candidate=str(tmp_path / "good.py")))
