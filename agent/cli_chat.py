@@ -106,6 +106,9 @@ def resolve_problem(problem: Optional[str], run_dir: Optional[str]) -> tuple[Pat
     return path, run_path
 
 
+UNUSABLE_LLM = "The LLM is configured but cannot be used"
+
+
 def make_model(run: RunDir, flags: Any = None) -> tuple[Any, str]:
     """(chat model, "") or (None, why not and how to enable one). Token and USD use persist in the run directory."""
     from kernelscout.agent.llm import LLMConfigError, build_chat_model, describe_how_to_enable
@@ -125,7 +128,7 @@ def make_model(run: RunDir, flags: Any = None) -> tuple[Any, str]:
                            on_update=lambda s: run.set_meta(CHAT_USAGE_META, s.model_dump_json()))
         return build_chat_model(resolved, meter=meter), ""
     except LLMConfigError as exc:
-        return None, f"The LLM is configured but cannot be used: {exc}\nSee docs/llm.md."
+        return None, f"{UNUSABLE_LLM}: {exc}\nSee docs/llm.md."
 
 
 def open_chat(problem: Optional[str], run_dir: Optional[str] = None, *, device: str = "auto", budget: Optional[int] = None,
@@ -354,7 +357,8 @@ class ChatREPL:
                 c.print("[dim]last reply:[/dim]")
                 c.print(Markdown(last))
         if s.model is None:
-            c.print("[yellow]Slash-command mode: no LLM is configured for the chat agent.[/yellow]")
+            why = "its LLM settings cannot be used" if s.no_model_reason.startswith(UNUSABLE_LLM) else "no LLM is configured"
+            c.print(f"[yellow]Slash-command mode: {why} for the chat agent.[/yellow]")
             c.print(s.no_model_reason, markup=False, highlight=False, soft_wrap=not c.is_terminal)  # whole lines in a log
         else:
             confirm = "asks before each measurement" if s.agent.settings.confirm else "measures without asking"

@@ -348,6 +348,20 @@ def test_kscout_chat_command_starts_in_slash_command_mode(tmp_path, problem, mon
     assert os.path.exists(tmp_path / "run" / "checkpoints.db")
 
 
+def test_kscout_chat_with_unusable_llm_settings_says_so_and_not_that_none_are_configured(tmp_path, problem, monkeypatch):
+    from typer.testing import CliRunner
+
+    from kernelscout.agent.cli import app
+
+    monkeypatch.setenv("KSCOUT_PROVIDER", "anthropic")
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    result = CliRunner().invoke(app, ["chat", str(problem), "--run-dir", str(tmp_path / "run"), "--device", "cpu"], input="/quit\n")
+    assert result.exit_code == 0, result.output
+    assert "Slash-command mode: its LLM settings cannot be used" in result.output and "needs an API key" in result.output
+    assert "no LLM is configured" not in result.output
+
+
 @pytest.mark.parametrize("flags, said", [(["--timeout", "-5"], "--timeout: input should be greater than 0"),
                                           (["--max-usd", "-1"], "--max-usd: input should be greater than or equal to 0"),
                                           (["--provider", "bogus"], "--provider: input should be 'anthropic', 'openai'")])
