@@ -29,10 +29,11 @@ from pydantic import BaseModel, Field
 
 from kernelscout.sandbox.problem import problem_name
 from kernelscout.tools.atomic import write_text_atomic
+from kernelscout.tools.rundir import MULTI_PROBLEM_MARK
 from kernelscout.tools.runlock import holder
 
 MANIFEST = "manifest.json"
-STATE_DB = "headless.db"
+STATE_DB = MULTI_PROBLEM_MARK  # RunDir refuses a folder that holds one
 FAST_P = (0.0, 1.0, 1.5, 2.0)
 SPACE_SUFFIXES = (".json.gz", ".json")
 

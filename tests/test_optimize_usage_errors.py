@@ -83,6 +83,25 @@ def test_a_run_directory_that_is_a_file_is_a_usage_error_everywhere(problem, tmp
     assert measured.exit_code == 2 and "is a file, not a folder" in json.loads(measured.stdout)["message"]
 
 
+def test_the_top_folder_of_a_multi_problem_run_is_no_run_directory_for_one_search(problem, tmp_path):
+    # what optimize, measure or serve wrote there could not be reached again: show, budget and resume read it as
+    # the multi-problem run
+    from kernelscout.sandbox.replay import recorded_spaces_dir
+
+    night = tmp_path / "night"
+    assert kscout("run", str(recorded_spaces_dir() / "pnpoly_RTX_3090.json.gz"), "--budget", "2", "--run-dir", str(night),
+                  "--json").exit_code == 0
+    before = sorted(p.name for p in night.iterdir())
+    candidate = tmp_path / "candidate.py"
+    candidate.write_text(GOOD_CANDIDATE)
+    said = "is a multi-problem run (kscout run)"
+    assert_usage_error(kscout("optimize", str(problem), "--run-dir", str(night), "--budget", "1"), said)
+    assert_usage_error(kscout("serve", "--device", "cpu", "--run-dir", str(night)), said)
+    measured = kscout("measure", str(problem), str(candidate), "--run-dir", str(night), "--json")
+    assert measured.exit_code == 2 and said in json.loads(measured.stdout)["message"]
+    assert sorted(p.name for p in night.iterdir()) == before  # no run.db, no kernels/
+
+
 def test_a_run_directory_that_cannot_be_made_is_a_usage_error_not_a_traceback(problem, tmp_path):
     inside_a_file = tmp_path / "afile" / "run"
     inside_a_file.parent.write_text("")

@@ -57,6 +57,9 @@ CREATE INDEX IF NOT EXISTS measurements_key ON measurements(key);
 """
 
 
+MULTI_PROBLEM_MARK = "headless.db"  # the state of a `kscout run` (agent/headless.py), whose own searches are below it
+
+
 class RunDirError(ValueError):
     """A run directory that cannot be one; the message says what to give instead."""
 
@@ -66,6 +69,9 @@ class RunDir:
         self.path = Path(path)
         if self.path.exists() and not self.path.is_dir():
             raise RunDirError(f"{self.path} is a file, not a folder; give the run directory as a folder (new or earlier)")
+        if (self.path / MULTI_PROBLEM_MARK).is_file():  # what is written here could not be reached again
+            raise RunDirError(f"{self.path} is a multi-problem run (kscout run), whose searches are in "
+                              f"{self.path / 'problems'}/NAME; give one of those, or another folder")
         self.db_path = self.path / "run.db"
         self._local = threading.local()
         try:
