@@ -256,11 +256,12 @@ class SearchLoop:
         suspect = self.target.below_speed_of_light(m)
         self.archive.record_measurement(rec.id, m, suspect=bool(suspect))
         self.predictor.observe(self.archive.get(rec.id), m, parent_speedup=self._speedup_of(rec.parent_id))
-        used = self.budget.status().used
+        ledger = self._ledger_numbers()
+        used = ledger["used"]
         if m.speedup and m.timing_valid and m.correct and not suspect and m.speedup > progress["best_speedup"]:
             progress.update(best_speedup=m.speedup, last_improvement=used)
         self._emit("measure", candidate=rec.id, status=m.status.value, speedup=m.speedup, timing_valid=m.timing_valid, why=m.unusable_reason,
-                   suspect=suspect or None, used=used, best=progress["best_speedup"])
+                   suspect=suspect or None, **ledger, best=progress["best_speedup"])
         return self._repair(rec, m, iteration)
 
     def _repair(self, rec: CandidateRecord, m: Measurement, iteration: int) -> Optional[int]:
@@ -350,10 +351,15 @@ class SearchLoop:
             ok = bool(m.status == MeasureStatus.ok and m.correct and m.timing_valid and m.speedup and not suspect)
             self.archive.record_confirmation(label, best.id, m, ok)
             self._emit("confirm", candidate=best.id, status=m.status.value, speedup=m.speedup, search_speedup=best.speedup,
-                       ok=ok, suspect=suspect or None, used=self.budget.status().used)
+                       ok=ok, suspect=suspect or None, **self._ledger_numbers())
         return {"stopped_at": time.time()}
 
     # -- helpers ------------------------------------------------------------------------------
+    def _ledger_numbers(self) -> dict:
+        """What progress shows of the ledger: the cap too, which `kscout budget --set` may raise mid-search."""
+        status = self.budget.status()
+        return {"used": status.used, "cap": status.cap}
+
     def _remaining(self) -> Optional[int]:
         """The cap less what is spent, counting a measurement a killed run left in flight as not yet spent: it
         is taken up again without a new charge, and with the cap full it would otherwise never be."""

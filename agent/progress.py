@@ -62,6 +62,9 @@ class SearchProgress:
         if kind == "predict":
             self.considered = d.get("total_considered", self.considered)
             return f"forecast {d['considered']} candidates, measuring {d['measure'] or 'none'}"
+        if kind in ("measure", "confirm") and d.get("cap"):  # raised mid-search with `kscout budget --set`
+            self.budget = d["cap"]
+            self._bar.update(self._task, total=self.budget)
         if kind == "measure":
             self.used = d.get("used", self.used)
             self.best = max(self.best, d.get("best") or self.best)

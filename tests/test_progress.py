@@ -27,3 +27,10 @@ def test_a_measurement_that_does_not_count_says_why_on_its_line(capsys):
     assert lines[0] == f"measured #1: incorrect; budget 1/4, best still the reference - {wrong}"
     assert lines[1].startswith("measured #2: ok 4.740x (timing not valid); budget 2/4, best still the reference - the machine was busy: in 35")
     assert lines[1].endswith("...") and len(lines[1]) < 260  # one line; `kscout show` has the whole message
+
+
+def test_a_cap_raised_during_the_search_shows_in_the_next_line(capsys):
+    # `kscout budget DIR --set 6` while the search runs: the log said "budget 5/4"
+    lines = _log([("measure", {"candidate": 1, "status": "ok", "speedup": 1.2, "timing_valid": True, "used": 4, "cap": 4, "best": 1.2}),
+                  ("measure", {"candidate": 2, "status": "ok", "speedup": 1.3, "timing_valid": True, "used": 5, "cap": 6, "best": 1.3})], capsys)
+    assert lines == ["measured #1: ok 1.200x; budget 4/4, best 1.200x", "measured #2: ok 1.300x; budget 5/6, best 1.300x"]
