@@ -87,6 +87,8 @@ def test_in_process_client_measures_under_the_budget(tmp_path, files, pool):
 
             listed = (await client.call_tool("list_candidates", {})).structured_content
             assert [(e["origin"], e["path"], e["state"]) for e in listed["candidates"]] == [("measure", files["a"], "measured")]
+            mistyped = await client.call_tool("list_candidates", {"state": "mesured"})  # was an empty list, as if none were
+            assert mistyped.is_error and "'measured'" in mistyped.content[0].text
             best = (await client.call_tool("best_candidate", {"problem": files["problem"]})).structured_content
             assert best["found"] and best["best"]["speedup"] == m.speedup
 

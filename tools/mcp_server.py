@@ -81,6 +81,9 @@ forecast_check to see how well the forecasts so far matched the measurements tha
 # -- boundary models (compositions of the shared ones) ------------------------------------------------------
 
 
+CandidateState = Literal["proposed", "skipped", "shelved", "measured", "failed", "suspect", "unconfirmed"]
+
+
 class CandidateEntry(BaseModel):
     """One candidate in the run directory: proposed by a search, or a file measured directly."""
 
@@ -92,7 +95,7 @@ class CandidateEntry(BaseModel):
     problem: Optional[str] = Field(None, description="problem file it belongs to")
     problem_sha: Optional[str] = None
     device: Optional[str] = None
-    state: str = Field(description="search: proposed, skipped, shelved, measured, failed, suspect or unconfirmed (chosen as best, "
+    state: CandidateState = Field(description="search: proposed, skipped, shelved, measured, failed, suspect or unconfirmed (chosen as best, "
                                    "then a re-measurement failed); measure: measured or failed")
     speedup: Optional[float] = Field(None, description="measured speedup over the reference (for a search candidate the search "
                                      "re-measured, the median of its re-measurements); only for a usable measurement, never a forecast")
@@ -272,7 +275,7 @@ class KernelScoutMCP(MCPServer):
     def tool_list_candidates(
         self,
         problem: _ProblemFilter = None,
-        state: Annotated[Optional[str], Field(description="only candidates in this state (measured, failed, proposed, ...)")] = None,
+        state: Annotated[Optional[CandidateState], Field(description="only candidates in this state")] = None,
         limit: Annotated[int, Field(ge=1, le=1000, description="at most this many entries (a search archive holds hundreds)")] = 20,
     ) -> CandidateList:
         with _tool_errors("list_candidates"):
