@@ -256,7 +256,7 @@ def device_peaks(device: str) -> DevicePeaks:
             index = int(device.split(":", 1)[1]) if ":" in device else 0
             return spec_peaks(lookup_device(torch.cuda.get_device_name(index)))
         if device != "auto":
-            raise UnknownDeviceError(f"{device}: no CUDA device is visible here; name the GPU (e.g. --device H100) or use cpu")
+            raise UnknownDeviceError(f"{device}: no CUDA device is visible here; name the GPU as the device (e.g. H100) or use cpu")
         device = "cpu"
     if device == "cpu":
         return cpu_peaks()
