@@ -163,8 +163,11 @@ def discover(paths: list[str]) -> list[ProblemRef]:
             if not files:
                 raise HeadlessError(f"{raw}: no problems found (expected problem.py, folders holding problem.py, "
                                     "KernelBench .py files or recorded spaces .json.gz)")
-        elif path.is_file():
+        elif path.is_file() and (path.suffix == ".py" or _is_space(path)):
             files = [path]
+        elif path.is_file():
+            raise HeadlessError(f"{raw}: not a problem; give a KernelBench .py file, a folder with problem.py, "
+                                "a folder of such folders, or a recorded space .json.gz")
         else:
             raise HeadlessError(f"{raw}: no such file or folder, nor a recorded space's name{space_hint(raw)}")
         for f in files:

@@ -114,6 +114,9 @@ def test_discovery_takes_a_recorded_space_by_its_bare_name(tmp_path, monkeypatch
 
 
 def test_discovery_refuses_missing_paths_and_empty_folders(tmp_path):
+    (tmp_path / "notes.md").write_text("# not a problem\n")
+    with pytest.raises(HeadlessError, match="notes.md: not a problem; give a KernelBench .py file"):
+        discover([str(tmp_path / "notes.md")])  # it was run as Python: a syntax error, after the run folder was made
     with pytest.raises(HeadlessError, match="no such file or folder"):
         discover([str(tmp_path / "typo")])
     (tmp_path / "empty").mkdir()
