@@ -19,12 +19,12 @@ from kernelscout.tools.schema import BudgetStatus
 
 
 class BudgetExhausted(Exception):
-    def __init__(self, status: BudgetStatus):
+    def __init__(self, status: BudgetStatus, run_dir: str = "RUN_DIR"):
         self.status = status
         super().__init__(
             f"the measurement budget is spent: {status.used} of {status.cap} used"
             + (f" ({status.reserved} in flight)" if status.reserved else "")
-            + "; raise it with --budget on a new run, or `kscout budget RUN_DIR --set N`"
+            + f"; raise the cap with `kscout budget {run_dir} --set N`, or use a new run directory"
         )
 
 
@@ -133,7 +133,7 @@ class Budget:
                     raise InFlight(pid, owner_host)
             status = self._status(db)
             if status.cap is not None and status.used >= status.cap:
-                raise BudgetExhausted(status)
+                raise BudgetExhausted(status, str(self.run.path))
             cur = db.execute(
                 "INSERT INTO ledger (key, state, owner_pid, owner_host, created) VALUES (?, 'reserved', ?, ?, ?)",
                 (key, os.getpid(), host, time.time()),

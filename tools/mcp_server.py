@@ -477,7 +477,7 @@ def ensure_cap(run_dir: str, budget: Optional[int], default_more: int = DEFAULT_
             ledger.set_cap(budget)
         except CapBelowUsed as exc:
             raise ValueError(f"--budget {budget} is below the {exc.used} measurements {run_dir} has already used; give "
-                             f"--budget {exc.used} or more, or serve another run directory (--run-dir)") from None
+                             f"--budget {exc.used} or more, or use another run directory (--run-dir)") from None
     elif ledger.cap is None:
         ledger.set_cap(ledger.status().used + default_more)
     return ledger.status()
