@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kernelscout import __version__
-from kernelscout.agent.cli_errors import fail, interrupted_code, stop_on_sigterm, validation_message
+from kernelscout.agent.cli_errors import fail, interrupt_unhandled, interrupted_code, stop_on_sigterm, validation_message
 from kernelscout.agent.search_config import help_default, search_config
 
 app = typer.Typer(
@@ -307,6 +307,11 @@ def main() -> None:
     except KeyboardInterrupt:
         err.print("interrupted")
         sys.exit(interrupted_code())
+    except SystemExit as exc:
+        if interrupt_unhandled(exc.code):  # say so, and 143 after SIGTERM
+            err.print("interrupted")
+            sys.exit(interrupted_code())
+        raise
 
 
 if __name__ == "__main__":

@@ -64,7 +64,18 @@ def stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+_INTERRUPT_HANDLED = False  # a command said where it stands and how to go on, and exits with interrupted_code()
+
+
 def interrupted_code() -> int:
     """The exit code of an interrupted command: 128 + 15 after SIGTERM, as the shell reports a process it killed;
     130 after Ctrl-C."""
+    global _INTERRUPT_HANDLED
+    _INTERRUPT_HANDLED = True
     return 128 + _SIGNAL_RECEIVED if _SIGNAL_RECEIVED else 130
+
+
+def interrupt_unhandled(code: object) -> bool:
+    """Whether an exit with `code` is Typer's for an interrupt no command caught: it ends every KeyboardInterrupt
+    (SIGTERM's included) in a bare, silent exit 130."""
+    return code == 130 and not _INTERRUPT_HANDLED

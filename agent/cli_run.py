@@ -6,6 +6,7 @@ directory holding a manifest to `resume_run`. The work itself is in agent/headle
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Optional
@@ -80,7 +81,11 @@ def _run(headless, as_json: bool) -> None:
     except HeadlessError as exc:
         fail(str(exc), as_json)
     except KeyboardInterrupt:
-        err.print(f"interrupted; nothing measured is lost. Continue with: kscout resume {headless.path}", soft_wrap=True, highlight=False)
+        message = f"interrupted; nothing measured is lost. Continue with: kscout resume {headless.path}"
+        if as_json:  # stdout stays one JSON object, as `kscout optimize --json` does
+            print(json.dumps({"status": "interrupted", "run_dir": str(headless.path), "message": message,
+                              "continue_with": f"kscout resume {headless.path}"}))
+        err.print(message, soft_wrap=True, highlight=False)
         raise typer.Exit(interrupted_code())
     _finish(summary, as_json)
 

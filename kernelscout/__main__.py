@@ -1,3 +1,3 @@
-from kernelscout.agent.cli import main
+from kernelscout.agent.entry import main
 
 main()

@@ -4,7 +4,11 @@ import json
 import math
 import os
 import shutil
+import signal
 import sqlite3
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -555,3 +559,30 @@ def test_a_best_no_faster_than_the_reference_is_named_as_such_in_the_summary():
     summary = RunSummary(status="complete", run_dir="r", problems=outcomes, counts={"finished": 2}, fast_p={},
                          geomean_speedup=1.1, measurements_used=2, candidates_considered=2, wall_s=1.0)
     assert [row[2] for row in summary_rows(summary)] == ["0.938x (none faster)", "1.200x"]
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_stop_at_any_moment_ends_quietly_with_the_shells_code(tmp_path, sig, code):
+    # while the CLI still loads, as later; it was a traceback from an import, or a silent 130 after SIGTERM
+    for delay in (0.1, 1.5):
+        p = subprocess.Popen([sys.executable, "-m", "kernelscout", "run", str(EXAMPLES / "softmax"), "--budget", "3",
+                              "--run-dir", str(tmp_path / f"run-{delay}")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(delay)
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == code and "interrupted" in err and "Traceback" not in err, (delay, err)
+
+
+def test_an_interrupted_run_under_json_still_prints_one_json_object(tmp_path):
+    run = tmp_path / "run"
+    p = subprocess.Popen([sys.executable, "-m", "kernelscout", "run", str(EXAMPLES / "softmax"), "--budget", "3", "--run-dir", str(run),
+                          "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while '"problem_start"' not in ((run / "events.jsonl").read_text() if (run / "events.jsonl").exists() else ""):
+        assert time.monotonic() < deadline and p.poll() is None
+        time.sleep(0.1)
+    p.send_signal(signal.SIGINT)
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 130
+    assert json.loads(out) == {"status": "interrupted", "run_dir": str(run), "continue_with": f"kscout resume {run}",
+                               "message": f"interrupted; nothing measured is lost. Continue with: kscout resume {run}"}
