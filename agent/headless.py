@@ -638,7 +638,9 @@ class HeadlessRun:
         if holder(self.path) is None:  # "running" left by a session that was stopped: nothing runs it now
             stored = {n: o.model_copy(update={"status": "pending", "reason": f"interrupted; `kscout resume {self.path}` goes on"})
                       if o.status == "running" else o for n, o in stored.items()}
-        outcomes = [stored[ref.name].model_copy(update=self._numbers(ref)) for ref in self.manifest.problems]
+        ended = self._problem_ends()
+        outcomes = [self._resumed_apart(stored[ref.name].model_copy(update=self._numbers(ref)), ended.get(ref.name))
+                    for ref in self.manifest.problems]
         done = {"finished", "failed", "skipped"}
         # what fast_p and the mean count: a verified kernel's speedup, from the sub run's archive
         speedups = [o.best_speedup for o in outcomes]
@@ -656,6 +658,36 @@ class HeadlessRun:
             llm_usd=round(sum(o.llm_usd for o in outcomes), 6),
             llm_tokens=sum(o.llm_tokens for o in outcomes),
         )
+
+    def _problem_ends(self) -> dict[str, float]:
+        """When this run last finished each problem (its `problem_end` events)."""
+        ends: dict[str, float] = {}
+        log = self.path / "events.jsonl"
+        for line in (log.read_text().splitlines() if log.is_file() else []):
+            try:
+                e = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short by a kill
+                continue
+            if e.get("event") == "problem_end":
+                ends[e["data"]["name"]] = e["ts"]
+        return ends
+
+    def _resumed_apart(self, o: ProblemOutcome, ended_at: Optional[float]) -> ProblemOutcome:
+        """A problem whose own folder was resumed directly (`kscout resume RUN/problems/NAME`) after this run last
+        ended it: its stop is the one of that resume, and one left pending by a busy machine is finished now."""
+        from kernelscout.agent.graph import MACHINE_BUSY
+        from kernelscout.agent.run_view import finished_event
+
+        if o.status not in ("finished", "pending") or ended_at is None:
+            return o
+        done = finished_event(self.path / "problems" / o.name)
+        if not done or done.get("ts", 0.0) <= ended_at:
+            return o
+        stop = done.get("stop_reason")
+        update: dict[str, Any] = {"stop_reason": stop}
+        if o.status == "pending" and (o.reason or "").startswith(MACHINE_BUSY) and not (stop or "").startswith(MACHINE_BUSY):
+            update.update(status="finished", reason=None)
+        return o.model_copy(update=update)
 
     def _event(self, kind: str, /, **data: Any) -> None:
         line = json.dumps({"ts": time.time(), "event": kind, "pid": os.getpid(), "data": data}, default=str)

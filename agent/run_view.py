@@ -96,9 +96,10 @@ def open_run(path: str | Path) -> RunDir:
     return RunDir(p)
 
 
-def _finished_event(run: RunDir) -> Optional[dict]:
-    """The last `finished` event, unless a measurement was logged after it (a resume still running or killed)."""
-    log = run.path / "events.jsonl"
+def finished_event(folder: Path) -> Optional[dict]:
+    """A search folder's last `finished` event, unless a measurement was logged after it (a resume still running
+    or killed)."""
+    log = Path(folder) / "events.jsonl"
     if not log.is_file():
         return None
     last = None
@@ -149,7 +150,7 @@ def view_run(path: str | Path, top: int = 10) -> RunView:
     measured = [c for c in candidates if c.speedup is not None]
     rows = sorted((_row(archive, c, deciding) for c in measured), key=lambda r: (-(r.speedup or 0.0), r.id))
     best = archive.reported_best()
-    finished = _finished_event(run)
+    finished = finished_event(run.path)
     live = holder(run.path)  # a resume in progress may follow an earlier `finished` event
     best_file = next((str(run.path / n) for n in ("best.py", "best.json") if (run.path / n).is_file()), None)
     used = status.used

@@ -228,20 +228,26 @@ def test_a_crash_inside_one_search_fails_that_problem_only(tmp_path, monkeypatch
     assert any(e["event"] == "problem_error" and "device fell over" in e["data"]["traceback"] for e in events)
 
 
-@needs_hub
-def test_a_problem_stopped_by_a_busy_machine_waits_for_the_runs_resume(tmp_path, monkeypatch):
+def _busy_on_pnpoly(monkeypatch) -> dict:
+    """Other processes hold the cores whenever pnpoly is timed, until the returned switch is turned off."""
     from kernelscout.sandbox.replay import ReplayDevice
     from kernelscout.sandbox.stats import busy_machine
 
     real, busy = ReplayDevice.measure, {"on": True}
 
-    def busy_on_pnpoly(self, config, rng, reference=None):
+    def measure(self, config, rng, reference=None):
         m = real(self, config, rng, reference=reference)
-        if busy["on"] and "pnpoly" in self.space.name:  # other processes held the cores: the timing is void
+        if busy["on"] and "pnpoly" in self.space.name:  # the timing is void
             m.timing_valid, m.timing_invalid_reason, m.speedup = False, busy_machine(20, 5), None
         return m
 
-    monkeypatch.setattr(ReplayDevice, "measure", busy_on_pnpoly)
+    monkeypatch.setattr(ReplayDevice, "measure", measure)
+    return busy
+
+
+@needs_hub
+def test_a_problem_stopped_by_a_busy_machine_waits_for_the_runs_resume(tmp_path, monkeypatch):
+    busy = _busy_on_pnpoly(monkeypatch)
     run = tmp_path / "run"
     result, summary = _run([str(_problems_folder(tmp_path, broken=False)), "--budget", "4", "--run-dir", str(run)])
     by_name = {p["name"]: p for p in summary["problems"]}
@@ -254,6 +260,20 @@ def test_a_problem_stopped_by_a_busy_machine_waits_for_the_runs_resume(tmp_path,
     after = {p["name"]: p for p in json.loads(result.stdout.strip().splitlines()[-1])["problems"]}
     assert after["pnpoly_RTX_3090"]["status"] == "finished" and after["pnpoly_RTX_3090"]["measurements_used"] == 4
     assert after["convolution_A100"]["measurements_used"] == 4 and result.exit_code == 0
+
+
+@needs_hub
+def test_a_busy_problem_resumed_in_its_own_folder_reads_as_finished_in_the_runs_summary(tmp_path, monkeypatch):
+    # its stop reason and status were those of the busy stop, though its own folder had gone on to the end
+    busy = _busy_on_pnpoly(monkeypatch)
+    run = tmp_path / "run"
+    _run([str(_problems_folder(tmp_path, broken=False)), "--budget", "4", "--run-dir", str(run)])
+    busy["on"] = False
+    assert CliRunner().invoke(app, ["resume", str(run / "problems" / "pnpoly_RTX_3090")]).exit_code == 0
+    shown = CliRunner().invoke(app, ["show", str(run), "--json"])
+    pnpoly = next(p for p in json.loads(shown.stdout)["problems"] if p["name"] == "pnpoly_RTX_3090")
+    assert pnpoly["status"] == "finished" and pnpoly["measurements_used"] == 4
+    assert not pnpoly["stop_reason"].startswith("the machine is busy") and pnpoly["reason"] is None
 
 
 @needs_hub
