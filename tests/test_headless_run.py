@@ -581,6 +581,20 @@ def test_a_best_no_faster_than_the_reference_is_named_as_such_in_the_summary():
     assert [row[2] for row in summary_rows(summary)] == ["0.938x (none faster)", "1.200x"]
 
 
+def test_a_stop_while_torch_loads_waits_for_the_import_to_finish(tmp_path, monkeypatch):
+    # Ctrl-C inside torch's import, where C++ calls back into Python, aborted the process (exit -6 on 3.11) or
+    # killed it by SIGINT after "interrupted" (-2 on 3.12); the entry point holds stops back while modules load
+    from kernelscout.agent.entry import load_holding_stops
+
+    (tmp_path / "stops_itself_while_loading.py").write_text(
+        "import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(0.05)\nLOADED = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(KeyboardInterrupt):
+        load_holding_stops(["stops_itself_while_loading"])
+    assert sys.modules["stops_itself_while_loading"].LOADED  # the interrupt came after the import, not inside it
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # and a later stop is no longer only noted
+
+
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_stop_at_any_moment_ends_quietly_with_the_shells_code(tmp_path, sig, code):
     # while the CLI still loads, as later; it was a traceback from an import, or a silent 130 after SIGTERM
