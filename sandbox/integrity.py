@@ -484,6 +484,29 @@ def _function_modes() -> int:
 
 _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
 _monitoring = getattr(sys, "monitoring", None)  # Python 3.12+
+# the events a callback can be registered for: the single-bit ones (composites such as 3.14's BRANCH are refused)
+_MONITORING_EVENTS = tuple(sorted(
+    (name, value) for name, value in vars(_monitoring.events).items()
+    if isinstance(value, int) and value > 0 and value & (value - 1) == 0)) if _monitoring is not None else ()
+
+
+def monitoring_callbacks() -> tuple[tuple[int, str, int], ...]:
+    """(tool, event, callback id) for every sys.monitoring callback in the process. Asking `get_tool` is not
+    enough: a tool id freed after its callback and a code object's local events were set reads as unused (no
+    name, no global events) while the callback still runs at every call of that code, on Python 3.12 and 3.13,
+    so a candidate could slow the reference's `forward` alone. sys.monitoring has no getter for callbacks, so each
+    is swapped out and straight back in (`register_callback` returns the one it replaced)."""
+    found = []
+    for tool in range(6):
+        for name, event in _MONITORING_EVENTS:
+            try:
+                callback = _monitoring.register_callback(tool, event, None)
+            except ValueError:
+                continue
+            if callback is not None:
+                _monitoring.register_callback(tool, event, callback)
+                found.append((tool, name, id(callback)))
+    return tuple(found)
 
 
 def _readable_signals() -> tuple[int, ...]:
@@ -548,6 +571,7 @@ def code_hooks() -> dict[str, Any]:
     }
     if _monitoring is not None:
         hooks["sys.monitoring tools"] = tuple(_monitoring.get_tool(i) for i in range(6))
+        hooks["sys.monitoring callbacks"] = monitoring_callbacks()
     # the collector's callbacks run at every collection, and collections run inside the harness's own
     # code between calls: a review's candidate computed each round's answer there, in the supervisor's
     # `prep`, from the input tensors it kept (refilled in place), and returned it in 0.03 ms (softmax 78x,

@@ -452,6 +452,12 @@ signal.setitimer(signal.ITIMER_REAL, 0.001, 0.001)"""
     "sys.setprofile(lambda *a: None)",
     "type('Mode', (__import__('torch').overrides.TorchFunctionMode,), "
     "{'__torch_function__': lambda self, f, t, a=(), k=None: f(*a, **(k or {}))})().__enter__()",
+    # Python 3.12+: a monitoring callback on one code object's calls, its tool id freed again, so that the tool
+    # reads as unused (no name, no global events) while the callback still runs at every call of that code
+    pytest.param("m = sys.monitoring; m.use_tool_id(4, 'x'); m.register_callback(4, m.events.PY_START, lambda *a: None); "
+                 "m.set_local_events(4, type(self).forward.__code__, m.events.PY_START); m.free_tool_id(4)",
+                 marks=pytest.mark.skipif(not hasattr(__import__("sys"), "monitoring"), reason="sys.monitoring is Python 3.12+"),
+                 id="sys.monitoring, tool freed"),
 ])
 def test_code_left_to_run_inside_the_references_calls_is_caught(measure_source, hook):
     # a profile hook or a torch function mode pushed at the end of the candidate's call runs inside the
