@@ -99,10 +99,12 @@ def _fake_run(path, problem_sha: str, device: str, rows: list[tuple[dict, float]
 def test_earlier_runs_are_found_by_device_and_read_without_writing(tmp_path):
     runs = tmp_path / "runs"
     rows = [(features("torch_compile"), 1.9), (features("cuda_graphs"), 0.7), (features("tunable", parent_speedup=1.9), 2.0)]
-    _fake_run(runs / "softmax-1", "sha-softmax", "cpu", rows)
-    _fake_run(runs / "gelu-1", "sha-gelu", "cpu", rows)
-    _fake_run(runs / "gelu-gpu", "sha-gelu", "cuda:0", rows, bounds=json.dumps({"device_key": "H100-SXM"}))
-    _fake_run(runs / "batch" / "problems" / "ln", "sha-ln", "cpu", rows)  # a `kscout run` folder is not searched that deep
+    made = [_fake_run(runs / "softmax-1", "sha-softmax", "cpu", rows),
+            _fake_run(runs / "gelu-1", "sha-gelu", "cpu", rows),
+            _fake_run(runs / "gelu-gpu", "sha-gelu", "cuda:0", rows, bounds=json.dumps({"device_key": "H100-SXM"})),
+            _fake_run(runs / "batch" / "problems" / "ln", "sha-ln", "cpu", rows)]  # a `kscout run` folder is not searched that deep
+    for run in made:
+        run.close()  # as a finished search leaves them; closing later (at garbage collection) would write mid-test
     (runs / "notes").mkdir()
     current = runs / "this-run"
     current.mkdir()
@@ -110,9 +112,13 @@ def test_earlier_runs_are_found_by_device_and_read_without_writing(tmp_path):
     assert sorted(p.rsplit("/", 1)[1] for p in found) == ["gelu-1", "softmax-1"]
     assert [p.rsplit("/", 1)[1] for p in find_runs([runs], "cuda:H100-SXM")] == ["gelu-gpu"]
     assert find_runs([runs], "cuda:A100") == []  # another GPU model's runs are not this device's
-    before = {p: p.stat().st_mtime_ns for p in runs.rglob("*") if p.is_file()}
+
+    def state():  # (a run still open elsewhere would differ in its -shm: WAL readers write read marks there)
+        return {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in runs.rglob("*") if p.is_file()}
+
+    before = state()
     got = read_outcomes(found)
-    assert {p: p.stat().st_mtime_ns for p in runs.rglob("*") if p.is_file()} == before
+    assert state() == before
     assert len(got) == 6 and {o.problem for o in got} == {"sha-softmax", "sha-gelu"}
     tuned = next(o for o in got if o.features["kind"] == "tunable")
     assert tuned.log_ratio == pytest.approx(np.log(2.0 / 1.9))  # over its parent, not over the reference
