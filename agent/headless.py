@@ -29,7 +29,7 @@ from pydantic import BaseModel, Field
 
 from kernelscout.sandbox.problem import problem_name
 from kernelscout.tools.atomic import write_text_atomic
-from kernelscout.tools.rundir import MULTI_PROBLEM_MARK
+from kernelscout.tools.rundir import MULTI_PROBLEM_MARK, reading
 from kernelscout.tools.runlock import holder
 
 MANIFEST = "manifest.json"
@@ -327,7 +327,7 @@ def _sub_has_search(sub: Path) -> bool:
     if not (sub / "run.db").exists():
         return False
     try:
-        with sqlite3.connect(sub / "run.db") as db:
+        with reading(sub / "run.db") as db:
             return db.execute("SELECT 1 FROM meta WHERE key = 'search_spec'").fetchone() is not None
     except sqlite3.Error:
         return False
@@ -364,7 +364,7 @@ def _failure_of_measurements(sub: Path) -> Optional[str]:
     """A problem is failed, not merely unimproved, when every measurement failed the same way for a problem-side reason."""
     if not (sub / "run.db").exists():
         return None
-    with sqlite3.connect(sub / "run.db") as db:
+    with reading(sub / "run.db") as db:
         try:
             rows = db.execute("SELECT status, result_json FROM measurements ORDER BY id").fetchall()
         except sqlite3.OperationalError:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import time
 from pathlib import Path
@@ -113,12 +114,15 @@ def test_earlier_runs_are_found_by_device_and_read_without_writing(tmp_path):
     assert [p.rsplit("/", 1)[1] for p in find_runs([runs], "cuda:H100-SXM")] == ["gelu-gpu"]
     assert find_runs([runs], "cuda:A100") == []  # another GPU model's runs are not this device's
 
-    def state():  # (a run still open elsewhere would differ in its -shm: WAL readers write read marks there)
-        return {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in runs.rglob("*") if p.is_file()}
+    def state():  # all but SQLite's shared-memory index, where every reader of a WAL database writes its read mark
+        return {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in runs.rglob("*") if p.is_file() and not p.name.endswith("-shm")}
 
     before = state()
     got = read_outcomes(found)
     assert state() == before
+    if os.path.isdir("/proc/self/fd"):  # and nothing left open: a search reads hundreds of runs at its start
+        held = [os.path.realpath(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")]
+        assert not [p for p in held if p.startswith(str(runs.resolve()))]
     assert len(got) == 6 and {o.problem for o in got} == {"sha-softmax", "sha-gelu"}
     tuned = next(o for o in got if o.features["kind"] == "tunable")
     assert tuned.log_ratio == pytest.approx(np.log(2.0 / 1.9))  # over its parent, not over the reference

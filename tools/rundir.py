@@ -64,6 +64,18 @@ class RunDirError(ValueError):
     """A run directory that cannot be one; the message says what to give instead."""
 
 
+@contextmanager
+def reading(db_path: Path | str, timeout: float = 5.0) -> Iterator[sqlite3.Connection]:
+    """A read-only connection to a run's database, closed on leaving the block. `with sqlite3.connect(...)` only
+    commits; on Python 3.11 the connection then stays open until a later cyclic garbage collection (seen here:
+    one file descriptor per run read, until `gc.collect()`), holding the database open long after the read."""
+    db = sqlite3.connect(f"{Path(db_path).absolute().as_uri()}?mode=ro", uri=True, timeout=timeout)
+    try:
+        yield db
+    finally:
+        db.close()
+
+
 class RunDir:
     def __init__(self, path: Path | str):
         self.path = Path(path)

@@ -27,6 +27,8 @@ from typing import Any, Optional
 import numpy as np
 from pydantic import BaseModel, Field
 
+from kernelscout.tools.rundir import reading
+
 PRIOR_FEATURE = "prior.log_speedup"
 """The prior's forecast of log(speedup over the reference), added to every row of the in-problem fit."""
 
@@ -48,10 +50,6 @@ class Outcome(BaseModel):
     def log_ratio(self) -> float:
         """log(child speedup over its parent): the scale on which problems are comparable."""
         return math.log(self.speedup) - math.log(self.parent_speedup)
-
-
-def _connect_ro(db: Path) -> sqlite3.Connection:
-    return sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
 
 
 def _meta(db: sqlite3.Connection, key: str) -> Optional[str]:
@@ -78,7 +76,7 @@ def run_spec(run_dir: str | Path) -> tuple[dict, Optional[str]]:
     if not db_path.is_file():
         return {}, None
     try:
-        with _connect_ro(db_path) as db:
+        with reading(db_path) as db:
             return json.loads(_meta(db, "search_spec") or "{}"), _meta(db, "sol_bounds")
     except (sqlite3.Error, ValueError):
         return {}, None
@@ -131,7 +129,7 @@ def read_outcomes(run_dirs: Iterable[str | Path]) -> list[Outcome]:
     for run_dir in run_dirs:
         db_path = Path(run_dir) / "run.db"
         try:
-            with _connect_ro(db_path) as db:
+            with reading(db_path) as db:
                 rows = db.execute(
                     "SELECT c.id, c.features_json, c.speedup, m.problem_sha FROM candidates c JOIN measurements m"
                     " ON m.id = c.measurement_id WHERE c.state = 'measured' AND c.speedup > 0 ORDER BY m.id"
