@@ -225,10 +225,10 @@ def _take_folder(run: RunDir, spec: SearchSpec, save: bool = False) -> None:
 def _searching(run: RunDir, resuming: bool = False):
     """One search at a time in a run directory (tools/runlock.py)."""
     from kernelscout.tools.budget import Budget
-    from kernelscout.tools.runlock import MEASURING, RunBusy, exclusive
+    from kernelscout.tools.runlock import MEASURING, RunBusy, exclusive, this_command
 
     try:
-        with exclusive(run.path, "kscout search"):
+        with exclusive(run.path, this_command()):
             yield
     except RunBusy as exc:
         if exc.holder == MEASURING:  # name the measurements, from their reservations (none yet: not named)

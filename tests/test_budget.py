@@ -170,6 +170,16 @@ def test_a_second_search_in_a_running_searchs_folder_is_refused(tmp_path):
     assert holder(tmp_path) is None  # released with the search, as when its process dies
 
 
+def test_a_busy_folder_names_the_command_the_user_typed():
+    from kernelscout.tools.runlock import this_command
+
+    assert this_command(["/home/me/.venv/bin/kscout", "optimize", "examples/softmax", "--budget", "10"]) == "kscout optimize"
+    assert this_command(["/usr/local/bin/kscout", "chat", "examples/softmax"]) == "kscout chat"
+    assert this_command(["/src/kernelscout/__main__.py", "run", "problems/"]) == "kscout run"  # python -m kernelscout
+    assert this_command(["/home/me/tune.py", "--budget", "5"]) == "python tune.py"  # a script calling start_search
+    assert this_command(["-c"]) == this_command([]) == "python"
+
+
 def test_a_killed_search_leaves_its_folder_free(tmp_path):
     from kernelscout.tools.runlock import holder
 

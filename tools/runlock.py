@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -42,6 +43,19 @@ class RunBusy(Exception):
         else:
             super().__init__(f"{folder} is in use by a search that is still running ({holder or 'another process'}); "
                              "wait for it to finish, or stop it (Ctrl-C) and then `kscout resume` it")
+
+
+def this_command(argv: Optional[list[str]] = None) -> str:
+    """How this process was started, as its user typed it (`kscout optimize`, `kscout mcp`, `python tune.py`): what a
+    busy folder's message names, so that the holder can be found in a terminal or `ps`."""
+    argv = sys.argv if argv is None else argv
+    if not argv:
+        return "python"
+    path = Path(argv[0])
+    if path.name == "kscout" or (path.name == "__main__.py" and path.parent.name == "kernelscout"):
+        sub = next((a for a in argv[1:] if not a.startswith("-")), None)
+        return f"kscout {sub}" if sub else "kscout"
+    return f"python {path.name}" if path.name and path.name != "-c" else "python"
 
 
 @contextmanager
