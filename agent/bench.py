@@ -221,10 +221,9 @@ def kernelscout_trace(space_path: str, surrogate: str, seed: int, budget: int, r
 
 def read_run(space: ReplaySpace, run_dir: str) -> tuple[list[float], list[Optional[int]]]:
     """Recorded times of the charged measurements in order, and the candidates considered by then."""
-    import sqlite3
+    from kernelscout.tools.rundir import reading
 
-    db = sqlite3.connect(Path(run_dir) / "run.db")
-    try:
+    with reading(Path(run_dir) / "run.db") as db:
         rows = db.execute("SELECT id, candidate_path FROM measurements WHERE charged = 1 ORDER BY id").fetchall()
         times, considered = [], []
         for mid, config_text in rows:
@@ -237,8 +236,6 @@ def read_run(space: ReplaySpace, run_dir: str) -> tuple[list[float], list[Option
                 considered.append(None)
                 continue
             considered.append(db.execute("SELECT COUNT(DISTINCT candidate_id) FROM forecasts WHERE iteration <= ?", (row[0],)).fetchone()[0])
-    finally:
-        db.close()
     return times, considered
 
 
