@@ -60,7 +60,7 @@ def test_candidates_shelved_for_want_of_room_come_back_when_the_ranking_returns_
     db = sqlite3.connect(run_dir / "run.db")
     shelved_before = {cid for (cid,) in db.execute("SELECT id FROM candidates WHERE state = 'shelved'")}
     (last_iteration,) = db.execute("SELECT MAX(iteration) FROM forecasts").fetchone()
-    Budget(RunDir(run_dir)).set_cap(40)
+    Budget(RunDir(run_dir)).set_cap(60)
     resume_search(str(run_dir), quiet=True)  # a fresh process's policy: what it knows of the shelf is in run.db
     history: dict[int, list[str]] = {}
     for cid, decision in db.execute("SELECT candidate_id, decision FROM forecasts ORDER BY iteration, id"):
