@@ -12,7 +12,7 @@ the learned surrogate ranks the space and the LLM's forecasts decide which propo
 
 Before the surrogate can forecast (cold start), the policy proposes a space-filling design: greedy
 maximin over the same standardised features the surrogate's Gaussian process measures distance in,
-picked from a random sample of 512 valid configurations (`maximin_design`). Why not random (our
+picked from a random sample of the valid configurations (`maximin_design`, `DESIGN_POOL`). Why not random (our
 reading, not tested on its own; the measured effect follows): the design reaches both ends of every
 parameter's range within a few points, so the first forecasts interpolate between measured
 configurations instead of extrapolating to the large block and tile sizes where GPU optima often
@@ -38,7 +38,8 @@ from kernelscout.tools.surrogates.features import ConfigEncoder
 
 # valid configurations the design is picked from (all of them in a smaller space); a sample this small has
 # less extreme corners than the whole space and varies more from seed to seed (docs/search_experiments.md,
-# 2026-12-03: +0.010 / +0.007 / +0.005 of the optimum at 20 / 50 / 100 over 60 seeds, against a pool of 4096)
+# 2026-12-03, against a pool of 4096: +0.010 / +0.007 / +0.005 of the optimum at 20 / 50 / 100 over 60 fresh
+# seeds, -0.049 / -0.023 / +0.009 on the published table's seeds 0-9, +0.001 / +0.003 / +0.005 over all 70)
 DESIGN_POOL = 512
 DESIGN_SIZE = 24  # at six proposals per iteration, the first four iterations; random configurations follow
 
