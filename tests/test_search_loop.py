@@ -161,8 +161,9 @@ def test_kill_nine_then_resume_loses_nothing_and_never_overspends(tmp_path):
 
 def _sigint_as_from_a_terminal() -> None:
     """In the child before exec: SIGINT handled and deliverable. Ignored signals and the signal mask are
-    inherited through exec, and in the full suite something earlier leaves SIGINT ignored or blocked in
-    this process (the interrupt never arrived and the run spent its whole budget)."""
+    inherited through exec; conftest.py sets them right for a suite started with SIGINT ignored, and this
+    covers a test earlier in the same process that leaves SIGINT ignored or blocked (the interrupt never
+    arrived and the run spent its whole budget)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
