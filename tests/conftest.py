@@ -33,18 +33,20 @@ def _share_the_cores_under_xdist() -> None:
 _share_the_cores_under_xdist()
 
 
-def _sigint_as_from_a_terminal() -> None:
+def sigint_as_from_a_terminal() -> None:
     """Ctrl-C tests send SIGINT and expect an interrupt. A suite started as a background job of a shell without job
-    control (`nohup pytest &`, `bash -c '... & wait'`, some CI runners) inherits SIGINT ignored, Python then leaves
-    it ignored, and so does every process the tests start, since exec keeps ignored signals: three tests of
-    tests/test_headless_run.py failed that way in a fresh clone. Handled and unblocked here, as in a terminal."""
+    control (`nohup pytest &`, `bash -c '... & wait'`) inherits SIGINT ignored, Python then leaves it ignored, and
+    so does every process the tests start, since exec keeps ignored signals and the signal mask: three tests of
+    tests/test_headless_run.py failed that way in a fresh clone. Handled and unblocked here, as in a terminal, once
+    for the suite's process; a test also passes it as `preexec_fn`, so that a child gets SIGINT deliverable even if
+    an earlier test left it ignored or blocked (after exec a handled signal is back to its default)."""
     if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, None):
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
-_sigint_as_from_a_terminal()
+sigint_as_from_a_terminal()
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"

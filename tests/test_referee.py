@@ -245,7 +245,7 @@ def test_inputs_that_differ_from_one_process_to_another_are_not_judged_by_the_re
     # the candidate's worker and the referee make inputs from the same seed; a get_inputs() that also depends
     # on the process (here its folder) gives the referee other inputs, and it must say so, not find the candidate wrong.
     # Once in a fresh clone's suite (2026-12-03) the referee saw the same inputs: most likely two folder names of one
-    # length whose hashes agreed modulo 97, as they did here (1 in 97); modulo 1,000,003 that is 1 in a million
+    # length whose hashes agreed modulo 97 (a 1-in-97 chance); modulo 1,000,003 it is one in a million
     problem = SMALL_PROBLEM.replace("def get_inputs():", "import os\n\ndef get_inputs():\n    return [torch.randn(256, 512) + len(os.getcwd()) + (hash(os.getcwd()) % 1_000_003) / 1_000_003, torch.randn(256, 512)]\n\ndef _unused():")
     m = measure_source(HONEST_CANDIDATE, problem=problem)
     assert m.status == MeasureStatus.ok and m.correct, m.message

@@ -18,6 +18,8 @@ from kernelscout.tools.archive import Archive
 from kernelscout.tools.budget import Budget
 from kernelscout.tools.rundir import RunDir
 
+from conftest import sigint_as_from_a_terminal
+
 HUB = recorded_spaces_dir()
 SPACE = HUB / "convolution_A100.json.gz"
 UNSEEN = Path(__file__).parent / "data" / "unseen"
@@ -159,18 +161,9 @@ def test_kill_nine_then_resume_loses_nothing_and_never_overspends(tmp_path):
         assert db.execute("SELECT COUNT(*) FROM confirmations").fetchone()[0] == 3
 
 
-def _sigint_as_from_a_terminal() -> None:
-    """In the child before exec: SIGINT handled and deliverable. Ignored signals and the signal mask are
-    inherited through exec; conftest.py sets them right for a suite started with SIGINT ignored, and this
-    covers a test earlier in the same process that leaves SIGINT ignored or blocked (the interrupt never
-    arrived and the run spent its whole budget)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-
-
 def _interrupted_after_3_measurements(cmd: list[str], run_dir: Path, sig: int = signal.SIGINT) -> tuple[subprocess.Popen, str, str]:
     """Run `cmd` (a search) and press Ctrl-C (or send `sig`) once it has 3 measurements: the process, its stdout and stderr."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_as_from_a_terminal)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_as_from_a_terminal)
     deadline = time.monotonic() + 120
     while len(_measurement_ids(run_dir)) < 3 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
