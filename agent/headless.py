@@ -29,7 +29,7 @@ from pydantic import BaseModel, Field
 
 from kernelscout.sandbox.problem import problem_name
 from kernelscout.tools.atomic import write_text_atomic
-from kernelscout.tools.rundir import MULTI_PROBLEM_MARK, reading
+from kernelscout.tools.rundir import MULTI_PROBLEM_MARK, read_events, reading
 from kernelscout.tools.runlock import holder
 
 MANIFEST = "manifest.json"
@@ -639,7 +639,8 @@ class HeadlessRun:
             stored = {n: o.model_copy(update={"status": "pending", "reason": f"interrupted; `kscout resume {self.path}` goes on"})
                       if o.status == "running" else o for n, o in stored.items()}
         ended = self._problem_ends()
-        outcomes = [self._resumed_apart(stored[ref.name].model_copy(update=self._numbers(ref)), ended.get(ref.name))
+        own = self._own_sessions()
+        outcomes = [self._resumed_apart(stored[ref.name].model_copy(update=self._numbers(ref)), ended.get(ref.name), own.get(ref.name, 0.0))
                     for ref in self.manifest.problems]
         done = {"finished", "failed", "skipped"}
         # what fast_p and the mean count: a verified kernel's speedup, from the sub run's archive
@@ -661,23 +662,42 @@ class HeadlessRun:
 
     def _problem_ends(self) -> dict[str, float]:
         """When this run last finished each problem (its `problem_end` events)."""
-        ends: dict[str, float] = {}
-        log = self.path / "events.jsonl"
-        for line in (log.read_text().splitlines() if log.is_file() else []):
-            try:
-                e = json.loads(line)
-            except json.JSONDecodeError:  # a line cut short by a kill
-                continue
-            if e.get("event") == "problem_end":
-                ends[e["data"]["name"]] = e["ts"]
-        return ends
+        return {e["data"]["name"]: e["ts"] for e in read_events(self.path / "events.jsonl") if e.get("event") == "problem_end"}
 
-    def _resumed_apart(self, o: ProblemOutcome, ended_at: Optional[float]) -> ProblemOutcome:
-        """A problem whose own folder was resumed directly (`kscout resume RUN/problems/NAME`) after this run last
-        ended it: its stop is the one of that resume, and one left pending by a busy machine is finished now."""
+    def _own_sessions(self) -> dict[str, float]:
+        """Seconds each problem's search ran in sessions of its own folder (`kscout resume RUN/problems/NAME`), which
+        this run's clock never saw. Each `problem_start` of this run owns the first search session of that problem
+        that its process began before this run started anything else; every other session was one of the folder's own."""
+        starts = [e for e in read_events(self.path / "events.jsonl") if e.get("event") == "problem_start"]
+        windows: dict[str, list[list]] = {}  # name -> [pid, from, until, claimed]
+        for i, e in enumerate(starts):
+            until = starts[i + 1]["ts"] if i + 1 < len(starts) else math.inf
+            windows.setdefault(e["data"]["name"], []).append([e.get("pid"), e["ts"], until, False])
+        seconds: dict[str, float] = {}
+        for ref in self.manifest.problems:
+            total, begun, last = 0.0, None, 0.0
+            for e in read_events(self.path / "problems" / ref.name / "events.jsonl"):
+                if e.get("event") == "session_start":
+                    total += last - begun if begun is not None else 0.0
+                    ours = next((w for w in windows.get(ref.name, []) if not w[3] and w[0] == e.get("pid") and w[1] <= e["ts"] < w[2]), None)
+                    if ours is not None:
+                        ours[3] = True
+                    begun = None if ours is not None else e["ts"]
+                last = e.get("ts", last)
+            total += last - begun if begun is not None else 0.0
+            if total:
+                seconds[ref.name] = total
+        return seconds
+
+    def _resumed_apart(self, o: ProblemOutcome, ended_at: Optional[float], own_s: float = 0.0) -> ProblemOutcome:
+        """A problem whose own folder was resumed directly (`kscout resume RUN/problems/NAME`): its wall time counts
+        those sessions too, and when one ran after this run last ended the problem, its stop is the one of that
+        resume, and one left pending by a busy machine is finished now."""
         from kernelscout.agent.graph import MACHINE_BUSY
         from kernelscout.agent.run_view import finished_event
 
+        if own_s:
+            o = o.model_copy(update={"wall_s": round((o.wall_s or 0.0) + own_s, 3)})
         if o.status not in ("finished", "pending") or ended_at is None:
             return o
         done = finished_event(self.path / "problems" / o.name)

@@ -8,7 +8,6 @@ process is still searching.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Optional
 
@@ -19,7 +18,7 @@ from kernelscout.tools.archive import ROOT_ID, Archive, CandidateRecord
 from kernelscout.tools.budget import Budget
 from kernelscout.tools.forecast_check import ForecastCheck, check_forecasts, deciding_forecasts
 from kernelscout.tools.measure import MeasuredFile, measured_files
-from kernelscout.tools.rundir import RunDir
+from kernelscout.tools.rundir import RunDir, read_events
 from kernelscout.tools.runlock import holder
 from kernelscout.tools.schema import BudgetStatus, Measurement
 
@@ -99,15 +98,8 @@ def open_run(path: str | Path) -> RunDir:
 def finished_event(folder: Path) -> Optional[dict]:
     """A search folder's last `finished` event, unless a measurement was logged after it (a resume still running
     or killed)."""
-    log = Path(folder) / "events.jsonl"
-    if not log.is_file():
-        return None
     last = None
-    for line in log.read_text().splitlines():
-        try:
-            e = json.loads(line)
-        except json.JSONDecodeError:  # a line cut short by a kill
-            continue
+    for e in read_events(Path(folder) / "events.jsonl"):
         if e.get("event") == "finished":
             last = e
         elif e.get("event") in ("measure", "confirm") and last is not None:

@@ -451,6 +451,7 @@ def _run(run: RunDir, spec: SearchSpec, resume: bool, quiet: bool, report: bool 
     from kernelscout.sandbox.problem import problem_name
 
     title = problem_name(spec.path) if spec.kind == "problem" else Path(spec.path).name  # "softmax", not "problem.py"
+    run.event("session_start", resume=resume)  # where this session's time begins (a multi-problem run's summary adds it)
     with WorkerPool() as pool, _open_dispatcher(run, spec, quiet) as dispatcher, \
             SearchProgress(Budget(run).status().cap or spec.settings.budget, title, live=False if quiet else None) as progress:
         loop = build_loop(run, spec, on_event=None if quiet else progress, pool=pool)

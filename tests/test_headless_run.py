@@ -269,11 +269,22 @@ def test_a_busy_problem_resumed_in_its_own_folder_reads_as_finished_in_the_runs_
     run = tmp_path / "run"
     _run([str(_problems_folder(tmp_path, broken=False)), "--budget", "4", "--run-dir", str(run)])
     busy["on"] = False
+    before, other = _shown_problem(run, "pnpoly_RTX_3090"), _shown_problem(run, "convolution_A100")
+    t0 = time.monotonic()
     assert CliRunner().invoke(app, ["resume", str(run / "problems" / "pnpoly_RTX_3090")]).exit_code == 0
-    shown = CliRunner().invoke(app, ["show", str(run), "--json"])
-    pnpoly = next(p for p in json.loads(shown.stdout)["problems"] if p["name"] == "pnpoly_RTX_3090")
+    took = time.monotonic() - t0
+    pnpoly = _shown_problem(run, "pnpoly_RTX_3090")
     assert pnpoly["status"] == "finished" and pnpoly["measurements_used"] == 4
     assert not pnpoly["stop_reason"].startswith("the machine is busy") and pnpoly["reason"] is None
+    # the time of that resume is the problem's too, though the run's own clock never ran during it
+    print("direct resume took", took, "counted", pnpoly["wall_s"] - before["wall_s"])
+    assert 0.5 * took < pnpoly["wall_s"] - before["wall_s"] <= took
+    assert _shown_problem(run, "convolution_A100")["wall_s"] == other["wall_s"]
+
+
+def _shown_problem(run: Path, name: str) -> dict:
+    shown = CliRunner().invoke(app, ["show", str(run), "--json"])
+    return next(p for p in json.loads(shown.stdout)["problems"] if p["name"] == name)
 
 
 @needs_hub

@@ -170,3 +170,12 @@ class RunDir:
         if not path.exists():
             write_text_atomic(path, source)
         return path
+
+
+def read_events(log: Path) -> Iterator[dict]:
+    """The events of a log in order; a missing log has none, and a line cut short by a kill is passed over."""
+    for line in (log.read_text().splitlines() if log.is_file() else []):
+        try:
+            yield json.loads(line)
+        except json.JSONDecodeError:
+            continue
