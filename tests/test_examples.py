@@ -48,6 +48,13 @@ def fresh_pool(_workers_may_write_test_reports):
 def test_example_candidate_is_correct(problem: Path, candidate: Path, fresh_pool, tmp_path):
     m = measure(MeasureRequest(problem=str(problem), candidate=str(candidate), device="cpu", run_dir=str(tmp_path / "run"), harness=CONFIG),
                 pool=fresh_pool)
+    if not m.timing_valid and "alone in a worker that never loaded it" in (m.timing_invalid_reason or ""):
+        # The referee's known false alarm on millisecond CPU references, measured again as its message tells a user
+        # to: in a fresh worker it still struck once in a full suite (2026-12-03, softmax's fast.py: the reference
+        # at 7.90 ms beside it and 4.98 ms alone, 1.59x, where eight runs of `kscout measure --again` read 1.01x to
+        # 1.23x). Twice in a row fails (docs/harness_hardening.md).
+        m = measure(MeasureRequest(problem=str(problem), candidate=str(candidate), device="cpu", run_dir=str(tmp_path / "again"),
+                                   harness=CONFIG), pool=fresh_pool)
     assert m.status == MeasureStatus.ok, m.message
     assert m.correct
     if load_candidate(candidate).uses_triton:
