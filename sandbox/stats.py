@@ -217,4 +217,5 @@ def slowed_beside_the_candidate(beside: Sequence[float], alone: Sequence[float])
         return None
     return (f"the reference took {b:.4g} ms a call beside the candidate and {a:.4g} ms alone in a worker that never "
             f"loaded it ({b / a:.2f}x): something the candidate did slowed the reference (a setting made at import counts "
-            "too: torch.set_default_device, say, puts a Python call in front of every torch call)")
+            "too: torch.set_default_device, say, puts a Python call in front of every torch call); if it changes nothing "
+            "outside its own call, measure it again: on a CPU both timings can swing by a fifth from run to run")
