@@ -638,8 +638,9 @@ class HeadlessRun:
         if holder(self.path) is None:  # "running" left by a session that was stopped: nothing runs it now
             stored = {n: o.model_copy(update={"status": "pending", "reason": f"interrupted; `kscout resume {self.path}` goes on"})
                       if o.status == "running" else o for n, o in stored.items()}
-        ended = self._problem_ends()
-        own = self._own_sessions()
+        log = list(read_events(self.path / "events.jsonl"))
+        ended = {e["data"]["name"]: e["ts"] for e in log if e.get("event") == "problem_end"}  # when this run last ended each
+        own = self._own_sessions(log)
         outcomes = [self._resumed_apart(stored[ref.name].model_copy(update=self._numbers(ref)), ended.get(ref.name), own.get(ref.name, 0.0))
                     for ref in self.manifest.problems]
         done = {"finished", "failed", "skipped"}
@@ -660,28 +661,25 @@ class HeadlessRun:
             llm_tokens=sum(o.llm_tokens for o in outcomes),
         )
 
-    def _problem_ends(self) -> dict[str, float]:
-        """When this run last finished each problem (its `problem_end` events)."""
-        return {e["data"]["name"]: e["ts"] for e in read_events(self.path / "events.jsonl") if e.get("event") == "problem_end"}
-
-    def _own_sessions(self) -> dict[str, float]:
+    def _own_sessions(self, log: list[dict]) -> dict[str, float]:
         """Seconds each problem's search ran in sessions of its own folder (`kscout resume RUN/problems/NAME`), which
-        this run's clock never saw. Each `problem_start` of this run owns the first search session of that problem
-        that its process began before this run started anything else; every other session was one of the folder's own."""
-        starts = [e for e in read_events(self.path / "events.jsonl") if e.get("event") == "problem_start"]
-        windows: dict[str, list[list]] = {}  # name -> [pid, from, until, claimed]
+        this run's clock never saw. Each `problem_start` in this run's `log` owns the first search session of that
+        problem that its process began before this run started anything else; every other session was the folder's own."""
+        starts = [e for e in log if e.get("event") == "problem_start"]
+        unclaimed: dict[str, list[tuple[Any, float, float]]] = {}  # name -> (pid, from, until) of each start not yet matched
         for i, e in enumerate(starts):
             until = starts[i + 1]["ts"] if i + 1 < len(starts) else math.inf
-            windows.setdefault(e["data"]["name"], []).append([e.get("pid"), e["ts"], until, False])
+            unclaimed.setdefault(e["data"]["name"], []).append((e.get("pid"), e["ts"], until))
         seconds: dict[str, float] = {}
         for ref in self.manifest.problems:
+            windows = unclaimed.get(ref.name, [])
             total, begun, last = 0.0, None, 0.0
             for e in read_events(self.path / "problems" / ref.name / "events.jsonl"):
                 if e.get("event") == "session_start":
                     total += last - begun if begun is not None else 0.0
-                    ours = next((w for w in windows.get(ref.name, []) if not w[3] and w[0] == e.get("pid") and w[1] <= e["ts"] < w[2]), None)
+                    ours = next((w for w in windows if w[0] == e.get("pid") and w[1] <= e["ts"] < w[2]), None)
                     if ours is not None:
-                        ours[3] = True
+                        windows.remove(ours)
                     begun = None if ours is not None else e["ts"]
                 last = e.get("ts", last)
             total += last - begun if begun is not None else 0.0

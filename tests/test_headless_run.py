@@ -277,7 +277,6 @@ def test_a_busy_problem_resumed_in_its_own_folder_reads_as_finished_in_the_runs_
     assert pnpoly["status"] == "finished" and pnpoly["measurements_used"] == 4
     assert not pnpoly["stop_reason"].startswith("the machine is busy") and pnpoly["reason"] is None
     # the time of that resume is the problem's too, though the run's own clock never ran during it
-    print("direct resume took", took, "counted", pnpoly["wall_s"] - before["wall_s"])
     assert 0.5 * took < pnpoly["wall_s"] - before["wall_s"] <= took
     assert _shown_problem(run, "convolution_A100")["wall_s"] == other["wall_s"]
 
