@@ -155,7 +155,7 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
             raise OptimizeError("--start gives a kernel file, and a recorded space has no code; leave --start out with --space")
         if _check_history(history):
             raise OptimizeError("--history reads earlier runs of code problems; for a recorded space give --warm-start")
-        _check_space(space, warm_start or [], surrogate)
+        content = _check_space(space, warm_start or [], surrogate)
         spec = SearchSpec(kind="space", path=str(Path(space).resolve()), device="replay", policy="tuner", surrogate=surrogate,
                           settings=settings, warm_start=[str(Path(w).resolve()) for w in warm_start or []])
         name = Path(space).name.split(".json")[0]
@@ -168,7 +168,7 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
                                 "code problem, --history gives the surrogate earlier runs as a prior")
         path = _problem_file(problem)
         try:
-            load_problem(path)
+            content = load_problem(path).sha
             device = _cluster_device(device, ray) if ray else resolve_device(device)
         except InputFileError as exc:
             raise OptimizeError(str(exc)) from None
@@ -180,6 +180,7 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
     _take_folder(run, spec)  # before the lock, so a refused folder is left as it was
     with _searching(run):
         _take_folder(run, spec, save=True)  # again under the lock: another search may have started here meanwhile
+        _check_unchanged(run, spec, content)
         ledger = Budget(run)
         used = ledger.status().used
         notice = None
@@ -336,8 +337,9 @@ def _load_space(path: str, what: str):
         raise OptimizeError(f"{exc}; give {what} a cache file Kernel Tuner wrote (.json or .json.gz)") from None
 
 
-def _check_space(path: str, warm_start: list[str], surrogate: str) -> None:
-    """Refuse, before a run directory exists, a recorded space (or prior) the search could not use."""
+def _check_space(path: str, warm_start: list[str], surrogate: str) -> str:
+    """Refuse, before a run directory exists, a recorded space (or prior) the search could not use; the space's
+    content sha when it can."""
     space = _load_space(path, "--space")
     if space.notes:
         from rich.console import Console
@@ -363,6 +365,7 @@ def _check_space(path: str, warm_start: list[str], surrogate: str) -> None:
             raise OptimizeError(f"{prior_path}: only {timed} of its configurations ran; a --warm-start prior needs at least "
                                 "two timed configurations, so leave this one out")
     check_llm(policy="tuner", surrogate=surrogate)
+    return space.content_sha
 
 
 def check_llm(policy: str, surrogate: str) -> None:
@@ -407,14 +410,44 @@ def resume_search(run_dir: str, quiet: bool = False, *, max_usd: Optional[float]
     except ValueError as exc:
         raise OptimizeError(str(exc)) from None
     if spec.kind == "space":
-        _check_space(spec.path, spec.warm_start, spec.surrogate)
+        content = _check_space(spec.path, spec.warm_start, spec.surrogate)
     else:
+        content = _problem_content(spec.path)
         check_llm(spec.policy, spec.surrogate)
     with _searching(run, resuming=True):
+        _check_unchanged(run, spec, content)
         spec = change_limits(run, spec, max_usd=max_usd, max_llm_tokens=max_llm_tokens, max_wall_s=max_wall,
                              max_device_s=max_device_s, patience=patience)
         _archive_start(run, spec, resume=True)
         return _run(run, spec, resume=True, quiet=quiet)
+
+
+def _problem_content(path: str) -> str:
+    """The sha of the problem a stored search was started on, read again; refused if it is gone or broken."""
+    from kernelscout.sandbox.problem import InputFileError, load_problem
+
+    try:
+        return load_problem(path).sha
+    except InputFileError as exc:
+        raise OptimizeError(f"{exc} (this run searched it; put it back as it was to go on)") from None
+
+
+def _check_unchanged(run: RunDir, spec: SearchSpec, content: str) -> None:
+    """Refuse to go on with a search whose problem (or recorded space) has changed since it measured it.
+
+    Every speedup in the folder, and the parent the search would build on, was measured against the earlier
+    version; mixed with measurements of the new one they would compare kernels that solve different problems,
+    and `best.py` could be a kernel that is wrong for the file as it is now."""
+    with run.connect() as db:
+        rows = db.execute("SELECT problem_sha, COUNT(*) FROM measurements GROUP BY problem_sha").fetchall()
+    earlier = sum(n for sha, n in rows if sha != content)
+    if earlier:
+        what = "problem" if spec.kind == "problem" else "recorded space"
+        raise OptimizeError(
+            f"{spec.path}: this {what} has changed since {run.path} measured it ({earlier} measurement"
+            f"{'s were' if earlier > 1 else ' was'} made against the earlier version, so its speedups and its best kernel "
+            f"do not apply to the file as it is now); put the file back as it was to go on with this run, or start a new "
+            f"run for the changed {what} (a new --run-dir)")
 
 
 def _open_dispatcher(run: RunDir, spec: SearchSpec, quiet: bool):

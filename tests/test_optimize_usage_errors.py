@@ -205,7 +205,7 @@ def test_a_search_started_again_with_another_budget_says_how_to_raise_it(tmp_pat
     space = write_cache(tmp_path / "k.json", timed(8))
     assert kscout("optimize", "--space", str(space), "--budget", "3", "--run-dir", str(run), "--json").exit_code == 0
 
-    more = kscout("optimize", "--space", str(space), "--budget", "5", "--run-dir", str(run))
+    more = kscout("optimize", "--space", str(space), "--budget", "3", "--run-dir", str(run))
     assert_usage_error(more, "already holds a different search", "--budget 3 there, 5 here",
                        f"kscout budget {run} --set 5 && kscout resume {run}")
 
@@ -258,3 +258,33 @@ def test_a_missing_candidate_file_is_a_usage_error_with_nothing_measured(problem
     assert_usage_error(result, "nope.py: no such file")
     assert "compile_error" not in result.output and "charged" not in result.output  # no measurement table
     assert not run.exists()
+
+
+def test_a_search_whose_recorded_space_changed_is_not_resumed_until_the_file_is_put_back(tmp_path):
+    space = write_cache(tmp_path / "k.json", timed(12))
+    run = tmp_path / "run"
+    assert kscout("optimize", "--space", str(space), "--budget", "3", "--run-dir", str(run)).exit_code == 0
+    original = space.read_text()
+    write_cache(space, {**timed(12), 5: 0.01})  # re-recorded: one configuration is now far faster
+    assert kscout("budget", str(run), "--set", "5").exit_code == 0
+    for args in (("resume", str(run)), ("optimize", "--space", str(space), "--budget", "3", "--run-dir", str(run))):
+        result = kscout(*args)
+        assert_usage_error(result, "this recorded space has changed since", "3 measurements were made against the earlier version",
+                           "put the file back as it was")
+    space.write_text(original)
+    assert kscout("resume", str(run)).exit_code == 0
+    assert json.loads(kscout("budget", str(run), "--json").output)["used"] == 5
+
+
+def test_a_search_whose_problem_changed_is_not_resumed_and_nothing_is_spent(problem, tmp_path):
+    run = tmp_path / "run"
+    first = kscout("optimize", str(problem), "--budget", "1", "--run-dir", str(run))
+    assert first.exit_code == 0, first.output
+    problem.write_text(SMALL_PROBLEM.replace("torch.relu", "torch.tanh"))  # the same file, another problem now
+    assert kscout("budget", str(run), "--set", "2").exit_code == 0
+    result = kscout("resume", str(run))
+    assert_usage_error(result, "this problem has changed since", "1 measurement was made against the earlier version",
+                       "a new --run-dir")
+    assert json.loads(kscout("budget", str(run), "--json").output)["used"] == 1
+    problem.unlink()
+    assert_usage_error(kscout("resume", str(run)), "no such file", "put it back as it was")
