@@ -213,6 +213,9 @@ def continue_command(run: RunDir, state: dict) -> Optional[str]:
     from kernelscout.agent.graph import BUDGET_SPENT, MACHINE_BUSY
 
     if (state.get("stop_reason") or "").startswith(MACHINE_BUSY):
+        ledger = Budget(run).status()
+        if ledger.cap is not None and ledger.remaining == 0:  # timing the void candidates again needs room
+            return f"kscout budget {run.path} --set {2 * ledger.cap} && kscout resume {run.path}"
         return f"kscout resume {run.path}"
     if state.get("stop_reason") == BUDGET_SPENT:
         cap = Budget(run).status().cap

@@ -70,6 +70,17 @@ def test_a_search_on_a_busy_machine_stops_and_goes_on_once_it_is_idle(tmp_path):
     assert [e["candidate"] for e in after if e["event"] == "measure"][:2] == requeued
 
 
+def test_a_busy_stop_on_the_last_of_the_budget_says_to_raise_it_before_resuming(tmp_path):
+    run = tmp_path / "run"
+    starts = ["--start", str(SOFTMAX / "fast.py"), "--start", str(SOFTMAX / "naive.py")]
+    with every_core_busy():
+        result = kscout("optimize", str(SOFTMAX / "problem.py"), "--budget", "2", *starts, "--run-dir", str(run), "--json")
+    out = json.loads(result.stdout)
+    assert out["stop_reason"].startswith("the machine is busy") and out["measurements_used"] == 2, out
+    # a bare resume would find no room to time the two void candidates again
+    assert out["continue_with"] == f"kscout budget {run} --set 4 && kscout resume {run}"
+
+
 def test_a_burst_of_load_that_voids_one_timing_has_that_candidate_timed_again_in_the_same_run(tmp_path, monkeypatch):
     from kernelscout.agent import targets
     from kernelscout.agent.runner import start_search
