@@ -44,11 +44,13 @@ class Outputs(list):
     """The output tensors in a flat list, remembering how the model nested them.
 
     ``structure`` is a tuple with "tensor" for each tensor and a tuple for each nested tuple/list
-    (tuples and lists count alike, and a bare tensor counts as a 1-tuple); ``paths`` gives each
-    tensor's index path, e.g. (1, 0) for out[1][0].
+    (tuples and lists count alike, and a bare tensor is kept as a 1-tuple with ``bare`` set); ``paths``
+    gives each tensor's index path, e.g. (1, 0) for out[1][0]. A bare tensor and a tuple of one are not
+    alike to a caller (`y + 1` works on one of them only), so the comparison tells them apart.
     """
 
     structure: tuple = ()
+    bare: Optional[bool] = None
     paths: list[tuple[int, ...]]
 
 
@@ -79,6 +81,7 @@ def flatten_outputs(out: Any, who: str) -> Outputs:
     (out, (h, c))): subclasses can defer work past the timer. Tensors come out depth-first, in order."""
     flat = Outputs()
     flat.paths = []
+    flat.bare = not _sequence(out)
 
     def walk(item: Any, path: tuple[int, ...]) -> Any:
         if _sequence(item):
@@ -90,14 +93,17 @@ def flatten_outputs(out: Any, who: str) -> Outputs:
             return tuple(walk(x, path + (j,)) for j, x in enumerate(items))
         if type(item) is not torch.Tensor:
             kind = type(item).__module__ + "." + type(item).__qualname__
-            raise CheckFailed(f"{who} {_path_label(path)} is a {kind}, not a plain torch.Tensor")
+            where = f"{who}'s return value" if flat.bare else f"{who} {_path_label(path)}"
+            hint = " (return a tuple of tensors instead)" if isinstance(item, dict) else ""
+            raise CheckFailed(f"{where} is a {kind}, not a plain torch.Tensor; outputs are tensors, or tuples or lists of "
+                              f"them{hint}")
         if item.is_meta or item.layout != torch.strided:
             raise CheckFailed(f"{who} {_path_label(path)} is not a materialised dense tensor")
         flat.append(item)
         flat.paths.append(path)
         return "tensor"
 
-    flat.structure = walk(out, ()) if _sequence(out) else (walk(out, (0,)),)
+    flat.structure = (walk(out, (0,)),) if flat.bare else walk(out, ())
     return flat
 
 
@@ -232,6 +238,11 @@ def _nonfinite_mismatches(c: torch.Tensor, r: torch.Tensor) -> list[str]:
 
 
 def _check_structure(cand: list, ref: list) -> None:
+    cb, rb = getattr(cand, "bare", None), getattr(ref, "bare", None)
+    if cb is not None and rb is not None and cb != rb:
+        kinds = {True: "a bare tensor", False: "a tuple or list of tensors"}
+        raise CheckFailed(f"the candidate returns {kinds[cb]}, the reference {kinds[rb]}; return what the reference "
+                          "returns, so that the candidate can replace it in its callers")
     cs, rs = getattr(cand, "structure", None), getattr(ref, "structure", None)
     if cs is not None and rs is not None and cs != rs:
         raise CheckFailed(

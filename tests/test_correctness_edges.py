@@ -234,6 +234,15 @@ def test_a_different_nesting_is_reported_as_such(lstm_output):
     assert_rejected(flatten_outputs((out, (h,)), "candidate"), ref, "candidate returned 2 outputs, the reference 3")
 
 
+def test_a_bare_tensor_and_a_tuple_of_one_are_not_interchangeable():
+    t = torch.randn(4, 4)
+    bare = flatten_outputs(t, "reference")
+    assert_rejected(flatten_outputs((t.clone(),), "candidate"), bare, "the candidate returns a tuple or list of tensors, the reference a bare tensor")
+    assert_rejected(flatten_outputs(t.clone(), "candidate"), flatten_outputs([t], "reference"), "the candidate returns a bare tensor")
+    compare(flatten_outputs(t.clone(), "candidate"), bare)
+    compare(flatten_outputs([t.clone()], "candidate"), flatten_outputs((t,), "reference"))  # a list for a tuple is fine
+
+
 def test_a_mismatch_inside_a_nested_output_names_its_position(lstm_output):
     out, (h, c) = lstm_output
     ref = flatten_outputs(lstm_output, "reference")
@@ -244,6 +253,8 @@ def test_a_non_tensor_inside_a_nested_output_is_refused(lstm_output):
     out, (h, _) = lstm_output
     with pytest.raises(CheckFailed, match=r"candidate output 1\[1\] is a builtins.int, not a plain torch.Tensor"):
         flatten_outputs((out, (h, 3)), "candidate")
+    with pytest.raises(CheckFailed, match=r"reference's return value is a builtins.dict, .* \(return a tuple of tensors instead\)"):
+        flatten_outputs({"out": out}, "reference")
     loop = []
     loop.append(loop)
     with pytest.raises(CheckFailed, match="nested more than"):
