@@ -32,7 +32,13 @@ def _params(row: CandidateRow, width: int = 60) -> str:
 
 
 def _best_line(best: CandidateRow) -> str:
-    slower = "; nothing beat the reference, which stands" if best.speedup is not None and best.speedup <= 1.0 else ""
+    from kernelscout.tools.archive import CLEAR_GAIN, clear_gain
+
+    slower = ""
+    if best.speedup is not None and best.speedup <= 1.0:
+        slower = "; nothing beat the reference, which stands"
+    elif best.speedup is not None and not clear_gain(best.speedup):
+        slower = f"; under {CLEAR_GAIN - 1:.0%} faster than the reference, which stands"
     if best.remeasured:
         again = ", ".join(f"{x:.3f}x" for x in best.remeasured)
         return f"#{best.id} {best.origin}: {_x(best.speedup)} (re-measured {again}; {_x(best.search_speedup)} when chosen{slower})"

@@ -11,7 +11,7 @@ from typing import Any, Callable, Literal, Optional
 from pydantic import BaseModel, Field
 
 from kernelscout.agent.graph import PROBLEM_UNUSABLE, SearchLoop, SearchSettings, considered_count, considered_per_measurement
-from kernelscout.tools.archive import Archive
+from kernelscout.tools.archive import CLEAR_GAIN, Archive, clear_gain
 from kernelscout.tools.budget import Budget
 from kernelscout.tools.rundir import RunDir
 
@@ -167,8 +167,8 @@ def summarise(run: RunDir, spec: SearchSpec, loop: SearchLoop, state: dict) -> O
             best_ms = median(times) if times else best_ms
         for stale in ("best.py", "best.json"):  # a later re-measurement can take the lead away from it
             (run.path / stale).unlink(missing_ok=True)
-        if speedup is not None and speedup <= 1.0:
-            pass  # nothing beat the reference: a best.py would be a regression waiting to be copied
+        if not clear_gain(speedup):
+            pass  # nothing clearly beat the reference: a best.py would be a regression (or a tie) waiting to be copied
         elif best.path:
             best_path = str(run.path / "best.py")
             shutil.copyfile(best.path, best_path)
@@ -184,6 +184,9 @@ def summarise(run: RunDir, spec: SearchSpec, loop: SearchLoop, state: dict) -> O
             message += f" ({failed} measured candidate(s) did not count; the last: {why})"
     elif speedup <= 1.0:
         message = f"nothing beat the reference: the best verified candidate ran at {speedup:.3f}x"
+    elif not clear_gain(speedup):
+        message = (f"nothing clearly beat the reference: the best verified candidate ran at {speedup:.4f}x, less than "
+                   f"{CLEAR_GAIN - 1:.0%} faster, which re-measuring can undo; the reference stands and no best.py is written")
     else:
         message = f"best verified kernel: {speedup:.3f}x over the reference"
     if best is not None:

@@ -14,7 +14,7 @@ import pytest
 
 from kernelscout.agent.runner import OptimizeError, resume_search, start_search
 from kernelscout.sandbox.replay import recorded_spaces_dir
-from kernelscout.tools.archive import Archive
+from kernelscout.tools.archive import Archive, clear_gain
 from kernelscout.tools.budget import Budget
 from kernelscout.tools.rundir import RunDir
 
@@ -299,12 +299,42 @@ def test_unseen_kernelbench_problems_run_to_completion_and_report_honestly(probl
     result = start_search(problem=str(problem), space=None, budget=2, device="cpu", run_dir=str(tmp_path / "run"), quiet=True)
     assert result.status == "finished"
     assert result.measurements_used <= 2
-    if result.best_speedup is None or result.best_speedup <= 1.0:
+    if not clear_gain(result.best_speedup):
         assert "nothing beat" in result.message or "reference stands" in result.message
         assert result.best_path is None and not (tmp_path / "run" / "best.py").exists()  # no regression to copy
     else:
         assert Path(result.best_path).exists()
         assert f"{result.best_speedup:.3f}x" in result.message
+
+
+SLEEPS = """
+import time
+import torch
+import torch.nn as nn
+
+class Model{new}(nn.Module):
+    def forward(self, x):
+        time.sleep({seconds})  # a problem bound by something no kernel changes
+        return x + 1
+
+def get_inputs():
+    return [torch.randn(16, 16)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_best_a_fraction_of_a_percent_faster_is_a_tie_not_a_kernel_to_copy(tmp_path):
+    problem = tmp_path / "problem.py"
+    problem.write_text(SLEEPS.format(new="", seconds=0.05))
+    tie = tmp_path / "tie.py"
+    tie.write_text(SLEEPS.format(new="New", seconds=0.0498).split("def get_inputs")[0])
+    result = start_search(problem=str(problem), space=None, budget=1, device="cpu", run_dir=str(tmp_path / "run"),
+                          quiet=True, confirm=0, start=[str(tie)], policy="tuner", surrogate="none")
+    assert result.search_speedup is not None and 1.0 < result.search_speedup < 1.01, result.message
+    assert "nothing clearly beat the reference" in result.message and "the reference stands" in result.message
+    assert result.best_path is None and not (tmp_path / "run" / "best.py").exists()
 
 
 def test_a_measurement_killed_while_it_held_the_last_of_the_budget_is_taken_up_on_resume(tmp_path, monkeypatch):
