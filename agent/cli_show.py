@@ -199,6 +199,9 @@ def register(app: typer.Typer) -> None:
             from kernelscout.agent.cli_run import print_summary
 
             summary = HeadlessRun.open(run_dir).summary()
+            if report:
+                typer.echo(f"note: --report writes one problem's report: kscout show {Path(run_dir) / 'problems' / 'NAME'} "
+                           "--report", err=True)
             if as_json:
                 print(summary.model_dump_json())
             else:
@@ -214,6 +217,9 @@ def register(app: typer.Typer) -> None:
                 from kernelscout.agent.report import write_report
 
                 view.report = str(write_report(run_dir, title=f"kernelscout: {Path(view.target or run_dir).name}"))
+            elif report:
+                typer.echo("note: no report written: a report follows a search (its lineage and forecasts), and this folder "
+                           "holds only measurements made outside one, which are listed below", err=True)
         except RunViewError as exc:
             fail(str(exc), as_json)
         if as_json:

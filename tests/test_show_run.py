@@ -178,6 +178,9 @@ def test_show_lists_files_measured_directly_with_their_latest_result(tmp_path):
     assert [(f["candidate"], f["usable"], f["measurement"]["speedup"]) for f in files] == [("a.py", True, 1.9), ("b.py", False, None)]
     text = CliRunner().invoke(app, ["show", str(tmp_path / "run")], env={"COLUMNS": "160"}).output
     assert "1.900x" in text and "ok, incorrect" in text and "softmax" in text and "3 (uncapped)" in text
+    asked = CliRunner().invoke(app, ["show", str(tmp_path / "run"), "--report"], env={"COLUMNS": "160"})
+    assert "no report written" in asked.output and "1.900x" in asked.output  # said, and the files still listed
+    assert not (tmp_path / "run" / "report.html").exists()
 
 
 def test_the_reports_plots_judge_the_forecasts_the_scores_judge(tmp_path):
