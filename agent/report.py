@@ -155,16 +155,19 @@ def write_report(run_dir: Path | str, title: str = "kernelscout run") -> Path:
     check = check_forecasts(archive)
     status = Budget(run).status()
     best = archive.reported_best()
+    failed, failures = archive.failures(limit=max(1, len(candidates)))
+    did_not_count = {f.id: f.status for f in (failure_row(cid, m) for cid, m in failures)}  # "failed" alone misleads
     rows = []
     for c in candidates:
         decision = last_forecast.get(c.id)
+        state = f"did not count ({did_not_count[c.id]})" if c.id in did_not_count else c.state
         rows.append(
             f"<tr><td>#{c.id}</td><td>{'ref' if c.parent_id in (None, ROOT_ID) else '#' + str(c.parent_id)}</td>"
-            f"<td>{html.escape(c.origin)}</td><td>{html.escape(_cut(json.dumps(c.params, default=str), 120))}</td><td>{c.state}</td>"
+            f"<td>{html.escape(c.origin)}</td><td>{html.escape(_cut(json.dumps(c.params, default=str), 120))}</td><td>{html.escape(state)}</td>"
             f"<td>{'' if c.speedup is None else f'{c.speedup:.3f}x'}</td>"
             f"<td>{html.escape(decision['reason']) if decision else ''}</td></tr>"
         )
-    failed, failures = archive.failures(limit=50)
+    failures = failures[:50]
     failure_rows = "".join(f"<tr><td>#{f.id}</td><td>{f.status}</td><td>{html.escape(_cut(f.why, 400))}</td></tr>"
                            for f in (failure_row(cid, m) for cid, m in failures))
     failure_table = "" if not failures else (

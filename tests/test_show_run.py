@@ -278,4 +278,6 @@ def test_show_says_why_a_measurement_did_not_count(tmp_path):
     assert "measurements that did not count (1)" in text and failure["why"][:40] in text
     report = CliRunner().invoke(app, ["show", str(tmp_path / "run"), "--report"])
     assert report.exit_code == 0
-    assert "Measurements that did not count (1)" in (tmp_path / "run" / "report.html").read_text()
+    page = (tmp_path / "run" / "report.html").read_text()
+    assert "Measurements that did not count (1)" in page
+    assert "<td>did not count (incorrect)</td>" in page  # in the lineage too, in the words of the table below it
