@@ -286,6 +286,13 @@ def _check_start(paths: list[str], budget: int, device: str = "cpu", quiet: bool
             candidate = load_candidate(p)
         except InputFileError as exc:
             raise OptimizeError(f"--start {exc}") from None
+        from kernelscout.agent.policies.tunables import TunableError, declares_space, parse_space
+
+        if declares_space(candidate.source):  # its knobs are what the user wants tuned: a space that cannot be read
+            try:                              # would cost a measurement and be found out only when it became a parent
+                parse_space(candidate.source)
+            except TunableError as exc:
+                raise OptimizeError(f"--start {p}: its tunable space cannot be used: {exc}") from None
         if candidate.uses_triton and device.startswith("cpu") and not quiet:
             from rich.console import Console
             from rich.markup import escape

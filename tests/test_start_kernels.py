@@ -91,9 +91,13 @@ def test_start_files_are_checked_before_anything_is_spent(tmp_path):
         other = tmp_path / "other.py"
         other.write_text(mine.read_text().replace("CHUNKS = 2", "CHUNKS = 4"))
         start_search(problem=str(problem), space=None, budget=1, device="cpu", run_dir=str(tmp_path / "c"), start=[str(mine), str(other)])
+    typo = tmp_path / "typo.py"
+    typo.write_text(mine.read_text().replace('TUNABLE = {"CHUNKS"', 'TUNABLE = {"CHUNK"'))
+    with pytest.raises(OptimizeError, match="--start .*typo.py: its tunable space cannot be used: CHUNK is declared .* \\(is it CHUNKS"):
+        start_search(problem=str(problem), space=None, budget=3, device="cpu", run_dir=str(tmp_path / "d"), start=[str(typo)])
     with pytest.raises(OptimizeError, match="recorded space has no code"):
         start_search(problem=None, space=str(problem), budget=3, start=[str(mine)])
-    assert not any((tmp_path / d).exists() for d in ("a", "b", "c"))
+    assert not any((tmp_path / d).exists() for d in ("a", "b", "c", "d"))
 
 
 def test_a_kill_before_the_given_kernel_was_archived_is_made_good_by_resume(tmp_path, monkeypatch):

@@ -108,6 +108,8 @@ def test_with_config_refuses_configurations_outside_the_space(config, problem):
     ('TUNABLE = {"X": [1, 2]}\nX = 1\nX = 2\n', "assigned 2 times"),
     ('TUNABLE = {"X": list(range(4))}\nX = 1\n', "must be a literal"),
     ('TUNABLE = {"X": [1, 1]}\nX = 1\n', "twice"),
+    ('TUNABLE = {"DYNAMC": [False, True]}\nDYNAMIC = False\n', "is it DYNAMIC, which is assigned"),
+    ('TUNABLE = {"X": [1, 2]}\nTUNABLE_RESTRICTIONS = ["X > 2"]\nX = 1\n', "breaks its own restriction 'X > 2'"),
 ])
 def test_a_broken_declaration_says_what_to_fix(source, problem):
     with pytest.raises(TunableError, match=problem):

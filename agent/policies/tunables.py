@@ -18,6 +18,7 @@ and two configurations differ exactly where their knobs do. See docs/tuner.md.
 from __future__ import annotations
 
 import ast
+import difflib
 import functools
 import itertools
 import math
@@ -109,7 +110,10 @@ def parse_space(source: str) -> TunableSpace:
     current: Config = {}
     for name in names:
         if name not in assignments:
-            raise TunableError(f"{name} is declared in {SPACE_NAME} but never assigned at top level (add `{name} = {space[name][0]!r}`)")
+            near = difflib.get_close_matches(name, [a for a in assignments if a not in space and a.isidentifier()], n=1)
+            fix = (f"is it {near[0]}, which is assigned? name the knob the same in both places" if near
+                   else f"add `{name} = {space[name][0]!r}`")
+            raise TunableError(f"{name} is declared in {SPACE_NAME} but never assigned at top level ({fix})")
         node, count = assignments[name]
         if count > 1:
             raise TunableError(f"{name} is assigned {count} times at top level; the tuner rewrites exactly one assignment")
@@ -125,6 +129,10 @@ def parse_space(source: str) -> TunableSpace:
         restrictions = list(raw)
         for r in restrictions:
             compile_restriction(r, names)
+            if not evaluate_restriction(r, current):  # then the kernel as written is outside its own space
+                setting = ", ".join(f"{n} = {current[n]!r}" for n in names)
+                raise TunableError(f"the kernel as written ({setting}) breaks its own restriction {r!r}; set the knobs to "
+                                   f"values that meet every entry of {RESTRICTIONS_NAME}, or correct the restriction")
     return TunableSpace(names=names, values=space, current=current, restrictions=restrictions)
 
 
