@@ -397,7 +397,8 @@ class SearchLoop:
         (`kscout budget DIR --set N`), or the limit that stopped it was raised or lifted (`kscout resume
         DIR --max-usd X`, ...). None if nothing did."""
         if (values.get("stop_reason") or "").startswith(MACHINE_BUSY):
-            return "resumed after the machine was busy"
+            remaining = self._remaining()  # no room to time the void candidates again: they stay listed as they are
+            return "resumed after the machine was busy" if remaining is None or remaining > 0 else None
         if values.get("stop_reason") == BUDGET_SPENT:
             remaining = self._remaining()
             return f"budget raised to {self.budget.status().cap}" if remaining is None or remaining > 0 else None

@@ -79,6 +79,11 @@ def test_a_busy_stop_on_the_last_of_the_budget_says_to_raise_it_before_resuming(
     assert out["stop_reason"].startswith("the machine is busy") and out["measurements_used"] == 2, out
     # a bare resume would find no room to time the two void candidates again
     assert out["continue_with"] == f"kscout budget {run} --set 4 && kscout resume {run}"
+    again = json.loads(kscout("resume", str(run), "--json").stdout)  # without the budget: nothing to do, nothing hidden
+    assert again["measurements_used"] == 2 and again["stop_reason"].startswith("the machine is busy")
+    assert again["continue_with"] == out["continue_with"]
+    shown = json.loads(kscout("show", str(run), "--json").stdout)
+    assert [f["status"] for f in shown["failures"]] == ["timing not valid"] * 2
 
 
 def test_a_burst_of_load_that_voids_one_timing_has_that_candidate_timed_again_in_the_same_run(tmp_path, monkeypatch):
