@@ -47,7 +47,7 @@ def measure(
     run_dir: Optional[str] = typer.Option(None, "--run-dir", help="run directory holding the budget ledger \\[default: runs/scratch]"),
     budget: Optional[int] = typer.Option(None, min=1, help="measurement cap for the run directory"),
     again: bool = typer.Option(False, "--again", help="measure even if this exact candidate was already measured in the run"),
-    timeout: float = typer.Option(120.0, help="seconds allowed for running the candidate (checks and timing)"),
+    timeout: float = typer.Option(120.0, help="seconds allowed for running the candidate (checks and timing), besides what the reference's own calls take"),
     compile_timeout: float = typer.Option(
         600.0, "--compile-timeout", help="seconds allowed for importing and constructing the candidate (a Triton kernel builds at its first launch, under --timeout)"),
     timing_budget: float = typer.Option(2.0, "--timing-budget", help="timed seconds to aim for, both sides together"),

@@ -32,7 +32,8 @@ class HarnessConfig(BaseModel):
 
     device: str = "cpu"
     correctness_trials: int = Field(3, ge=1)
-    timeout_s: float = Field(120.0, gt=0, description="hard limit on running the candidate (checks + timing)")
+    timeout_s: float = Field(120.0, gt=0, description="hard limit on running the candidate (checks + timing), beyond "
+                             "the time the reference's own calls take")
     compile_timeout_s: float = Field(600.0, gt=0, description="hard limit on importing and building it")
     warmup_rounds: int = Field(3, ge=0)
     min_rounds: int = Field(10, ge=3)
@@ -54,6 +55,8 @@ class _Phase:
     def __init__(self) -> None:
         self.name = "start"
         self.staged: dict[str, str] = {}  # copy in the worker's folder -> the user's path, for messages
+        self.reference_s = 0.0  # added to --timeout for the reference's own calls in the candidate's worker
+        self.log_offset: Optional[int] = None  # where the worker's log stood when the candidate began to load
 
     @property
     def charged(self) -> bool:
@@ -122,6 +125,8 @@ def _measure_once(pool: WorkerPool, problem: SourceFile, candidate: SourceFile,
     try:
         worker = pool.acquire(config.device, START_TIMEOUT_S)
         result, retire = _drive(pool, worker, problem, candidate, config, phase)
+        if result.status in (MeasureStatus.runtime_error, MeasureStatus.compile_error) and phase.log_offset is not None:
+            result.message += _printed_since(worker, phase.log_offset)  # before release: a retired worker's log goes
         healthy = not retire and result.status not in (MeasureStatus.crashed, MeasureStatus.timeout)
         if config.device.startswith("cuda") and result.status == MeasureStatus.runtime_error:
             healthy = False  # a CUDA error can leave the context unusable
@@ -135,7 +140,8 @@ def _measure_once(pool: WorkerPool, problem: SourceFile, candidate: SourceFile,
         limit = {"start": START_TIMEOUT_S, "import": config.compile_timeout_s}.get(phase.name, config.timeout_s)
         what = {"start": "starting the sandbox worker", "import": "importing/building the candidate",
                 "problem": "loading the problem"}.get(phase.name, "running the candidate")
-        result = Measurement(status=MeasureStatus.timeout, message=f"{what} took longer than {limit:g} s; the worker's process group was killed")
+        besides = f" (besides {phase.reference_s:.0f} s for the reference's own calls)" if phase.name in ("run", "time") and phase.reference_s >= 1 else ""
+        result = Measurement(status=MeasureStatus.timeout, message=f"{what} took longer than {limit:g} s{besides}; the worker's process group was killed")
         if phase.name == "run" and _may_interpret(problem, candidate, config):
             result.message += "\n  hint: " + triton_interpreter.TIMEOUT_HINT
     except WorkerOutOfMemory as exc:
@@ -157,6 +163,26 @@ def _measure_once(pool: WorkerPool, problem: SourceFile, candidate: SourceFile,
             pool.release(worker, healthy)
     _unstage(result, phase)
     return result, phase, worker
+
+
+def _log_size(worker: WorkerProcess) -> Optional[int]:
+    try:
+        return worker.log_path.stat().st_size
+    except (OSError, AttributeError):
+        return None
+
+
+def _printed_since(worker: WorkerProcess, offset: int, lines: int = 10, width: int = 200) -> str:
+    """What the candidate (or the reference beside it) printed before an error, last lines first cut to size:
+    a print is how many users debug, and the worker's output otherwise goes nowhere they look."""
+    try:
+        with open(worker.log_path, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode(errors="replace")
+    except (OSError, AttributeError):
+        return ""
+    tail = [line if len(line) <= width else line[: width - 1] + "…" for line in text.splitlines() if line.strip()][-lines:]
+    return ("\n  printed before the error (last lines):\n" + "\n".join("    " + line for line in tail)) if tail else ""
 
 
 def _may_have_left_state(m: Measurement) -> bool:
@@ -197,7 +223,10 @@ def _drive(pool: WorkerPool, worker: WorkerProcess, problem: SourceFile, candida
     if reply["status"] != "ok":
         return _fail(reply), False
     faults_at_load = reply.get("reference_faults")
+    call_s = float(reply.get("reference_call_s") or 0.0)
+    phase.reference_s = _reference_allowance(call_s, config)
     phase.name = "import"
+    phase.log_offset = _log_size(worker)
     worker.candidates_run += 1
     init_seed = _seed()
     reply = worker.request("load_candidate", config.compile_timeout_s, path=_stage(worker, candidate, "candidate", phase),
@@ -210,7 +239,7 @@ def _drive(pool: WorkerPool, worker: WorkerProcess, problem: SourceFile, candida
     if reply["tampered"]:
         m = Measurement(status=MeasureStatus.incorrect, message="the candidate tampered with the harness or the reference while being imported: " + ", ".join(reply["tampered"]))
         return m, True
-    deadline = time.monotonic() + config.timeout_s
+    deadline = time.monotonic() + config.timeout_s + phase.reference_s
     checks = [f"{config.correctness_trials} correctness trials with fresh seeds, candidate before reference"]
     reply = worker.request_by("check", deadline, seeds=[_seed() for _ in range(config.correctness_trials)])
     if reply["status"] != "ok":
@@ -236,8 +265,17 @@ def _drive(pool: WorkerPool, worker: WorkerProcess, problem: SourceFile, candida
             pool, worker, m, device=config.device, stage=lambda other: _stage(other, problem, "problem", phase),
             problem_sha=problem.sha, init_seed=init_seed, beside_ms=beside,
             rounds=(config.warmup_rounds, config.min_rounds, config.timing_budget_s), deadline=deadline,
-            allowance_s=config.timeout_s, start_timeout=START_TIMEOUT_S)
+            allowance_s=config.timeout_s + _reference_allowance(call_s, config, referee=True), start_timeout=START_TIMEOUT_S)
     return _finish(worker, m)
+
+
+def _reference_allowance(call_s: float, config: HarnessConfig, referee: bool = False) -> float:
+    """Seconds the reference's own calls take in a measurement, at what one warm call took at load: --timeout
+    limits the candidate, and a slow reference (seconds a call) must not make every candidate time out and be
+    charged for it. The candidate's worker calls it in each correctness trial and each warm-up and timed round
+    (at least `min_rounds`); the referee twice to load it, once to judge and in its own rounds."""
+    calls = (3 if referee else config.correctness_trials) + config.warmup_rounds + config.min_rounds
+    return 1.5 * call_s * calls  # a margin for calls slower than the warm one (a busy machine, a cold cache)
 
 
 def _interpreted(launches: dict) -> Optional[str]:

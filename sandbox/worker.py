@@ -16,6 +16,7 @@ import importlib.util
 import os
 import resource
 import sys
+import time
 import traceback
 from typing import Any, Callable, Optional
 
@@ -267,6 +268,7 @@ class Worker:
         self.global_hooks: tuple = ()
         self.kernels: dict[str, int] = {}  # integrity.kernel_tables() once the problem is loaded
         self.reference_faults = 0  # page faults of the reference's repeat call at load (`_check_repeatable`)
+        self.reference_call_s = 0.0  # wall time of that call: the supervisor allows for the reference's calls with it
         self.reference_aliases: frozenset = frozenset()  # (output, input) pairs where the reference returns its input
         self.judge: Optional[integrity.Judge] = None  # what the output check calls, as the problem left it
         self.reference_kernels: dict[str, int] = {}  # the same for the operators the reference calls
@@ -276,7 +278,8 @@ class Worker:
     def load_problem(self, msg: dict) -> dict:
         path, sha = msg["path"], msg["sha"]
         if self.problem_sha == sha:
-            return {"status": "ok", "cached": True, "reference_faults": self.reference_faults, "outputs": self.output_specs}
+            return {"status": "ok", "cached": True, "reference_faults": self.reference_faults, "outputs": self.output_specs,
+                    "reference_call_s": self.reference_call_s}
         integrity.restore_settings(self.own_settings)  # not what a candidate of another problem left
         try:
             module = _import_file(path, f"kscout_problem_{sha[:16]}")
@@ -331,6 +334,7 @@ class Worker:
             "status": "ok",
             "outputs": self.output_specs,
             "reference_faults": self.reference_faults,
+            "reference_call_s": self.reference_call_s,
         }
 
     @staticmethod
@@ -365,10 +369,11 @@ class Worker:
         inputs = self._make_inputs(module, seed, path)
         torch.manual_seed(seed ^ 0x5DEECE66D)
         try:
-            faults = integrity.page_faults()
+            faults, started = integrity.page_faults(), time.perf_counter()
             with torch.no_grad():
                 out = model(*inputs)
             _sync(self.device)
+            self.reference_call_s = time.perf_counter() - started
             # a warm reference reuses its temporaries' memory: what it faults in here, before any candidate
             # exists, is what it needs afresh every call (blocks above the allocator's 1 GiB threshold)
             self.reference_faults = integrity.page_faults() - faults

@@ -5,7 +5,7 @@ import pytest
 from kernelscout.sandbox.problem import InputFileError
 from kernelscout.tools.measure import resolve_device
 from kernelscout.tools.schema import MeasureStatus
-from conftest import GOOD_CANDIDATE
+from conftest import GOOD_CANDIDATE, QUICK
 
 
 def test_correct_candidate_is_verified_and_timed(measure_source):
@@ -54,3 +54,51 @@ def test_device_names_are_checked_before_anything_runs():
             resolve_device(name)
     with pytest.raises(InputFileError, match="CUDA device"):  # none here, or fewer than 99
         resolve_device("cuda:99")
+
+
+SLOW_REFERENCE = '''
+import time
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        time.sleep(0.6)  # a reference that takes far longer than the kernels written to replace it
+        return x.cumsum(0)
+
+def get_inputs():
+    return [torch.randn(64, 32)]
+
+def get_init_inputs():
+    return []
+'''
+
+FAST_CUMSUM = '''
+import torch
+import torch.nn as nn
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return torch.cumsum(x, dim=0)
+'''
+
+
+def test_the_timeout_limits_the_candidate_not_the_references_own_calls(measure_source):
+    # the reference alone needs about 5 s of calls in the candidate's worker (trials, warm-up and timed rounds)
+    m = measure_source(FAST_CUMSUM, problem=SLOW_REFERENCE, config=QUICK.model_copy(update={"timeout_s": 3.0}))
+    assert m.status == MeasureStatus.ok and m.correct, m.message
+    assert m.speedup > 10
+
+
+def test_a_candidate_over_the_timeout_is_told_what_was_allowed_for_the_reference(measure_source):
+    slow = FAST_CUMSUM.replace("return torch", "import time; time.sleep(1.2)\n        return torch")
+    m = measure_source(slow, problem=SLOW_REFERENCE, config=QUICK.model_copy(update={"timeout_s": 3.0}))
+    assert m.status == MeasureStatus.timeout and m.charged
+    assert "took longer than 3 s (besides" in m.message and "for the reference's own calls" in m.message
+
+
+def test_what_a_failing_candidate_printed_comes_with_its_error(measure_source):
+    m = measure_source(GOOD_CANDIDATE.replace("return torch.relu", "print('shapes', x.shape, y.shape)\n        raise ValueError('boom')\n        return torch.relu"))
+    assert m.status == MeasureStatus.runtime_error
+    assert "ValueError: boom" in m.message
+    assert "printed before the error" in m.message and "shapes torch.Size([256, 512]) torch.Size([256, 512])" in m.message
