@@ -205,7 +205,7 @@ def test_a_search_started_again_with_another_budget_says_how_to_raise_it(tmp_pat
     space = write_cache(tmp_path / "k.json", timed(8))
     assert kscout("optimize", "--space", str(space), "--budget", "3", "--run-dir", str(run), "--json").exit_code == 0
 
-    more = kscout("optimize", "--space", str(space), "--budget", "3", "--run-dir", str(run))
+    more = kscout("optimize", "--space", str(space), "--budget", "5", "--run-dir", str(run))
     assert_usage_error(more, "already holds a different search", "--budget 3 there, 5 here",
                        f"kscout budget {run} --set 5 && kscout resume {run}")
 
