@@ -519,6 +519,11 @@ def test_a_setting_chosen_at_import_holds_for_both_sides_and_is_fair(measure_sou
     # cudnn.benchmark holds for both sides; the thread count is put back (the test after the last one below)
     header = "torch.backends.cudnn.benchmark = True\ntorch.set_num_threads(1)"
     m = measure_source(_model(_HONEST, header))
+    if not m.timing_valid and "alone in a worker that never loaded it" in (m.timing_invalid_reason or ""):
+        # the referee's known false alarm on sub-millisecond CPU references, measured again as its message says: seen
+        # once in a fresh clone's full suite (2026-12-04: 0.418 ms beside, 0.244 ms alone, 1.71x), never in three runs
+        # of this test alone nor in a run of this file; a setting that really slowed the reference fails twice
+        m = measure_source(_model(_HONEST, header))
     assert m.status == MeasureStatus.ok and m.timing_valid, m.message
     assert not any("cudnn" in w for w in m.warnings), m.warnings
 
