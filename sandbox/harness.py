@@ -165,22 +165,10 @@ def _measure_once(pool: WorkerPool, problem: SourceFile, candidate: SourceFile,
     return result, phase, worker
 
 
-def _log_size(worker: WorkerProcess) -> Optional[int]:
-    try:
-        return worker.log_path.stat().st_size
-    except (OSError, AttributeError):
-        return None
-
-
 def _printed_since(worker: WorkerProcess, offset: int, lines: int = 10, width: int = 200) -> str:
     """What the candidate (or the reference beside it) printed before an error, last lines first cut to size:
     a print is how many users debug, and the worker's output otherwise goes nowhere they look."""
-    try:
-        with open(worker.log_path, "rb") as f:
-            f.seek(offset)
-            text = f.read().decode(errors="replace")
-    except (OSError, AttributeError):
-        return ""
+    text = worker.log_since(offset)
     tail = [line if len(line) <= width else line[: width - 1] + "…" for line in text.splitlines() if line.strip()][-lines:]
     return ("\n  printed before the error (last lines):\n" + "\n".join("    " + line for line in tail)) if tail else ""
 
@@ -226,7 +214,7 @@ def _drive(pool: WorkerPool, worker: WorkerProcess, problem: SourceFile, candida
     call_s = float(reply.get("reference_call_s") or 0.0)
     phase.reference_s = _reference_allowance(call_s, config)
     phase.name = "import"
-    phase.log_offset = _log_size(worker)
+    phase.log_offset = worker.log_size()
     worker.candidates_run += 1
     init_seed = _seed()
     reply = worker.request("load_candidate", config.compile_timeout_s, path=_stage(worker, candidate, "candidate", phase),

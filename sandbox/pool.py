@@ -32,6 +32,8 @@ from typing import Any, Optional
 from kernelscout.sandbox import protocol, zygote
 from kernelscout.sandbox.scratch import ScratchDir
 
+LOG_LIMIT = 64 * 1024  # bytes of sandbox output kept per measurement (head and tail)
+
 log = logging.getLogger(__name__)
 
 # Variables a kernel build or run may need; everything else is dropped.
@@ -570,6 +572,26 @@ class WorkerProcess:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
+
+    def log_size(self) -> int:
+        """Where the worker's output stands now, for `log_since`."""
+        try:
+            return self.log_path.stat().st_size
+        except OSError:
+            return 0
+
+    def log_since(self, offset: int) -> str:
+        """What the worker printed from `offset` on: its head and tail when over LOG_LIMIT bytes, so that a
+        problem printing on every call cannot fill the run directory or a message."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(offset)
+                data = f.read()
+        except OSError:
+            return ""
+        if len(data) > LOG_LIMIT:
+            data = data[: LOG_LIMIT // 2] + b"\n... (output truncated) ...\n" + data[-LOG_LIMIT // 2:]
+        return data.decode(errors="replace")
 
     def stray_processes(self) -> list[str]:
         """Names of the processes running under this worker. Between measurements there should be none:

@@ -31,7 +31,6 @@ from kernelscout.sandbox.problem import InputFileError, SourceFile, load_candida
 from kernelscout.sandbox.scratch import ScratchDir
 from kernelscout.tools.schema import Measurement, MeasureStatus
 
-LOG_LIMIT = 64 * 1024  # bytes of sandbox output kept per measurement (head and tail)
 
 
 class CodeJob(BaseModel):
@@ -101,24 +100,12 @@ class _LoggedPool(WorkerPool):
     def acquire(self, device: str, start_timeout: float = 120.0) -> WorkerProcess:
         worker = super().acquire(device, start_timeout)
         self._on_spawn(worker.pid)
-        self._offset = worker.log_path.stat().st_size if worker.log_path.exists() else 0
+        self._offset = worker.log_size()
         return worker
 
     def release(self, worker: WorkerProcess, healthy: bool) -> None:
-        self.captured = _read_from(worker.log_path, self._offset)
+        self.captured = worker.log_since(self._offset)
         super().release(worker, healthy)
-
-
-def _read_from(path: Path, offset: int) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read()
-    except OSError:
-        return ""
-    if len(data) > LOG_LIMIT:
-        data = data[: LOG_LIMIT // 2] + b"\n... (output truncated) ...\n" + data[-LOG_LIMIT // 2:]
-    return data.decode(errors="replace")
 
 
 class MeasureSlot:
