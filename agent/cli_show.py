@@ -136,10 +136,11 @@ def render(view: RunView) -> None:
         shown = f"the latest {len(view.failures)} of {view.failed}" if view.failed > len(view.failures) else str(view.failed)
         table = Table(title=f"measurements that did not count ({shown})", title_justify="left")
         table.add_column("id", justify="right", no_wrap=True)
+        table.add_column("candidate", overflow="fold")
         table.add_column("status", no_wrap=True)
         table.add_column("why", overflow="fold")
         for f in view.failures:
-            table.add_row(f"#{f.id}", f.status, escape(f.why))
+            table.add_row(f"#{f.id}", escape(f.candidate(view.run_dir)), f.status, escape(f.why))
         out.print(table)
 
     if view.forecast_check is not None:
@@ -175,6 +176,7 @@ def _render_check(out, fc) -> None:
 
 
 _STATE_WORDS = {"failed": "did not count"}
+
 
 
 def register(app: typer.Typer) -> None:

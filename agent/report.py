@@ -156,7 +156,7 @@ def write_report(run_dir: Path | str, title: str = "kernelscout run") -> Path:
     status = Budget(run).status()
     best = archive.reported_best()
     failed, failures = archive.failures(limit=max(1, len(candidates)))
-    failed_rows = [failure_row(cid, m) for cid, m in failures]  # newest first
+    failed_rows = [failure_row(run.path, rec, m) for rec, m in failures]  # newest first
     did_not_count = {f.id: f.status for f in failed_rows}  # "failed" alone misleads
     rows = []
     for c in candidates:
@@ -169,10 +169,12 @@ def write_report(run_dir: Path | str, title: str = "kernelscout run") -> Path:
             f"<td>{html.escape(decision['reason']) if decision else ''}</td></tr>"
         )
     shown = failed_rows[:50]
-    failure_rows = "".join(f"<tr><td>#{f.id}</td><td>{f.status}</td><td>{html.escape(_cut(f.why, 400))}</td></tr>" for f in shown)
+    failure_rows = "".join(
+        f"<tr><td>#{f.id}</td><td>{html.escape(f.candidate(run.path))}</td><td>{f.status}</td>"
+        f"<td>{html.escape(_cut(f.why, 400))}</td></tr>" for f in shown)
     failure_table = "" if not shown else (
         f"<h2>Measurements that did not count ({failed if failed == len(shown) else f'the latest {len(shown)} of {failed}'})</h2>"
-        f"<table><tr><th>id</th><th>status</th><th>why</th></tr>{failure_rows}</table>")
+        f"<table><tr><th>id</th><th>candidate</th><th>status</th><th>why</th></tr>{failure_rows}</table>")
     best_line = f"best verified: #{best.id} at {best.speedup:.3f}x" if best else "no verified candidate beat the reference"
     confirmed = [sp for _, sp in archive.confirmations(best.id)] if best else []
     if confirmed:

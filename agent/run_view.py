@@ -47,6 +47,15 @@ class FailedRow(BaseModel):
     id: int
     status: str = Field(description="the measurement's status, or 'timing not valid' for a correct one whose timing was void")
     why: str = Field(description="the measurement's message, or what voided its timing")
+    file: Optional[str] = Field(None, description="the candidate's kernel file in the run directory (None for a configuration)")
+    params: dict[str, Any] = Field(default_factory=dict, description="its tunable parameters or configuration")
+
+    def candidate(self, run_dir: Path | str) -> str:
+        """The file to open, relative to the run directory it lies in, or else the configuration measured."""
+        if self.file:
+            path = Path(self.file)
+            return str(path.relative_to(run_dir)) if path.is_relative_to(run_dir) else self.file
+        return ", ".join(f"{k}={v}" for k, v in self.params.items()) or "-"
 
 
 class RunView(BaseModel):
@@ -120,9 +129,13 @@ def _row(archive: Archive, rec: CandidateRecord, deciding: dict[int, dict]) -> C
     )
 
 
-def failure_row(candidate_id: int, m: Measurement) -> FailedRow:
-    """What `kscout show` and the report say of a measurement that did not count."""
-    return FailedRow(id=candidate_id, status="timing not valid" if m.timing_voided else m.status.value, why=m.unusable_reason or "")
+def failure_row(run_dir: Path, rec: CandidateRecord, m: Measurement) -> FailedRow:
+    """What `kscout show` and the report say of a measurement that did not count: which file (or
+    configuration) to open, and why. The file is looked up in this run directory, not at the path
+    recorded, so that a run directory copied elsewhere still points into itself."""
+    file = str(run_dir / "kernels" / Path(rec.path).name) if rec.path else None
+    return FailedRow(id=rec.id, status="timing not valid" if m.timing_voided else m.status.value, why=m.unusable_reason or "",
+                     file=file, params=rec.params)
 
 
 def view_run(path: str | Path, top: int = 10) -> RunView:
@@ -157,7 +170,7 @@ def view_run(path: str | Path, top: int = 10) -> RunView:
         continue_with=None if live else (finished or {}).get("continue_with"),
         states=archive.counts(), considered=considered, considered_per_measurement=round(considered / used, 2) if used else 0.0,
         best=_row(archive, best, deciding) if best else None, best_file=best_file if best else None, top=rows[:top],
-        failed=failed, failures=[failure_row(cid, m) for cid, m in failures], measured_again=measured_again,
+        failed=failed, failures=[failure_row(run.path, rec, m) for rec, m in failures], measured_again=measured_again,
         forecast_check=check_forecasts(archive),
         report=str(run.path / "report.html") if (run.path / "report.html").is_file() else None,
         llm_usage=llm_calls(run), chat_llm_usage=llm_calls(run, CHAT_USAGE_META),

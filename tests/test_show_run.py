@@ -1,6 +1,8 @@
 """`kscout show`: a run read after the fact, its forecasts scored against its measurements."""
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -274,10 +276,18 @@ def test_show_says_why_a_measurement_did_not_count(tmp_path):
     assert view["failed"] == 1
     [failure] = view["failures"]
     assert failure["status"] == "incorrect" and "shape (256, 511), expected (256, 512)" in failure["why"]
+    assert Path(failure["file"]).read_text() == start.read_text()  # the file to open and fix
     text = CliRunner().invoke(app, ["show", str(tmp_path / "run")], env={"COLUMNS": "200"}).output
     assert "measurements that did not count (1)" in text and failure["why"][:40] in text
+    assert str(Path(failure["file"]).relative_to(tmp_path / "run")) in text
     report = CliRunner().invoke(app, ["show", str(tmp_path / "run"), "--report"])
     assert report.exit_code == 0
     page = (tmp_path / "run" / "report.html").read_text()
     assert "Measurements that did not count (1)" in page
     assert "<td>did not count (incorrect)</td>" in page  # in the lineage too, in the words of the table below it
+    assert f"<td>{Path(failure['file']).relative_to(tmp_path / 'run')}</td>" in page
+    # a run directory copied elsewhere points into itself, not back to the original
+    shutil.copytree(tmp_path / "run", tmp_path / "copy")
+    shutil.rmtree(tmp_path / "run")
+    [moved] = json.loads(CliRunner().invoke(app, ["show", str(tmp_path / "copy"), "--json"]).output)["failures"]
+    assert Path(moved["file"]).read_text() == start.read_text()

@@ -113,6 +113,7 @@ def _row(r) -> CandidateRecord:
 
 
 _COLUMNS = "id, sha, parent_id, path, origin, params_json, hypothesis, features_json, iteration, state, measurement_id, speedup"
+_COLUMNS_OF_C = ", ".join(f"c.{name.strip()}" for name in _COLUMNS.split(","))  # the same, in a join
 
 
 class Archive:
@@ -212,14 +213,15 @@ class Archive:
                 (len(reason_prefix), reason_prefix)).fetchall()
         return [(cid, times) for cid, times in rows]
 
-    def failures(self, limit: int = 8) -> tuple[int, list[tuple[int, Measurement]]]:
+    def failures(self, limit: int = 8) -> tuple[int, list[tuple[CandidateRecord, Measurement]]]:
         """(how many candidates' measurements did not count, the latest `limit` of them with their
-        measurement): a failure's message, or what voided its timing, is what a user needs to fix it."""
+        measurement): a failure's message, or what voided its timing, is what a user needs to fix it,
+        and the candidate's file (or configuration) is what they open to do so."""
         with self.run.connect() as db:
             total = db.execute("SELECT COUNT(*) FROM candidates WHERE state = 'failed'").fetchone()[0]
-            rows = db.execute("SELECT c.id, m.result_json FROM candidates c JOIN measurements m ON m.id = c.measurement_id"
+            rows = db.execute(f"SELECT {_COLUMNS_OF_C}, m.result_json FROM candidates c JOIN measurements m ON m.id = c.measurement_id"
                               " WHERE c.state = 'failed' ORDER BY c.id DESC LIMIT ?", (limit,)).fetchall()
-        return total, [(cid, Measurement.model_validate_json(result)) for cid, result in rows]
+        return total, [(_row(r[:-1]), Measurement.model_validate_json(r[-1])) for r in rows]
 
     def forecasts(self) -> list[dict]:
         """Every forecast with the measured outcome next to it (None where the candidate was never measured)."""
