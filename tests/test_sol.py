@@ -161,6 +161,17 @@ def test_a_problem_whose_model_raises_is_an_input_error(write):
         bounds_of(path)
 
 
+@pytest.mark.parametrize("returned, said", [
+    ("{'y': torch.matmul(a, b)}", "return value is a builtins.dict"),
+    ("(torch.matmul(a, b), 2.0)", "output 1 is a builtins.float"),
+])
+def test_a_problem_whose_outputs_the_harness_refuses_gets_no_bounds(write, returned, said):
+    """The bound is only of use for a problem that can be measured; the reason is the harness's own."""
+    path = write("refused.py", matmul(8, 8, 8).replace("return torch.matmul(a, b)", f"return {returned}"))
+    with pytest.raises(InputFileError, match=f"would measure nothing: reference.*{said}"):
+        bounds_of(path)
+
+
 def test_a_problem_that_hangs_cannot_hang_the_caller(write):
     path = write("hang.py", "import time\ntime.sleep(600)\n" + matmul(8, 8, 8))
     start = time.monotonic()

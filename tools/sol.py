@@ -31,6 +31,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, Field
 
+from kernelscout.sandbox.correctness import CheckFailed, flatten_outputs
 from kernelscout.sandbox.problem import InputFileError, load_problem
 from kernelscout.tools.atomic import write_text_atomic
 from kernelscout.tools.device_specs import GIGA, TERA, DeviceSpec, UnknownDeviceError, lookup_device
@@ -438,6 +439,7 @@ def _count(module: Any, device: Literal["meta", "cpu", "cuda"]) -> ProblemCost:
         counter = _counter()
         with torch.no_grad(), counter:
             out = model(*inputs)
+    flatten_outputs(out, "reference", materialised=False)  # outputs the harness refuses: no bounds either
     in_tensors = _unique(_tensors(list(inputs)))
     in_ids = {id(t) for t in in_tensors}
     # An output that is an input (or a view of one) needs no write of its own.
@@ -485,14 +487,19 @@ def analyse_problem(path: str | Path) -> ProblemCost:
 
     # A problem whose get_inputs() calls .cuda() can only run where CUDA is.
     fallbacks: list[Literal["cpu", "cuda"]] = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+    refused = "the harness cannot check this problem's outputs, so it would measure nothing: "
     try:
         return _count(module, "meta")
+    except CheckFailed as exc:
+        raise InputFileError(problem.path, refused + str(exc)) from None
     except Exception as exc:
         meta_error = _short(exc)
     errors = []
     for device in fallbacks:
         try:
             cost = _count(module, device)
+        except CheckFailed as exc:
+            raise InputFileError(problem.path, refused + str(exc)) from None
         except Exception as exc:
             errors.append(_short(exc))
             continue
