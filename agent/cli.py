@@ -177,6 +177,9 @@ def optimize(
     history: list[str] = typer.Option([], "--history", help="folder of earlier runs (e.g. runs/) whose measurements on this device "
                                       "make the learned surrogate's prior on a code problem (repeatable; none: no prior) "
                                       "\\[default: no prior, or \\[search] history in kscout.toml]"),
+    rewrites: list[str] = typer.Option([], "--rewrites", help="generic rewrites the offline tuner may try: all (the default), "
+                                       "none (tune only the TUNABLE knobs of your --start kernels), or names, comma-separated: "
+                                       "torch_compile, jit_freeze, channels_last, cuda_graphs, inference_mode"),
     confirm: Optional[int] = typer.Option(None, "--confirm", help="measurements kept to re-measure the best once the search stops; "
                                           "the re-measurement is what is reported (default: 1 for a problem with --budget 5 or more, else 0)"),
     workers: Optional[int] = typer.Option(None, "--workers", help="measure on N workers at once (local processes; with --ray, N actors)"),
@@ -196,7 +199,7 @@ def optimize(
                               run_dir=run_dir, seed=seed, proposals=proposals, patience=patience, max_wall=max_wall,
                               warm_start=warm_start, quiet=as_json, max_device_s=max_device_s, max_usd=max_usd,
                               max_llm_tokens=max_tokens, workers=workers, ray=ray, start=start, confirm=confirm,
-                              history=history or None)
+                              history=history or None, rewrites=rewrites or None)
     except SearchInterrupted as exc:
         _interrupted(exc, as_json)
     except OptimizeError as exc:

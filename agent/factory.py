@@ -44,9 +44,10 @@ def make_policy(spec: SearchSpec, target: Any):
 
         return SpaceSearchPolicy(target.space)
     if spec.policy == "tuner":
+        from kernelscout.agent.policies.rewrites import REWRITES
         from kernelscout.agent.policies.tuner import TunerPolicy
 
-        return TunerPolicy()
+        return TunerPolicy(rewrites=None if spec.rewrites is None else [REWRITES[n] for n in spec.rewrites])
     if spec.policy == "llm":
         from kernelscout.agent.policies.llm_policy import make_llm_policy
 

@@ -122,6 +122,8 @@ class SearchLoop:
         headroom = self.target.headroom if getattr(self.target, "bound_is_datasheet", False) else (lambda rec: None)
         nodes = [Node(ROOT_ID, 1.0, children.get(ROOT_ID, 0), headroom(None))]
         nodes += [Node(r.id, r.speedup, children.get(r.id, 0), headroom(r)) for r in records]
+        if not getattr(self.policy, "grows_reference", True) and len(nodes) > 1:
+            nodes = nodes[1:]  # a policy that only turns knobs (--rewrites none): the reference has none
         parent = select(nodes)
         self._emit("select_parent", parent=parent.id, speedup=parent.speedup)
         return {"parent_id": parent.id, "iteration": state.get("iteration", 0) + 1}

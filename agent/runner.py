@@ -108,7 +108,7 @@ def optimize(problem: Optional[str] = None, *, space: Optional[str] = None, budg
     kscout.toml's `[search]` table is not read here: a script states its settings, so the same call gives
     the same search on any machine. `search_defaults().pick(name, None)` (kernelscout.agent.search_config) gives a file's value
     where a script wants it."""
-    for name in ("start", "history", "warm_start"):  # one path given bare, as a script naturally writes it
+    for name in ("start", "history", "warm_start", "rewrites"):  # one path (or name) given bare, as a script naturally writes it
         if isinstance(options.get(name), (str, Path)):
             options[name] = [str(options[name])]
     return start_search(problem=problem, space=space, budget=budget, **options)
@@ -120,9 +120,10 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
                  max_device_s: Optional[float] = None, max_usd: Optional[float] = None, max_llm_tokens: Optional[int] = None,
                  workers: Optional[int] = None, ray: Optional[str] = None, replay_delay_s: float = 0.0,
                  report: bool = True, start: Optional[list[str]] = None, confirm: Optional[int] = None,
-                 history: Optional[list[str]] = None) -> OptimizeResult:
+                 history: Optional[list[str]] = None, rewrites: Optional[list[str]] = None) -> OptimizeResult:
     """`history`: folders of earlier runs for the learned surrogate's prior on a code problem (None, [] or
-    ["none"]: no prior)."""
+    ["none"]: no prior). `rewrites`: the generic rewrites the offline tuner may try, by name (None or ["all"]: every
+    one that applies; ["none"]: none, so that only the TUNABLE knobs of the `start` kernels are tuned)."""
     if (problem is None) == (space is None):
         raise OptimizeError("give either a PROBLEM file or --space FILE.json.gz")
     if budget < 1:
@@ -155,6 +156,8 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
             raise OptimizeError("--start gives a kernel file, and a recorded space has no code; leave --start out with --space")
         if _check_history(history):
             raise OptimizeError("--history reads earlier runs of code problems; for a recorded space give --warm-start")
+        if rewrites:
+            raise OptimizeError("--rewrites chooses rewrites of kernel code, and a recorded space has none; leave it out with --space")
         content = _check_space(space, warm_start or [], surrogate)
         spec = SearchSpec(kind="space", path=str(Path(space).resolve()), device="replay", policy="tuner", surrogate=surrogate,
                           settings=settings, warm_start=[str(Path(w).resolve()) for w in warm_start or []])
@@ -173,8 +176,9 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
         except InputFileError as exc:
             raise OptimizeError(str(exc)) from None
         check_llm(policy, surrogate)
+        start = _check_start(start or [], budget, device, quiet)
         spec = SearchSpec(kind="problem", path=str(path), device=device, policy=policy, surrogate=surrogate, settings=settings,
-                          start=_check_start(start or [], budget, device, quiet), history=_check_history(history))
+                          start=start, history=_check_history(history), rewrites=_check_rewrites(rewrites, policy, start, device))
         name = problem_name(path)
     run = _open_run(run_dir or Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
     _take_folder(run, spec)  # before the lock, so a refused folder is left as it was
@@ -306,6 +310,50 @@ def _check_start(paths: list[str], budget: int, device: str = "cpu", quiet: bool
         raise OptimizeError(f"--start gives {len(resolved)} kernels and each is measured, but --budget is {budget}; "
                             "raise the budget or give fewer")
     return resolved
+
+
+def _check_rewrites(names: Optional[list[str]], policy: str, start: list[str], device: str) -> Optional[list[str]]:
+    """--rewrites, read: None for every rewrite that applies, [] for none, else the names in the tuner's order.
+
+    "none" is how a user says "tune only my kernel's knobs"; it is refused where it would leave nothing to
+    tune (no --start kernel declares TUNABLE) or nothing that can be timed (Triton's knobs on the CPU)."""
+    if not names:
+        return None
+    from kernelscout.agent.policies.rewrites import REWRITES
+
+    given = [n.strip() for item in names for n in item.split(",") if n.strip()]
+    words = [n.lower() for n in given]
+    if words == ["all"]:
+        return None
+    if {"all", "none"} & set(words) and len(words) > 1:
+        raise OptimizeError("--rewrites all or --rewrites none stands alone; to choose some rewrites, name them")
+    if policy == "llm":
+        raise OptimizeError("--rewrites chooses what the offline tuner tries; the llm policy writes its own candidates "
+                            "(use --policy tuner, or leave --rewrites out)")
+    if words == ["none"]:
+        from kernelscout.agent.policies.tunables import declares_space
+        from kernelscout.sandbox.problem import load_candidate
+
+        knobs = [load_candidate(p) for p in start]
+        knobs = [c for c in knobs if declares_space(c.source)]
+        if not knobs:
+            why = "no kernel was given with --start" if not start else "none of the --start kernels declares TUNABLE knobs"
+            raise OptimizeError(f"--rewrites none leaves only the TUNABLE knobs of your --start kernels to tune, and {why}; "
+                                "give one that declares them (README: tunable kernels), or leave --rewrites out")
+        if device.startswith("cpu") and all(c.uses_triton for c in knobs):
+            raise OptimizeError("--rewrites none would tune only Triton kernels' knobs, and on the CPU Triton runs in its "
+                                "interpreter, whose timing is refused, so no setting could be told from another; tune them "
+                                "on a GPU (--device cuda)")
+        return []
+    unknown = [n for n in given if n not in REWRITES]
+    if unknown:
+        import difflib
+
+        close = difflib.get_close_matches(unknown[0], list(REWRITES), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise OptimizeError(f"--rewrites {unknown[0]}: no such rewrite{hint}; give all, none, or some of "
+                            f"{', '.join(REWRITES)}")
+    return [n for n in REWRITES if n in given]
 
 
 def _archive_start(run: RunDir, spec: SearchSpec, resume: bool = False) -> None:

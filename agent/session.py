@@ -27,6 +27,8 @@ class SearchSpec(BaseModel):
     start: list[str] = Field(default_factory=list, description="the user's own kernels, measured first as children of the reference")
     history: Optional[list[str]] = Field(None, description="folders of earlier runs whose measurements make the learned "
                                          "surrogate's prior (None or []: no prior)")
+    rewrites: Optional[list[str]] = Field(None, description="the generic rewrites the offline tuner may try (None: every one "
+                                          "that applies; []: none, so only the TUNABLE knobs of the --start kernels are tuned)")
 
 
 class OptimizeResult(BaseModel):

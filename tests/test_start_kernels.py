@@ -100,6 +100,64 @@ def test_start_files_are_checked_before_anything_is_spent(tmp_path):
     assert not any((tmp_path / d).exists() for d in ("a", "b", "c", "d"))
 
 
+@pytest.mark.slow
+def test_rewrites_none_tunes_only_the_knobs_of_the_given_kernel(tmp_path):
+    """"Tune only my kernel": every measurement after the user's kernel is a setting of its declared knobs,
+    grown from it (or from a setting measured since); nothing is a rewrite, and the reference is never a parent."""
+    problem, mine = _files(tmp_path)
+    result = start_search(problem=str(problem), space=None, budget=4, device="cpu", run_dir=str(tmp_path / "run"),
+                          quiet=True, start=[str(mine)], rewrites=["none"], confirm=0)
+    records = Archive(RunDir(tmp_path / "run")).all()
+    assert {r.origin for r in records} <= {USER_ORIGIN, "tunable:neighbour", "tunable:random"}
+    assert [r.origin for r in records if r.parent_id == ROOT_ID] == [USER_ORIGIN]
+    tuned = [r for r in records if r.origin.startswith("tunable:") and r.measurement_id is not None]
+    # (a busy machine can void a timing, and the candidate is timed again or the search stops early: still only knobs)
+    assert result.measurements_used >= 1 + len(tuned) and tuned and {r.params["CHUNKS"] for r in tuned} <= {1, 4, 8}
+
+
+def test_rewrites_are_chosen_by_name_and_refused_where_they_leave_nothing_to_tune(tmp_path):
+    problem, mine = _files(tmp_path)
+    plain = tmp_path / "plain.py"
+    plain.write_text(mine.read_text().replace('TUNABLE = {"CHUNKS": [1, 2, 4, 8]}\n', ""))
+
+    def refused(match: str, **options) -> None:
+        options = {"start": [str(mine)], **options}
+        with pytest.raises(OptimizeError, match=match):
+            start_search(problem=str(problem), space=None, budget=3, device="cpu", run_dir=str(tmp_path / "x"), quiet=True, **options)
+
+    refused("--rewrites torch_compil: no such rewrite \\(did you mean torch_compile\\?\\); give all, none, or some of",
+            rewrites=["torch_compil"])
+    refused("--rewrites none leaves only the TUNABLE knobs .* no kernel was given with --start", rewrites=["none"], start=[])
+    refused("none of the --start kernels declares TUNABLE", rewrites=["none"], start=[str(plain)])
+    refused("stands alone", rewrites=["none,torch_compile"])
+    assert not (tmp_path / "x").exists()
+    gelu = Path(__file__).parents[1] / "examples" / "gated_gelu"
+    with pytest.raises(OptimizeError, match="on the CPU Triton runs in its interpreter, whose timing is refused"):
+        start_search(problem=str(gelu / "problem.py"), space=None, budget=3, device="cpu", run_dir=str(tmp_path / "y"), quiet=True,
+                     start=[str(gelu / "triton_fused.py")], rewrites=["none"])
+    with pytest.raises(OptimizeError, match="a recorded space has none"):
+        start_search(problem=None, space="convolution_A100", budget=3, run_dir=str(tmp_path / "z"), rewrites=["none"])
+    with pytest.raises(OptimizeError, match="the llm policy writes its own candidates"):
+        runner._check_rewrites(["torch_compile"], "llm", [], "cpu")
+    assert runner._check_rewrites(["all"], "tuner", [], "cpu") is None
+
+
+def test_the_command_line_names_every_rewrite_and_refuses_a_misspelt_one(tmp_path):
+    from typer.testing import CliRunner
+
+    from kernelscout.agent.cli import app
+    from kernelscout.agent.policies.rewrites import REWRITES
+
+    help_text = " ".join(CliRunner().invoke(app, ["optimize", "--help"], env={"COLUMNS": "300"}).output.split())
+    assert all(name in help_text for name in REWRITES)
+    problem, mine = _files(tmp_path)
+    result = CliRunner().invoke(app, ["optimize", str(problem), "--start", str(mine), "--rewrites", "channel_last",
+                                      "--run-dir", str(tmp_path / "run"), "--device", "cpu"])
+    assert result.exit_code == 2 and "did you mean channels_last?" in result.output
+    assert not (tmp_path / "run").exists()
+    assert runner._check_rewrites(["inference_mode,torch_compile"], "tuner", [], "cpu") == ["torch_compile", "inference_mode"]
+
+
 def test_a_kill_before_the_given_kernel_was_archived_is_made_good_by_resume(tmp_path, monkeypatch):
     problem, mine = _files(tmp_path)
 

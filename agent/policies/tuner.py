@@ -73,8 +73,18 @@ class TunerPolicy:
         self.random_configs = random_configs
         self.notes: list[str] = []  # why a source of proposals was skipped, for the run log
 
+    @property
+    def grows_reference(self) -> bool:
+        """Whether the reference can be a parent: with no rewrites allowed (`--rewrites none`) only knobs are
+        turned, and the reference has none, so the search grows the user's kernels alone."""
+        return self.rewrites is None or bool(self.rewrites)
+
     def propose(self, parent: ParentInfo, k: int, rng: random.Random) -> list[Proposal]:
         self.notes = []
+        if parent.is_reference and not self.grows_reference:
+            self.notes.append("with --rewrites none only the knobs of measured kernels are turned, and no kernel given "
+                              "with --start has a valid timing to tune from")
+            return []
         source = Path(parent.path).read_text()
         features = chain_features(parent.path, parent.problem_path)
         seen = set(parent.tried_shas)
