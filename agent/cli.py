@@ -136,7 +136,7 @@ def budget(
     path = Path(run_dir)
     created = set_cap is not None and (not path.exists() or (path.is_dir() and not any(path.iterdir())))
     try:
-        ledger = Budget(RunDir(run_dir) if created else open_run(run_dir))
+        ledger = Budget(RunDir(run_dir) if created else open_run(run_dir, read_only=False))
     except RunViewError as exc:
         fail(str(exc), as_json)
     if created and not as_json:

@@ -90,8 +90,9 @@ class RunView(BaseModel):
                                                "measured directly (kscout measure, MCP, chat) with its latest measurement")
 
 
-def open_run(path: str | Path) -> RunDir:
-    """A run directory that exists; never creates one (RunDir would, for a mistyped path)."""
+def open_run(path: str | Path, read_only: bool = True) -> RunDir:
+    """A run directory that exists; never creates one (RunDir would, for a mistyped path). Read-only unless
+    asked: reading a run must work in a folder one cannot write to, and must not change it."""
     from kernelscout.agent.headless import is_headless_run
 
     p = Path(path)
@@ -101,7 +102,7 @@ def open_run(path: str | Path) -> RunDir:
     if not (p / "run.db").is_file():
         where = "does not exist" if not p.exists() else "holds no run.db"
         raise RunViewError(f"{p} {where}: give the run directory that `kscout optimize` printed (default runs/<problem>-<time>)")
-    return RunDir(p)
+    return RunDir(p, read_only=read_only)
 
 
 def finished_event(folder: Path) -> Optional[dict]:
@@ -127,6 +128,17 @@ def _row(archive: Archive, rec: CandidateRecord, deciding: dict[int, dict]) -> C
         remeasured=[sp for _, sp in archive.confirmations(rec.id)], expected_speedup=fc.get("expected_speedup"),
         p_faster=fc.get("p_faster"), decision=(f or {}).get("reason") or "",
     )
+
+
+def _here(finished: dict, path: Path) -> Optional[str]:
+    """The finished search's command to go on, naming the folder as it is now: a run directory copied or
+    renamed since would otherwise be told to resume the original."""
+    import shlex
+
+    command, then = finished.get("continue_with"), finished.get("run_dir")
+    if not command or not then:
+        return command
+    return command.replace(shlex.quote(then), shlex.quote(str(path)))
 
 
 def failure_row(run_dir: Path, rec: CandidateRecord, m: Measurement) -> FailedRow:
@@ -167,7 +179,7 @@ def view_run(path: str | Path, top: int = 10) -> RunView:
         run_dir=str(run.path), kind=spec.kind, target=spec.path, device=spec.device, policy=spec.policy, surrogate=spec.surrogate,
         status="running" if live else (finished.get("status") or "finished") if finished else "unfinished", running=live,
         stop_reason=None if live else (finished or {}).get("stop_reason"), budget=status,
-        continue_with=None if live else (finished or {}).get("continue_with"),
+        continue_with=None if live else _here(finished or {}, run.path),
         states=archive.counts(), considered=considered, considered_per_measurement=round(considered / used, 2) if used else 0.0,
         best=_row(archive, best, deciding) if best else None, best_file=best_file if best else None, top=rows[:top],
         failed=failed, failures=[failure_row(run.path, rec, m) for rec, m in failures], measured_again=measured_again,

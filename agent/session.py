@@ -215,22 +215,26 @@ def continue_command(run: RunDir, state: dict) -> Optional[str]:
     """How to search on after a stop the user's own numbers caused: the budget, or a limit given at the start.
     The value offered is twice the old one (any larger one works). Other stops (nothing left worth measuring,
     speed of light reached) have nothing to raise."""
+    import shlex
+
     from kernelscout.agent.graph import BUDGET_SPENT, MACHINE_BUSY
+
+    where = shlex.quote(str(run.path))  # copied into a shell as it is printed
 
     if (state.get("stop_reason") or "").startswith(MACHINE_BUSY):
         ledger = Budget(run).status()
         if ledger.cap is not None and ledger.remaining == 0:  # timing the void candidates again needs room
-            return f"kscout budget {run.path} --set {2 * ledger.cap} && kscout resume {run.path}"
-        return f"kscout resume {run.path}"
+            return f"kscout budget {where} --set {2 * ledger.cap} && kscout resume {where}"
+        return f"kscout resume {where}"
     if state.get("stop_reason") == BUDGET_SPENT:
         cap = Budget(run).status().cap
-        return f"kscout budget {run.path} --set {2 * cap} && kscout resume {run.path}" if cap else None
+        return f"kscout budget {where} --set {2 * cap} && kscout resume {where}" if cap else None
     limit = state.get("stop_limit") or {}
     flag, value = LIMIT_FLAGS.get(limit.get("setting", "")), limit.get("value")
     if flag is None or value is None:
         return None
     doubled = 2 * value
-    return f"kscout resume {run.path} {flag} {doubled if isinstance(doubled, int) else format(doubled, 'g')}"
+    return f"kscout resume {where} {flag} {doubled if isinstance(doubled, int) else format(doubled, 'g')}"
 
 
 def _llm_use(run: RunDir) -> dict:

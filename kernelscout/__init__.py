@@ -34,6 +34,7 @@ _API = {
     "SolRequest": ("kernelscout.tools.sol", "SolRequest"),
     "Budget": ("kernelscout.tools.budget", "Budget"),
     "RunDir": ("kernelscout.tools.rundir", "RunDir"),
+    "open_run": ("kernelscout.agent.run_view", "open_run"),
     "Archive": ("kernelscout.tools.archive", "Archive"),
     "check_forecasts": ("kernelscout.tools.forecast_check", "check_forecasts"),
     "optimize": ("kernelscout.agent.runner", "optimize"),

@@ -38,3 +38,38 @@ def test_optimize_then_show_from_a_notebook(tmp_path):
     assert view.status == "finished"
     with pytest.raises(TypeError):
         ks.optimize("a.py", "b.json.gz")  # space is keyword-only: a second positional is refused
+
+
+@pytest.mark.skipif(not SPACE.exists(), reason="recorded spaces (shared/data/benchmark_hub) not found")
+def test_a_run_is_analysed_read_only_and_a_mistyped_path_is_an_error(tmp_path, monkeypatch):
+    """A colleague's run on a read-only mount still reads; a typo does not make an empty run that scores nothing."""
+    import sqlite3
+
+    import kernelscout as ks
+    from kernelscout.tools import rundir
+
+    result = ks.optimize(space=str(SPACE), budget=10, run_dir=str(tmp_path / "run"), quiet=True)
+    with pytest.raises(ks.show.__globals__["RunViewError"], match="does not exist"):
+        ks.open_run(tmp_path / "rnu")
+    assert not (tmp_path / "rnu").exists()
+
+    run = ks.open_run(result.run_dir)
+    forecasts = ks.Archive(run).forecasts()
+    measured = [f for f in forecasts if f["measured_speedup"] is not None]
+    assert len(forecasts) > len(measured) > 0 and ks.Budget(run).status().used == 10
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):
+        run.set_meta("note", "reading must not write")
+
+    # a folder that cannot be written to (a read-only mount; the suite may run as root, so it is simulated):
+    # the reader cannot make the database's shared-memory file, and reads the finished run as immutable
+    real_connect = sqlite3.connect
+
+    def no_shared_memory(target, *args, **kwargs):
+        if "mode=ro" in str(target):
+            raise sqlite3.OperationalError("unable to open database file")
+        return real_connect(target, *args, **kwargs)
+
+    monkeypatch.setattr(rundir.sqlite3, "connect", no_shared_memory)
+    monkeypatch.setattr(rundir.os, "access", lambda path, mode: False)
+    view = ks.show(result.run_dir)
+    assert view.budget.used == 10 and view.best.speedup == pytest.approx(result.best_speedup)

@@ -289,5 +289,6 @@ def test_show_says_why_a_measurement_did_not_count(tmp_path):
     # a run directory copied elsewhere points into itself, not back to the original
     shutil.copytree(tmp_path / "run", tmp_path / "copy")
     shutil.rmtree(tmp_path / "run")
-    [moved] = json.loads(CliRunner().invoke(app, ["show", str(tmp_path / "copy"), "--json"]).output)["failures"]
-    assert Path(moved["file"]).read_text() == start.read_text()
+    copied = json.loads(CliRunner().invoke(app, ["show", str(tmp_path / "copy"), "--json"]).output)
+    assert Path(copied["failures"][0]["file"]).read_text() == start.read_text()
+    assert copied["continue_with"] == f"kscout budget {tmp_path / 'copy'} --set 2 && kscout resume {tmp_path / 'copy'}"

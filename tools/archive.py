@@ -120,8 +120,7 @@ class Archive:
     def __init__(self, run: RunDir):
         self.run = run
         self._parsed: dict[int, tuple[tuple, CandidateRecord]] = {}  # id -> (raw row, record); see _record
-        with run.connect(durable=False) as db:
-            db.executescript(SCHEMA)
+        run.create_tables(SCHEMA, durable=False)
 
     def add(self, sha: str, source: Optional[str], parent_id: Optional[int], origin: str, params: dict, hypothesis: str,
             features: dict, iteration: int) -> CandidateRecord:

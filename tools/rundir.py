@@ -77,8 +77,12 @@ def reading(db_path: Path | str, timeout: float = 5.0) -> Iterator[sqlite3.Conne
 
 
 class RunDir:
-    def __init__(self, path: Path | str):
+    """`read_only=True` opens an existing run for reading only: nothing is created or written, and a folder
+    that cannot be written to (a colleague's run, an archive, a read-only mount) can still be read."""
+
+    def __init__(self, path: Path | str, read_only: bool = False):
         self.path = Path(path)
+        self.read_only = read_only
         if self.path.exists() and not self.path.is_dir():
             raise RunDirError(f"{self.path} is a file, not a folder; give the run directory as a folder (new or earlier)")
         if (self.path / MULTI_PROBLEM_MARK).is_file():  # what is written here could not be reached again
@@ -86,11 +90,14 @@ class RunDir:
                               f"{self.path / 'problems'}/NAME; give one of those, or another folder")
         self.db_path = self.path / "run.db"
         self._local = threading.local()
+        if read_only:
+            if not self.db_path.is_file():
+                raise RunDirError(f"{self.path} holds no run.db: give the run directory that `kscout optimize` printed")
+            return
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             (self.path / "kernels").mkdir(exist_ok=True)
-            with self.connect() as db:
-                db.executescript(SCHEMA)
+            self.create_tables(SCHEMA)
         except (OSError, sqlite3.OperationalError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             raise RunDirError(f"{self.path} cannot be used as a run directory ({reason}); "
@@ -109,15 +116,61 @@ class RunDir:
         local = self._local
         db = getattr(local, "db", None)
         if db is None or local.pid != os.getpid():
-            db = sqlite3.connect(self.db_path, timeout=60.0, isolation_level=None)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA busy_timeout=60000")
+            if self.read_only:
+                db = self._reader()
+            else:
+                db = sqlite3.connect(self.db_path, timeout=60.0, isolation_level=None)
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA busy_timeout=60000")
             local.db, local.pid, local.sync = db, os.getpid(), None
         want = "FULL" if durable else "NORMAL"
-        if local.sync != want and not db.in_transaction:
+        if local.sync != want and not db.in_transaction and not self.read_only:
             db.execute(f"PRAGMA synchronous={want}")
             local.sync = want
         return db
+
+    def _reader(self) -> sqlite3.Connection:
+        """A read-only connection. A WAL database wants its -shm file, which a reader creates if it is missing;
+        in a folder it cannot write to, the database is read as immutable instead (a run no process is
+        writing to), or, where its log still holds commits, from a private copy of both."""
+        uri = self.db_path.absolute().as_uri()
+        try:
+            db = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=60.0, isolation_level=None)
+            db.execute("SELECT 1 FROM meta LIMIT 1").fetchall()
+            return db
+        except sqlite3.OperationalError as exc:
+            if os.access(self.path, os.W_OK):
+                raise RunDirError(f"{self.db_path} cannot be read ({exc})") from None
+        log = self.db_path.with_name(self.db_path.name + "-wal")
+        if log.is_file() and log.stat().st_size:
+            # commits still in the log (its writer did not close cleanly): read a copy of both, which SQLite
+            # can open as a WAL database, rather than the database file alone, which lacks them
+            import shutil
+            import tempfile
+
+            self._snapshot = tempfile.TemporaryDirectory(prefix="kscout-read-")  # removed with this object
+            copy = Path(self._snapshot.name) / self.db_path.name
+            shutil.copyfile(self.db_path, copy)
+            shutil.copyfile(log, copy.with_name(log.name))
+            db = sqlite3.connect(copy, isolation_level=None)
+        else:
+            db = sqlite3.connect(f"{uri}?immutable=1", uri=True, isolation_level=None)
+        db.execute("SELECT 1 FROM meta LIMIT 1").fetchall()
+        return db
+
+    def create_tables(self, schema: str, durable: bool = True) -> None:
+        """Create the tables of `schema` that are missing. Read-only, the missing ones are made empty and
+        temporary, for this connection alone (a run of `kscout measure` has no archive, say), so a reader
+        needs no case of its own for them and the run's file is never written."""
+        with self.connect(durable) as db:
+            if not self.read_only:
+                db.executescript(schema)
+                return
+            present = {row[0] for row in db.execute("SELECT name FROM main.sqlite_master WHERE type = 'table'")}
+            for statement in schema.split(";"):
+                words = statement.split()
+                if words[:5] == ["CREATE", "TABLE", "IF", "NOT", "EXISTS"] and words[5] not in present:
+                    db.execute(statement.replace("CREATE TABLE", "CREATE TEMP TABLE", 1))
 
     @contextmanager
     def connect(self, durable: bool = True) -> Iterator[sqlite3.Connection]:
