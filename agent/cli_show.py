@@ -42,6 +42,10 @@ def _best_line(best: CandidateRow) -> str:
     if best.remeasured:
         again = ", ".join(f"{x:.3f}x" for x in best.remeasured)
         return f"#{best.id} {best.origin}: {_x(best.speedup)} (re-measured {again}; {_x(best.search_speedup)} when chosen{slower})"
+    if best.remeasured_uncounted:
+        from kernelscout.agent.progress import clip_line
+
+        slower += f"; its re-measurement did not count: {clip_line(best.remeasured_uncounted[-1])}"
     return f"#{best.id} {best.origin}: {_x(best.speedup)} (measured once{slower})"
 
 
@@ -100,6 +104,8 @@ def render(view: RunView) -> None:
     per = f" ({view.considered_per_measurement:.1f} per measurement)" if view.budget.used else ""
     again = (f"; {view.measured_again} of them of a candidate measured again after a void or suspect timing"
              if view.measured_again else "")
+    if view.remeasurements:
+        again += f"; {view.remeasurements} of them re-measurement{'s' if view.remeasurements > 1 else ''} of the best after the search"
     head.add_row("measurements", f"{spent}{flight}, {view.considered} candidates considered{per}{again}")
     # "failed" in the archive covers a correct candidate whose timing was void (a Triton kernel on the CPU, say)
     head.add_row("candidates", ", ".join(f"{n} {_STATE_WORDS.get(s, s)}" for s, n in sorted(view.states.items())))

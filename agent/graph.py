@@ -345,15 +345,22 @@ class SearchLoop:
             best = self.archive.best()
             if best is None or (self.archive.reported_speedup(best) or 0.0) <= 1.0:
                 break  # nothing beat the reference: there is no claim to check
-            m = self.target.confirm(best, label)
+            # each attempt at a slot is a measurement of its own (a void one is not handed back when the slot is
+            # tried again); counted from the record, so a replay after a kill finds the same attempt's result
+            attempt = self.archive.void_confirmations(label)
+            m = self.target.confirm(best, label if attempt == 0 else f"{label}:again:{attempt}")
             if m.status == MeasureStatus.budget_exhausted:
                 self._emit("confirm_skipped", candidate=best.id, reason="no budget left to re-measure the best")
                 break
             suspect = self.target.below_speed_of_light(m)
             ok = bool(m.status == MeasureStatus.ok and m.correct and m.timing_valid and m.speedup and not suspect)
-            self.archive.record_confirmation(label, best.id, m, ok)
+            # timed while the machine was busy: that judged nothing, so the best stays as it was, and the slot
+            # stays open (recorded under a label of its own): a further slot re-measures it now, a resume later
+            void = not ok and m.timing_voided and (m.timing_invalid_reason or "").startswith(BUSY_REASON)
+            self.archive.record_confirmation(f"{label}:void:{attempt}" if void else label, best.id, m, ok, void=void)
             self._emit("confirm", candidate=best.id, status=m.status.value, speedup=m.speedup, search_speedup=best.speedup,
-                       ok=ok, suspect=suspect or None, **self._ledger_numbers())
+                       ok=ok, void=void or None, suspect=suspect or None, why=None if ok else suspect or m.unusable_reason,
+                       **self._ledger_numbers())
         return {"stopped_at": time.time()}
 
     # -- helpers ------------------------------------------------------------------------------
@@ -375,9 +382,10 @@ class SearchLoop:
 
     def _reserve(self) -> int:
         """Measurements the search leaves for `confirm`: none until some candidate beats the reference."""
-        if not self.settings.confirm:
+        if not self.settings.confirm or self._best_speedup() <= 1.0:
             return 0
-        return self.settings.confirm if self._best_speedup() > 1.0 else 0
+        # slots of this cap already spent (a resume after the search stopped) need nothing kept back for them
+        return max(0, self.settings.confirm - self.archive.confirmations_spent(self.budget.status().cap))
 
     def _llm_cap_stop(self, exc: BaseException) -> dict:
         """The stop for an LLM call the run's cost cap refused (before it was sent), with the setting it hit."""

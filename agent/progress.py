@@ -71,15 +71,17 @@ class SearchProgress:
             sp = f" {d['speedup']:.3f}x" if d.get("speedup") else ""
             flag = " (timing not valid)" if d["status"] == "ok" and not d.get("timing_valid") else ""
             if d.get("suspect"):  # it does not count as the best: say why here, not only in events.jsonl
-                flag += f" (suspect, not counted: {_clip(d['suspect'])})"
+                flag += f" (suspect, not counted: {clip_line(d['suspect'])})"
             # until something beats it, the best kernel is the reference itself: say so rather than print a bare 1.000x
             best = f"{self.best:.3f}x" if self.best > 1.0 else "still the reference"
-            why = f" - {_clip(d['why'])}" if d.get("why") else ""
+            why = f" - {clip_line(d['why'])}" if d.get("why") else ""
             return f"measured #{d['candidate']}: {d['status']}{sp}{flag}; budget {self.used}/{self.budget}, best {best}{why}"
         if kind == "confirm":
             self.used = d.get("used", self.used)
             sp = f"{d['speedup']:.3f}x" if d.get("speedup") else d["status"]
-            verdict = "" if d.get("ok") else ": it no longer counts as the best"
+            why = f" ({clip_line(d['why'])})" if d.get("why") else ""
+            verdict = ("" if d.get("ok") else f": it stays the best, measured once{why}" if d.get("void")
+                       else f": it no longer counts as the best{why}")
             return (f"re-measured the best, #{d['candidate']}: {sp} (the search measured {d['search_speedup']:.3f}x){verdict}; "
                     f"budget {self.used}/{self.budget}")
         if kind == "confirm_skipped":
@@ -93,7 +95,7 @@ class SearchProgress:
         return None
 
 
-def _clip(text: str, limit: int = 160) -> str:
+def clip_line(text: str, limit: int = 160) -> str:
     """One line of a measurement's message for the log: `kscout show DIR` has it whole."""
     line = " ".join(str(text).split())
     return line if len(line) <= limit else line[: limit - 3].rstrip() + "..."

@@ -38,6 +38,8 @@ class CandidateRow(BaseModel):
                                      "re-measurements where it has any, else its one measurement")
     search_speedup: Optional[float] = Field(None, description="the measurement the search saw")
     remeasured: list[float] = Field(default_factory=list)
+    remeasured_uncounted: list[str] = Field(default_factory=list, description="why each of its re-measurements that "
+                                            "did not count failed (one a busy machine voided leaves it as it was)")
     expected_speedup: Optional[float] = Field(None, description="the forecast it was measured on: expected speedup over its parent")
     p_faster: Optional[float] = None
     decision: str = ""
@@ -77,6 +79,7 @@ class RunView(BaseModel):
     best: Optional[CandidateRow] = None
     best_file: Optional[str] = None
     top: list[CandidateRow] = Field(default_factory=list, description="measured candidates, fastest first")
+    remeasurements: int = Field(0, description="re-measurements of the best after the search (--confirm), counted or not")
     measured_again: int = Field(0, description="measurements of a candidate measured before in this run: after a void timing "
                                 "(a busy machine) or a time below the speed-of-light floor; re-measurements of the best apart")
     failed: int = Field(0, description="candidates whose measurement did not count (failed, or timing not valid)")
@@ -125,7 +128,8 @@ def _row(archive: Archive, rec: CandidateRecord, deciding: dict[int, dict]) -> C
     return CandidateRow(
         id=rec.id, parent="ref" if rec.parent_id in (None, ROOT_ID) else f"#{rec.parent_id}", origin=rec.origin,
         params=rec.params, changed=changed, state=rec.state, speedup=archive.reported_speedup(rec), search_speedup=rec.speedup,
-        remeasured=[sp for _, sp in archive.confirmations(rec.id)], expected_speedup=fc.get("expected_speedup"),
+        remeasured=[sp for _, sp in archive.confirmations(rec.id)], remeasured_uncounted=archive.uncounted_confirmations(rec.id),
+        expected_speedup=fc.get("expected_speedup"),
         p_faster=fc.get("p_faster"), decision=(f or {}).get("reason") or "",
     )
 
@@ -175,6 +179,7 @@ def view_run(path: str | Path, top: int = 10) -> RunView:
     failed, failures = archive.failures()
     with run.connect() as db:  # the same key charged twice; a re-measurement of the best has a key of its own
         measured_again = db.execute("SELECT COUNT(*) - COUNT(DISTINCT key) FROM measurements WHERE charged = 1").fetchone()[0]
+        remeasurements = db.execute("SELECT COUNT(*) FROM confirmations").fetchone()[0]
     return RunView(
         run_dir=str(run.path), kind=spec.kind, target=spec.path, device=spec.device, policy=spec.policy, surrogate=spec.surrogate,
         status="running" if live else (finished.get("status") or "finished") if finished else "unfinished", running=live,
@@ -182,7 +187,7 @@ def view_run(path: str | Path, top: int = 10) -> RunView:
         continue_with=None if live else _here(finished or {}, run.path),
         states=archive.counts(), considered=considered, considered_per_measurement=round(considered / used, 2) if used else 0.0,
         best=_row(archive, best, deciding) if best else None, best_file=best_file if best else None, top=rows[:top],
-        failed=failed, failures=[failure_row(run.path, rec, m) for rec, m in failures], measured_again=measured_again,
+        failed=failed, failures=[failure_row(run.path, rec, m) for rec, m in failures], measured_again=measured_again, remeasurements=remeasurements,
         forecast_check=check_forecasts(archive),
         report=str(run.path / "report.html") if (run.path / "report.html").is_file() else None,
         llm_usage=llm_calls(run), chat_llm_usage=llm_calls(run, CHAT_USAGE_META),

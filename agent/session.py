@@ -192,7 +192,7 @@ def summarise(run: RunDir, spec: SearchSpec, loop: SearchLoop, state: dict) -> O
     else:
         message = f"best verified kernel: {speedup:.3f}x over the reference"
     if best is not None:
-        message += confirmation_note(best.speedup, confirmed, spec.settings.confirm)
+        message += confirmation_note(best.speedup, confirmed, spec.settings.confirm, archive.uncounted_confirmations(best.id))
         challenger = archive.best()
         if challenger is not None and challenger.id != best.id:
             message += (f"; #{challenger.id} measured {challenger.speedup:.3f}x once, not re-measured "
@@ -254,14 +254,19 @@ def _runtime(run: RunDir, measurement_id: Optional[int]) -> Optional[float]:
     return m.runtime_ms if m else None
 
 
-def confirmation_note(search_speedup: float, confirmed: list[float], wanted: int) -> str:
+def confirmation_note(search_speedup: float, confirmed: list[float], wanted: int, uncounted: Optional[list[str]] = None) -> str:
     """How far to trust the reported speedup: a best measured once is reported at the draw that made it the best,
-    which reads high, so the line says so. Nothing that failed to beat the reference is re-measured (graph.py)."""
+    which reads high, so the line says so. Nothing that failed to beat the reference is re-measured (graph.py).
+    `uncounted`: why its re-measurements that did not count failed (a busy machine voids one without judging)."""
     if confirmed:
         again = "re-measured" if len(confirmed) == 1 else f"median of {len(confirmed)} re-measurements"
         return f" ({again}; {search_speedup:.3f}x when the search chose it)"
     if search_speedup <= 1.0:
         return ""
+    if uncounted:
+        from kernelscout.agent.progress import clip_line
+
+        return f" (measured once: its re-measurement did not count: {clip_line(uncounted[-1])})"
     if wanted:
         return " (not re-measured: no budget was left to confirm it)"
     return " (measured once, not re-measured: --confirm was 0)"

@@ -151,12 +151,49 @@ def test_a_confirm_count_that_leaves_no_search_is_refused_with_the_range(tmp_pat
         start_search(None, str(noisy_space(tmp_path)), budget=5, confirm=5, run_dir=str(tmp_path / "run"), quiet=True)
 
 
+def test_a_re_measurement_a_busy_machine_voided_leaves_the_best_and_its_slot_for_a_resume(tmp_path, monkeypatch):
+    """A busy machine judged nothing: the best stays the best, measured once, and says why; resuming spends the
+    measurement kept for the check on a fresh re-measurement, not on the search."""
+    from kernelscout.agent.targets import ReplayTarget
+    from kernelscout.sandbox.stats import BUSY_REASON
+    from kernelscout.tools.measure import measure_replay
+
+    real, calls = ReplayTarget.confirm, []
+
+    def busy_the_first_time(self, rec, label):
+        calls.append(label)
+        if len(calls) > 1:
+            return real(self, rec, label)
+        busy = lambda seed: Measurement(status="ok", correct=True, timing_valid=False, speedup=3.0, charged=True,  # noqa: E731
+                                        timing_invalid_reason=f"{BUSY_REASON}: in 9 of 9 timed rounds ...")
+        return measure_replay(self.space, rec.params, self.run, reference=self.reference, execute=busy, repeat=label)
+
+    monkeypatch.setattr(ReplayTarget, "confirm", busy_the_first_time)
+    run_dir = tmp_path / "run"
+    # --patience stops the search with budget left, as a busy machine's stop does
+    first = start_search(None, str(noisy_space(tmp_path)), budget=20, surrogate="none", confirm=1, patience=2,
+                         run_dir=str(run_dir), quiet=True)
+    assert first.best_speedup > 1.0 and first.confirmed_speedups == [] and first.measurements_used < 20
+    assert f"(measured once: its re-measurement did not count: {BUSY_REASON}" in first.message
+    assert Archive(RunDir(run_dir)).get(confirmations(run_dir)[0][1]).state == "measured"  # still the best, not unconfirmed
+    shown = json.loads(__import__("subprocess").run(["kscout", "show", str(run_dir), "--json"], capture_output=True, text=True).stdout)
+    assert shown["remeasurements"] == 1 and shown["best"]["remeasured_uncounted"][0].startswith(BUSY_REASON)
+
+    again = resume_search(str(run_dir), quiet=True, patience=0)  # searches on to the budget, keeping one for the check
+    assert again.measurements_used == 20 and len(again.confirmed_speedups) == 1
+    assert calls == ["confirm:20:0", "confirm:20:0:again:1"]  # the open slot, measured anew
+    assert [(c[0], c[3]) for c in confirmations(run_dir)] == [("confirm:20:0", 1), ("confirm:20:0:void:0", 0)]
+
+
 def test_progress_says_what_the_re_measurement_found():
     progress = SearchProgress(10, "noisy", live=False)
     line = progress._describe("confirm", {"candidate": 7, "status": "ok", "speedup": 1.62, "search_speedup": 1.94, "ok": True, "used": 10})
     assert line == "re-measured the best, #7: 1.620x (the search measured 1.940x); budget 10/10"
     failed = progress._describe("confirm", {"candidate": 7, "status": "incorrect", "speedup": None, "search_speedup": 1.94, "ok": False})
     assert failed.endswith("it no longer counts as the best; budget 10/10")
+    void = progress._describe("confirm", {"candidate": 7, "status": "ok", "speedup": 2.1, "search_speedup": 1.94, "ok": False,
+                                          "void": True, "why": "the machine was busy: in 9 of 9 timed rounds"})
+    assert "it stays the best, measured once (the machine was busy: in 9 of 9 timed rounds)" in void
 
 
 def test_a_labelled_re_measurement_of_a_kernel_is_spent_once_per_label(tmp_path, write, pool):

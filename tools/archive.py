@@ -265,14 +265,39 @@ class Archive:
                                "measured_speedup": usable[0][1].speedup if usable else None}
         return list(latest.values())
 
-    def record_confirmation(self, label: str, candidate_id: int, m: Measurement, ok: bool) -> None:
+    def record_confirmation(self, label: str, candidate_id: int, m: Measurement, ok: bool, void: bool = False) -> None:
         """A re-measurement of a chosen candidate; one that fails (wrong, invalid timing, below speed-of-light)
-        takes the candidate out of "best", since its first measurement can no longer be trusted."""
+        takes the candidate out of "best", since its first measurement can no longer be trusted. A `void` one
+        (its timing was taken while the machine was busy) judged nothing, so the candidate stays as it was."""
         with self.run.transaction(durable=False) as db:
             db.execute("INSERT OR IGNORE INTO confirmations (label, candidate_id, measurement_id, speedup, ok, created) VALUES (?, ?, ?, ?, ?, ?)",
                        (label, candidate_id, m.measurement_id, m.speedup if ok else None, int(ok), time.time()))
-            if not ok:
+            if not ok and not void:
                 db.execute("UPDATE candidates SET state = 'unconfirmed' WHERE id = ? AND state = 'measured'", (candidate_id,))
+
+    def uncounted_confirmations(self, candidate_id: int) -> list[str]:
+        """Why each re-measurement of a candidate that did not count failed, oldest first (its measurement's
+        reason: an error, an invalid timing, or the machine was busy)."""
+        with self.run.connect() as db:
+            rows = db.execute("SELECT m.result_json FROM confirmations f JOIN measurements m ON m.id = f.measurement_id"
+                              " WHERE f.candidate_id = ? AND f.ok = 0 ORDER BY f.created, f.label", (candidate_id,)).fetchall()
+        out = []
+        for (result,) in rows:
+            m = Measurement.model_validate_json(result)
+            out.append("its time was below speed-of-light" if m.usable else (m.unusable_reason or m.status.value))
+        return out
+
+    def confirmations_spent(self, cap: Optional[int]) -> int:
+        """How many of the re-measurement slots belonging to this cap were spent (graph.py's labels; a void
+        attempt, timed on a busy machine, leaves its slot open)."""
+        with self.run.connect() as db:
+            return db.execute("SELECT COUNT(*) FROM confirmations WHERE label LIKE ? AND label NOT LIKE '%:void:%'",
+                              (f"confirm:{cap}:%",)).fetchone()[0]
+
+    def void_confirmations(self, label: str) -> int:
+        """Attempts at a re-measurement slot whose timing a busy machine voided."""
+        with self.run.connect() as db:
+            return db.execute("SELECT COUNT(*) FROM confirmations WHERE label LIKE ?", (f"{label}:void:%",)).fetchone()[0]
 
     def confirmation(self, label: str) -> Optional[int]:
         """The candidate a confirmation label was spent on, if it was."""
