@@ -31,6 +31,10 @@ def _params(row: CandidateRow, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _ms(ms: float) -> str:
+    return f"{ms:.4g} ms"
+
+
 def _best_line(best: CandidateRow) -> str:
     from kernelscout.tools.archive import CLEAR_GAIN, clear_gain
 
@@ -109,7 +113,12 @@ def render(view: RunView) -> None:
     head.add_row("measurements", f"{spent}{flight}, {view.considered} candidates considered{per}{again}")
     # "failed" in the archive covers a correct candidate whose timing was void (a Triton kernel on the CPU, say)
     head.add_row("candidates", ", ".join(f"{n} {_STATE_WORDS.get(s, s)}" for s, n in sorted(view.states.items())))
-    head.add_row("best", escape(_best_line(view.best)) if view.best else "no verified candidate yet")
+    if view.reference:
+        timed = f"; {_ms(view.reference_ms)} a call, the median over the run" if view.reference_ms else ""
+        seeded = "; speedups are over it, so compare runs of other seeds by time" if view.kind == "space" else ""
+        head.add_row("reference", escape(view.reference + timed + seeded))
+    best = _best_line(view.best) + (f"; {_ms(view.best_runtime_ms)} a call" if view.best_runtime_ms else "") if view.best else None
+    head.add_row("best", escape(best) if best else "no verified candidate yet")
     if view.best_file:
         head.add_row("best kernel", escape(view.best_file))
     _llm_rows(head, view)

@@ -8,6 +8,7 @@ process is still searching.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Optional
 
@@ -79,6 +80,10 @@ class RunView(BaseModel):
     best: Optional[CandidateRow] = None
     best_file: Optional[str] = None
     top: list[CandidateRow] = Field(default_factory=list, description="measured candidates, fastest first")
+    reference: Optional[str] = Field(None, description="what the speedups are over: the problem's Model, or the configuration "
+                                     "of a recorded space that the run's seed drew")
+    reference_ms: Optional[float] = Field(None, description="the reference's time, median over the run's measurements")
+    best_runtime_ms: Optional[float] = Field(None, description="the best's time (of its re-measurements, where it has any)")
     remeasurements: int = Field(0, description="re-measurements of the best after the search (--confirm), counted or not")
     measured_again: int = Field(0, description="measurements of a candidate measured before in this run: after a void timing "
                                 "(a busy machine) or a time below the speed-of-light floor; re-measurements of the best apart")
@@ -180,6 +185,14 @@ def view_run(path: str | Path, top: int = 10) -> RunView:
     with run.connect() as db:  # the same key charged twice; a re-measurement of the best has a key of its own
         measured_again = db.execute("SELECT COUNT(*) - COUNT(DISTINCT key) FROM measurements WHERE charged = 1").fetchone()[0]
         remeasurements = db.execute("SELECT COUNT(*) FROM confirmations").fetchone()[0]
+    from kernelscout.agent.targets import REPLAY_REFERENCE_KEY, reference_ms
+
+    if spec.kind == "space":
+        drawn = run.get_meta(REPLAY_REFERENCE_KEY)
+        config = ", ".join(f"{k}={v}" for k, v in json.loads(drawn).items()) if drawn else "not recorded"
+        reference = f"the configuration --seed {spec.settings.seed} drew: {config}"
+    else:
+        reference = "the problem's Model"
     return RunView(
         run_dir=str(run.path), kind=spec.kind, target=spec.path, device=spec.device, policy=spec.policy, surrogate=spec.surrogate,
         status="running" if live else (finished.get("status") or "finished") if finished else "unfinished", running=live,
@@ -188,6 +201,7 @@ def view_run(path: str | Path, top: int = 10) -> RunView:
         states=archive.counts(), considered=considered, considered_per_measurement=round(considered / used, 2) if used else 0.0,
         best=_row(archive, best, deciding) if best else None, best_file=best_file if best else None, top=rows[:top],
         failed=failed, failures=[failure_row(run.path, rec, m) for rec, m in failures], measured_again=measured_again, remeasurements=remeasurements,
+        reference=reference, reference_ms=reference_ms(run), best_runtime_ms=archive.reported_runtime_ms(best) if best else None,
         forecast_check=check_forecasts(archive),
         report=str(run.path / "report.html") if (run.path / "report.html").is_file() else None,
         llm_usage=llm_calls(run), chat_llm_usage=llm_calls(run, CHAT_USAGE_META),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from statistics import median
 from pathlib import Path
 from typing import Any, Callable, Literal, Optional
 
@@ -162,11 +161,7 @@ def summarise(run: RunDir, spec: SearchSpec, loop: SearchLoop, state: dict) -> O
     confirmed = [sp for _, sp in confirmations]
     speedup = archive.reported_speedup(best) if best else None
     if best is not None:
-        m = loop.target.recorded_measurement(best)
-        best_ms = m.runtime_ms if m else None
-        if confirmations:  # the runtime to go with the reported speedup: the re-measurements' median
-            times = [t for mid, _ in confirmations if (t := _runtime(run, mid)) is not None]
-            best_ms = median(times) if times else best_ms
+        best_ms = archive.reported_runtime_ms(best)
         for stale in ("best.py", "best.json"):  # a later re-measurement can take the lead away from it
             (run.path / stale).unlink(missing_ok=True)
         if not clear_gain(speedup):
@@ -245,13 +240,6 @@ def _llm_use(run: RunDir) -> dict:
     if usage is None:
         return {}
     return {"llm_tokens": usage.total_tokens, "llm_usd": round(usage.cost_usd, 6)}
-
-
-def _runtime(run: RunDir, measurement_id: Optional[int]) -> Optional[float]:
-    from kernelscout.agent.targets import recorded_measurement
-
-    m = recorded_measurement(run, measurement_id)
-    return m.runtime_ms if m else None
 
 
 def confirmation_note(search_speedup: float, confirmed: list[float], wanted: int, uncounted: Optional[list[str]] = None) -> str:

@@ -36,6 +36,9 @@ def reference_ms(run: RunDir) -> Optional[float]:
     return refs[len(refs) // 2] if refs else None
 
 
+REPLAY_REFERENCE_KEY = "replay_reference"  # run meta: the configuration a recorded space's speedups are over
+
+
 def config_sha(space: ReplaySpace, config: dict[str, Any]) -> str:
     text = json.dumps({k: config[k] for k in space.param_names}, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
@@ -50,6 +53,8 @@ class ReplayTarget:
         self.dispatcher = dispatcher  # agent/dispatch.py: replay on scale-out workers instead of in this thread
         ok = [i for i in range(len(space)) if i not in space.failures]
         self.reference = space.config(random.Random(f"reference:{seed}").choice(ok))
+        if run.get_meta(REPLAY_REFERENCE_KEY) is None:  # what every speedup of the run is over, for `kscout show`
+            run.set_meta(REPLAY_REFERENCE_KEY, json.dumps(self.reference, default=str))
         self.name = space.name
         self.device = f"replay:{space.device_label}"
 

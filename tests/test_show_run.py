@@ -84,6 +84,14 @@ def test_show_reports_what_the_search_found_and_its_forecast_scores(tmp_path):
     assert len(view["top"]) == 3 and view["top"][0]["speedup"] >= view["top"][-1]["speedup"]
     check = view["forecast_check"]
     assert 0 < check["scored"] <= 20 and 0.0 <= check["brier_p_faster"] <= 1.0
+    # what the speedups are over, and the times to compare runs of other seeds by
+    from kernelscout.agent.targets import ReplayTarget
+    from kernelscout.sandbox.replay import ReplaySpace
+
+    drawn = ReplayTarget(ReplaySpace.load(str(SPACE)), RunDir(tmp_path / "other"), seed=3).reference
+    assert view["reference"] == "the configuration --seed 3 drew: " + ", ".join(f"{k}={v}" for k, v in drawn.items())
+    assert view["best_runtime_ms"] == pytest.approx(result.best_runtime_ms)
+    assert view["reference_ms"] == pytest.approx(result.best_runtime_ms * result.best_speedup, rel=0.05)
 
     text = CliRunner().invoke(app, ["show", str(tmp_path / "run")], env={"COLUMNS": "160"})
     assert text.exit_code == 0
@@ -273,7 +281,7 @@ def test_show_says_why_a_measurement_did_not_count(tmp_path):
         "return torch.relu(x * self.scale + y) + 0.5 * x", "return (torch.relu(x * self.scale + y) + 0.5 * x)[:, :-1]"))
     start_search(problem=str(problem), space=None, budget=1, run_dir=str(tmp_path / "run"), quiet=True, start=[str(start)], confirm=0)
     view = json.loads(CliRunner().invoke(app, ["show", str(tmp_path / "run"), "--json"]).output)
-    assert view["failed"] == 1
+    assert view["failed"] == 1 and view["reference"] == "the problem's Model"  # (not timed: nothing was correct)
     [failure] = view["failures"]
     assert failure["status"] == "incorrect" and "shape (256, 511), expected (256, 512)" in failure["why"]
     assert Path(failure["file"]).read_text() == start.read_text()  # the file to open and fix

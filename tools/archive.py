@@ -319,6 +319,15 @@ class Archive:
         confirmed = [sp for _, sp in self.confirmations(rec.id)]
         return median(confirmed) if confirmed else rec.speedup
 
+    def reported_runtime_ms(self, rec: CandidateRecord) -> Optional[float]:
+        """The time to go with `reported_speedup`: the median of its re-measurements' times where it has any,
+        else the time of the measurement that chose it."""
+        ids = [mid for mid, _ in self.confirmations(rec.id)] or [rec.measurement_id]
+        with self.run.connect() as db:
+            rows = [db.execute("SELECT result_json FROM measurements WHERE id = ?", (mid,)).fetchone() for mid in ids if mid is not None]
+        times = [t for row in rows if row and (t := Measurement.model_validate_json(row[0]).runtime_ms) is not None]
+        return median(times) if times else None
+
     def best(self) -> Optional[CandidateRecord]:
         """The fastest candidate that was measured, verified and not suspect, by its reported speedup: a
         re-measured candidate competes with its re-measurements, not with the draw that first chose it."""
