@@ -161,6 +161,11 @@ def failure_row(run_dir: Path, rec: CandidateRecord, m: Measurement) -> FailedRo
 
 def view_run(path: str | Path, top: int = 10) -> RunView:
     run = open_run(path)
+    with run.snapshot():  # a search may be writing: its ledger and archive are read at one moment
+        return _view(run, top)
+
+
+def _view(run: RunDir, top: int) -> RunView:
     from kernelscout.agent.session import SPEC_KEY, SearchSpec
 
     status = Budget(run).status()

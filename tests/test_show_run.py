@@ -300,3 +300,15 @@ def test_show_says_why_a_measurement_did_not_count(tmp_path):
     copied = json.loads(CliRunner().invoke(app, ["show", str(tmp_path / "copy"), "--json"]).output)
     assert Path(copied["failures"][0]["file"]).read_text() == start.read_text()
     assert copied["continue_with"] == f"kscout budget {tmp_path / 'copy'} --set 2 && kscout resume {tmp_path / 'copy'}"
+
+
+def test_a_view_reads_one_moment_of_a_run_a_search_is_writing_to(tmp_path):
+    """`kscout show` during a search: the ledger and the archive are read in one snapshot, never out of step."""
+    writer = RunDir(tmp_path / "run")
+    writer.set_meta("measurement_cap", "9")
+    reader = RunDir(tmp_path / "run", read_only=True)
+    with reader.snapshot():
+        assert reader.get_meta("measurement_cap") == "9"
+        writer.set_meta("measurement_cap", "12")  # a write lands mid-view
+        assert reader.get_meta("measurement_cap") == "9"
+    assert reader.get_meta("measurement_cap") == "12"

@@ -193,6 +193,20 @@ class RunDir:
             raise
         db.execute("COMMIT")
 
+    @contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """Reads on this thread that all see one moment of the run (a read transaction): a view of a run a
+        search is writing to would otherwise count the ledger and the archive at different moments."""
+        db = self._connection(durable=True)
+        if db.in_transaction:
+            yield
+            return
+        db.execute("BEGIN")
+        try:
+            yield
+        finally:
+            db.execute("ROLLBACK")
+
     def close(self) -> None:
         """Close this thread's connection (others close when their thread or this object goes away)."""
         db = getattr(self._local, "db", None)
