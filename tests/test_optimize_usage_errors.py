@@ -83,6 +83,12 @@ def test_a_run_directory_that_is_a_file_is_a_usage_error_everywhere(problem, tmp
     assert measured.exit_code == 2 and "is a file, not a folder" in json.loads(measured.stdout)["message"]
 
 
+def test_a_run_directory_path_too_long_for_sqlite_says_so(problem, tmp_path):
+    """Not "give a folder you can write to", which is what SQLite's own error read as: the folder is fine."""
+    deep = tmp_path.joinpath(*["d" * 120] * 4)
+    assert_usage_error(kscout("optimize", str(problem), "--run-dir", str(deep)), "is too long a path for the run's database")
+
+
 def test_the_top_folder_of_a_multi_problem_run_is_no_run_directory_for_one_search(problem, tmp_path):
     # what optimize, measure or serve wrote there could not be reached again: show, budget and resume read it as
     # the multi-problem run

@@ -57,6 +57,7 @@ CREATE INDEX IF NOT EXISTS measurements_key ON measurements(key);
 """
 
 
+SQLITE_MAX_PATH = 512  # SQLite's longest file name on Unix (SQLITE_MAX_PATHNAME), the database's journals included
 MULTI_PROBLEM_MARK = "headless.db"  # the state of a `kscout run` (agent/headless.py), whose own searches are below it
 
 
@@ -90,6 +91,10 @@ class RunDir:
                               f"{self.path / 'problems'}/NAME; give one of those, or another folder")
         self.db_path = self.path / "run.db"
         self._local = threading.local()
+        longest = len(str(self.db_path.absolute())) + len("-journal")
+        if longest > SQLITE_MAX_PATH:  # SQLite's own message ("unable to open database file") would blame the folder
+            raise RunDirError(f"{self.path} is too long a path for the run's database ({longest} characters with its file "
+                              f"names, SQLite takes at most {SQLITE_MAX_PATH}); give a shorter path")
         if read_only:
             if not self.db_path.is_file():
                 raise RunDirError(f"{self.path} holds no run.db: give the run directory that `kscout optimize` printed")
