@@ -152,7 +152,7 @@ def write_report(run_dir: Path | str, title: str = "kernelscout run") -> Path:
     forecast_pairs = [(row["forecast"]["expected_speedup"], ratio)
                       for row, ratio in scored_search_forecasts(archive, deciding_forecasts(forecasts))
                       if row["forecast"].get("expected_speedup")]
-    check = check_forecasts(archive)
+    check = check_forecasts(archive, forecasts=forecasts)
     status = Budget(run).status()
     best = archive.reported_best()
     failed, failures = archive.failures(limit=max(1, len(candidates)))

@@ -207,7 +207,7 @@ def _view(run: RunDir, top: int) -> RunView:
         best=_row(archive, best, deciding) if best else None, best_file=best_file if best else None, top=rows[:top],
         failed=failed, failures=[failure_row(run.path, rec, m) for rec, m in failures], measured_again=measured_again, remeasurements=remeasurements,
         reference=reference, reference_ms=reference_ms(run), best_runtime_ms=archive.reported_runtime_ms(best) if best else None,
-        forecast_check=check_forecasts(archive),
+        forecast_check=check_forecasts(archive, forecasts=forecasts),
         report=str(run.path / "report.html") if (run.path / "report.html").is_file() else None,
         llm_usage=llm_calls(run), chat_llm_usage=llm_calls(run, CHAT_USAGE_META),
     )

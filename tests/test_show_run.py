@@ -302,6 +302,18 @@ def test_show_says_why_a_measurement_did_not_count(tmp_path):
     assert copied["continue_with"] == f"kscout budget {tmp_path / 'copy'} --set 2 && kscout resume {tmp_path / 'copy'}"
 
 
+@needs_hub
+def test_forecasts_are_parsed_only_where_they_are_read(tmp_path):
+    """A long search stores each waiting candidate's forecast again every iteration; a view reads few of them."""
+    start_search(problem=None, space=str(SPACE), budget=12, run_dir=str(tmp_path / "run"), quiet=True)
+    rows = Archive(RunDir(tmp_path / "run")).forecasts()
+    assert len(rows) > 12 and not any(r["forecast"]._value for r in rows)  # nothing parsed yet
+    first = dict(rows[0]["forecast"])
+    assert 0.0 <= first["p_faster"] <= 1.0 and rows[0]["forecast"]["surrogate"] == first["surrogate"]
+    check = check_forecasts(Archive(RunDir(tmp_path / "run")), forecasts=rows)
+    assert check.forecasts == len(rows) and sum(r["forecast"]._value is not None for r in rows) <= 1 + check.candidates_forecast
+
+
 def test_a_view_reads_one_moment_of_a_run_a_search_is_writing_to(tmp_path):
     """`kscout show` during a search: the ledger and the archive are read in one snapshot, never out of step."""
     writer = RunDir(tmp_path / "run")

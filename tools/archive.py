@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import time
 from statistics import median
+from collections.abc import Iterator, Mapping
 from typing import Any, Optional
 
 from pydantic import BaseModel, Field
@@ -114,6 +115,34 @@ def _row(r) -> CandidateRecord:
 
 _COLUMNS = "id, sha, parent_id, path, origin, params_json, hypothesis, features_json, iteration, state, measurement_id, speedup"
 _COLUMNS_OF_C = ", ".join(f"c.{name.strip()}" for name in _COLUMNS.split(","))  # the same, in a join
+
+
+class ParsedOnUse(Mapping):
+    """A JSON object parsed the first time it is read. A long search forecasts the same waiting candidates again
+    every iteration (150,000 forecasts for 400 measurements on an 11,000-configuration space), and a view
+    of the run reads the few that decided a measurement: parsing all of them was most of `kscout show`'s time."""
+
+    __slots__ = ("_text", "_value")
+
+    def __init__(self, text: str) -> None:
+        self._text, self._value = text, None
+
+    def _parsed(self) -> dict:
+        if self._value is None:
+            self._value = json.loads(self._text)
+        return self._value
+
+    def __getitem__(self, key: str) -> Any:
+        return self._parsed()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._parsed())
+
+    def __len__(self) -> int:
+        return len(self._parsed())
+
+    def __repr__(self) -> str:
+        return repr(self._parsed())
 
 
 class Archive:
@@ -223,17 +252,25 @@ class Archive:
         return total, [(_row(r[:-1]), Measurement.model_validate_json(r[-1])) for r in rows]
 
     def forecasts(self) -> list[dict]:
-        """Every forecast with the measured outcome next to it (None where the candidate was never measured)."""
+        """Every forecast with the measured outcome next to it (None where the candidate was never measured).
+        Each row's "forecast" is a read-only mapping parsed when first read (`dict(row["forecast"])` copies it)."""
         with self.run.connect() as db:
             rows = db.execute(
                 "SELECT f.candidate_id, f.iteration, f.surrogate, f.forecast_json, f.decision, f.reason, c.state, c.speedup, c.parent_id"
                 " FROM forecasts f JOIN candidates c ON c.id = f.candidate_id ORDER BY f.id"
             ).fetchall()
         return [
-            {"candidate_id": r[0], "iteration": r[1], "surrogate": r[2], "forecast": json.loads(r[3]), "decision": r[4],
+            {"candidate_id": r[0], "iteration": r[1], "surrogate": r[2], "forecast": ParsedOnUse(r[3]), "decision": r[4],
              "reason": r[5], "state": r[6], "measured_speedup": r[7], "parent_id": r[8]}
             for r in rows
         ]
+
+    def last_abstention(self) -> Optional[dict]:
+        """The search's latest uninformative forecast (the surrogate had nothing to go on), found by SQLite."""
+        with self.run.connect() as db:
+            row = db.execute("SELECT forecast_json FROM forecasts WHERE json_extract(forecast_json, '$.informative') = 0"
+                             " ORDER BY id DESC LIMIT 1").fetchone()
+        return json.loads(row[0]) if row else None
 
     def record_tool_forecast(self, problem_sha: str, candidate_sha: str, parent_sha: Optional[str], device: str,
                              parent_speedup: float, forecast: dict, label: str = "") -> None:

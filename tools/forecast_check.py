@@ -110,11 +110,12 @@ def scored_search_forecasts(archive: Archive, deciding: Optional[dict[int, dict]
     return pairs
 
 
-def check_forecasts(archive: Archive, bins: int = 5) -> ForecastCheck:
+def check_forecasts(archive: Archive, bins: int = 5, forecasts: Optional[list[dict]] = None) -> ForecastCheck:
     """Score each measured candidate's deciding forecast (the one it was measured on, else its last)
     against its measured speedup over the parent it was forecast against; and each `predict` tool
-    forecast against the first measurement of its file taken after it."""
-    forecasts = archive.forecasts()
+    forecast against the first measurement of its file taken after it. `forecasts`: `archive.forecasts()`,
+    where the caller has read them already."""
+    forecasts = archive.forecasts() if forecasts is None else forecasts
     deciding = deciding_forecasts(forecasts)
     scores, audits = _Scores(), 0
     for row, ratio in scored_search_forecasts(archive, deciding):
@@ -131,7 +132,7 @@ def check_forecasts(archive: Archive, bins: int = 5) -> ForecastCheck:
             scores.add(t["forecast"], t["measured_speedup"] / t["parent_speedup"])
 
     n = len(scores.p)
-    last_silent = next((f["forecast"] for f in reversed(forecasts) if not f["forecast"].get("informative")), {})
+    last_silent = archive.last_abstention() or {}
     check = ForecastCheck(forecasts=len(forecasts) + len(tool), candidates_forecast=len(deciding) + len(tool),
                           uninformative=uninformative, scored=n, audits=audits, from_tools=from_tools,
                           last_abstention=last_silent.get("rationale") or None)
