@@ -142,14 +142,15 @@ class SearchLoop:
         while notes:  # why the policy dropped answers: said as it happens, and named if the search runs dry
             self._last_note = notes.pop(0)
             self._emit("policy_note", note=self._last_note)
-        new_ids = []
+        new_ids, revived = [], 0
         for p in proposals:
             sha = self.target.proposal_sha(p)
             rec = self.archive.add(sha, p.source, parent_id, p.origin, p.params, p.hypothesis, p.features, iteration)
             if rec.state == "proposed":
                 new_ids.append(rec.id)
+                revived += rec.iteration != iteration  # shelved earlier, proposed again
         pending = [r.id for r in self.archive.all() if r.state == "proposed" and r.id not in new_ids]
-        self._emit("propose", parent=parent_id, new=len(new_ids), pending=len(pending))
+        self._emit("propose", parent=parent_id, new=len(new_ids) - revived, revived=revived, pending=len(pending))
         return {"considered": new_ids + pending}
 
     def predict(self, state: LoopState) -> LoopState:

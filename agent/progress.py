@@ -58,7 +58,8 @@ class SearchProgress:
 
     def _describe(self, kind: str, d: dict) -> Optional[str]:
         if kind == "propose":
-            return f"iteration from parent #{d['parent']}: {d['new']} new candidate{'' if d['new'] == 1 else 's'}, {d['pending']} pending"
+            back = f", {d['revived']} shelved earlier and back" if d.get("revived") else ""
+            return f"iteration from parent #{d['parent']}: {d['new']} new candidate{'' if d['new'] == 1 else 's'}{back}, {d['pending']} pending"
         if kind == "predict":
             self.considered = d.get("total_considered", self.considered)
             return f"forecast {d['considered']} candidates, measuring {d['measure'] or 'none'}"

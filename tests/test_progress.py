@@ -34,3 +34,12 @@ def test_a_cap_raised_during_the_search_shows_in_the_next_line(capsys):
     lines = _log([("measure", {"candidate": 1, "status": "ok", "speedup": 1.2, "timing_valid": True, "used": 4, "cap": 4, "best": 1.2}),
                   ("measure", {"candidate": 2, "status": "ok", "speedup": 1.3, "timing_valid": True, "used": 5, "cap": 6, "best": 1.3})], capsys)
     assert lines == ["measured #1: ok 1.200x; budget 4/4, best 1.200x", "measured #2: ok 1.300x; budget 5/6, best 1.300x"]
+
+
+def test_an_iteration_says_which_candidates_are_new_and_which_came_back_from_the_shelf():
+    from kernelscout.agent.progress import SearchProgress
+
+    progress = SearchProgress(10, "space", live=False)
+    assert progress._describe("propose", {"parent": 4, "new": 6, "revived": 3, "pending": 2}) == \
+        "iteration from parent #4: 6 new candidates, 3 shelved earlier and back, 2 pending"
+    assert progress._describe("propose", {"parent": 4, "new": 1, "pending": 0}) == "iteration from parent #4: 1 new candidate, 0 pending"

@@ -308,6 +308,8 @@ def test_forecasts_are_parsed_only_where_they_are_read(tmp_path):
     start_search(problem=None, space=str(SPACE), budget=12, run_dir=str(tmp_path / "run"), quiet=True)
     rows = Archive(RunDir(tmp_path / "run")).forecasts()
     assert len(rows) > 12 and not any(r["forecast"]._value for r in rows)  # nothing parsed yet
+    ids = [c.id for c in Archive(RunDir(tmp_path / "run")).all()]
+    assert ids == list(range(1, len(ids) + 1))  # a candidate proposed again takes no id of its own
     first = dict(rows[0]["forecast"])
     assert 0.0 <= first["p_faster"] <= 1.0 and rows[0]["forecast"]["surrogate"] == first["surrogate"]
     check = check_forecasts(Archive(RunDir(tmp_path / "run")), forecasts=rows)

@@ -158,12 +158,15 @@ class Archive:
         path = str(self.run.save_kernel(sha, source)) if source is not None else None
         with self.run.transaction(durable=False) as db:
             db.execute("UPDATE candidates SET state = 'proposed' WHERE sha = ? AND state = 'shelved'", (sha,))
-            db.execute(
-                "INSERT OR IGNORE INTO candidates (sha, parent_id, path, origin, params_json, hypothesis, features_json, iteration, created)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (sha, parent_id, path, origin, json.dumps(params, default=str), hypothesis, json.dumps(features, default=str), iteration, time.time()),
-            )
             row = db.execute(f"SELECT {_COLUMNS} FROM candidates WHERE sha = ?", (sha,)).fetchone()
+            if row is None:  # (an INSERT OR IGNORE would use up an id each time a known candidate comes back)
+                db.execute(
+                    "INSERT INTO candidates (sha, parent_id, path, origin, params_json, hypothesis, features_json, iteration, created)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (sha, parent_id, path, origin, json.dumps(params, default=str), hypothesis, json.dumps(features, default=str),
+                     iteration, time.time()),
+                )
+                row = db.execute(f"SELECT {_COLUMNS} FROM candidates WHERE sha = ?", (sha,)).fetchone()
         return self._record(row)
 
     def _record(self, row: tuple) -> CandidateRecord:
