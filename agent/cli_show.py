@@ -162,6 +162,35 @@ def render(view: RunView) -> None:
         _render_check(out, view.forecast_check)
 
 
+def render_comparison(views: list[RunView]) -> None:
+    """Runs side by side: what each found, for what it spent, and how good its forecasts were."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    out = Console()
+    if not out.is_terminal and "COLUMNS" not in os.environ:
+        out = Console(width=200)
+    table = Table(title="runs compared", title_justify="left")
+    columns = ["run", "target", "seed", "policy / surrogate", "measurements", "per measurement", "best", "best time",
+               "reference time", "Brier of P(faster)", "status"]
+    for name in columns:
+        table.add_column(name, justify="right" if name not in ("run", "target", "policy / surrogate", "status") else "left")
+    for v in views:
+        fc = v.forecast_check
+        best = (_x(v.best.speedup) + ("" if v.best.remeasured else " (once)")) if v.best else "-"
+        table.add_row(escape(v.run_dir), escape(Path(v.target).name if v.target else "-"), "-" if v.seed is None else str(v.seed),
+                      f"{v.policy or '-'} / {v.surrogate or '-'}",
+                      f"{v.budget.used} of {v.budget.cap}" if v.budget.cap is not None else str(v.budget.used),
+                      f"{v.considered_per_measurement:.1f}" if v.kind else "-", best,
+                      _ms(v.best_runtime_ms) if v.best_runtime_ms else "-", _ms(v.reference_ms) if v.reference_ms else "-",
+                      _num(fc.brier_p_faster) if fc is not None else "-", v.status)
+    out.print(table)
+    if len({v.reference for v in views if v.kind}) > 1:
+        out.print("the speedups are over different references (another problem, or a recorded space's other --seed): "
+                  "compare these runs by their best time", soft_wrap=True)
+
+
 def _render_check(out, fc) -> None:
     from rich.markup import escape
     from rich.table import Table
@@ -199,7 +228,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command("show")
     def show(
-        run_dir: str = typer.Argument(..., help="run directory of a search (kscout optimize or resume)"),
+        run_dirs: list[str] = typer.Argument(..., metavar="RUN_DIR...", help="run directory of a search (kscout optimize or "
+                                             "resume); give two or more to compare them side by side"),
         top: int = typer.Option(10, "--top", min=0, help="how many of the fastest measured candidates to list"),
         report: bool = typer.Option(False, "--report", help="rewrite the run's report.html from what is recorded now"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
@@ -212,6 +242,19 @@ def register(app: typer.Typer) -> None:
 
         from kernelscout.agent.headless import HeadlessRun, is_headless_run
 
+        if len(run_dirs) > 1:
+            if report:
+                fail("--report rewrites one run's report: give one run directory with it", as_json)
+            try:
+                views = [view_run(d, top=top) for d in run_dirs]
+            except RunViewError as exc:
+                fail(str(exc), as_json)
+            if as_json:
+                print(json.dumps([v.model_dump(mode="json") for v in views]))
+            else:
+                render_comparison(views)
+            return
+        run_dir = run_dirs[0]
         if is_headless_run(run_dir):  # a `kscout run` of many problems: its summary, read again from each ledger
             from kernelscout.agent.cli_run import print_summary
 

@@ -80,6 +80,7 @@ class RunView(BaseModel):
     best: Optional[CandidateRow] = None
     best_file: Optional[str] = None
     top: list[CandidateRow] = Field(default_factory=list, description="measured candidates, fastest first")
+    seed: Optional[int] = Field(None, description="the search's --seed")
     reference: Optional[str] = Field(None, description="what the speedups are over: the problem's Model, or the configuration "
                                      "of a recorded space that the run's seed drew")
     reference_ms: Optional[float] = Field(None, description="the reference's time, median over the run's measurements")
@@ -206,7 +207,7 @@ def _view(run: RunDir, top: int) -> RunView:
         states=archive.counts(), considered=considered, considered_per_measurement=round(considered / used, 2) if used else 0.0,
         best=_row(archive, best, deciding) if best else None, best_file=best_file if best else None, top=rows[:top],
         failed=failed, failures=[failure_row(run.path, rec, m) for rec, m in failures], measured_again=measured_again, remeasurements=remeasurements,
-        reference=reference, reference_ms=reference_ms(run), best_runtime_ms=archive.reported_runtime_ms(best) if best else None,
+        seed=spec.settings.seed, reference=reference, reference_ms=reference_ms(run), best_runtime_ms=archive.reported_runtime_ms(best) if best else None,
         forecast_check=check_forecasts(archive, forecasts=forecasts),
         report=str(run.path / "report.html") if (run.path / "report.html").is_file() else None,
         llm_usage=llm_calls(run), chat_llm_usage=llm_calls(run, CHAT_USAGE_META),

@@ -326,3 +326,17 @@ def test_a_view_reads_one_moment_of_a_run_a_search_is_writing_to(tmp_path):
         writer.set_meta("measurement_cap", "12")  # a write lands mid-view
         assert reader.get_meta("measurement_cap") == "9"
     assert reader.get_meta("measurement_cap") == "12"
+
+
+@needs_hub
+def test_two_runs_are_compared_side_by_side_and_told_apart_by_time_when_their_references_differ(tmp_path):
+    for seed in (0, 1):
+        start_search(problem=None, space=str(SPACE), budget=10, run_dir=str(tmp_path / f"seed{seed}"), quiet=True, seed=seed)
+    runs = [str(tmp_path / "seed0"), str(tmp_path / "seed1")]
+    views = json.loads(CliRunner().invoke(app, ["show", *runs, "--json"]).output)
+    assert [v["seed"] for v in views] == [0, 1] and views[0]["reference"] != views[1]["reference"]
+    text = " ".join(CliRunner().invoke(app, ["show", *runs], env={"COLUMNS": "250"}).output.split())
+    assert "runs compared" in text and "compare these runs by their best time" in text
+    assert f"{views[1]['best_runtime_ms']:.4g} ms" in text
+    refused = CliRunner().invoke(app, ["show", *runs, "--report"])
+    assert refused.exit_code == 2 and "give one run directory" in refused.output
