@@ -28,6 +28,16 @@ FLAGS = {"budget": "--budget", "max_wall_s": "--max-wall", "max_measurements": "
          "confirm": "--confirm", "seed": "--seed"}
 
 
+def _check_rewrite_names(rewrites: list[str]) -> None:
+    """Misspelt rewrite names are refused before the night starts; whether `none` leaves each problem something to
+    tune (a --start kernel with TUNABLE knobs) is each problem's own check."""
+    from kernelscout.agent.runner import check_rewrites
+
+    names = [n for item in rewrites for n in item.split(",") if n.strip() and n.strip().lower() not in ("all", "none")]
+    if names:
+        check_rewrites(names, "tuner", [], "cuda")
+
+
 def _exit_code(summary) -> int:
     """0: every problem finished; 1: some problem failed, was skipped or is still pending."""
     return 0 if summary.status == "complete" and set(summary.counts) <= {"finished"} else 1
@@ -144,6 +154,9 @@ def register(app: typer.Typer) -> None:
                                           "learned surrogate's prior on each code problem (repeatable; this run's own --run-dir: "
                                           "each problem learns from those before it; none: no prior) "
                                           "\\[default: no prior, or \\[search] history in kscout.toml]"),
+        rewrites: list[str] = typer.Option([], "--rewrites", help="generic rewrites the offline tuner may try on each code "
+                                           "problem, as kscout optimize takes them: all, none (only the knobs of the --start "
+                                           "kernels) or names, comma-separated"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object at the end"),
     ) -> None:
         """Search many problems in one headless run, each with its own budget, all under optional global caps."""
@@ -163,6 +176,7 @@ def register(app: typer.Typer) -> None:
         try:  # before the night starts, not once per problem
             check_llm(policy, surrogate)
             resolve_choices(policy, surrogate)  # `auto` with a provider set up wrongly
+            _check_rewrite_names(rewrites)
         except OptimizeError as exc:
             fail(str(exc), as_json)
         path = run_dir or str(Path("runs") / f"run-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -172,6 +186,7 @@ def register(app: typer.Typer) -> None:
             _check_device(device, refs)  # before the night starts, not once per problem
             manifest = RunManifest(problems=refs, budget=budget, policy=policy, surrogate=surrogate, device=device, seed=seed,
                                    proposals=proposals, patience=patience, confirm=confirm, problem_wall_s=problem_wall, history=folders,
+                                   rewrites=rewrites or None,
                                    caps=RunCaps(max_wall_s=max_wall, max_measurements=max_measurements, max_usd=max_usd, max_tokens=max_tokens))
             headless = HeadlessRun.create(path, manifest)
         except HeadlessError as exc:

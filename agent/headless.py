@@ -79,6 +79,8 @@ class RunManifest(BaseModel):
     history: list[str] = Field(default_factory=list, description="folders of earlier runs for the learned surrogate's "
                                "prior on each code problem (resolved); the run's own folder lets each problem learn "
                                "from those searched before it")
+    rewrites: Optional[list[str]] = Field(None, description="the generic rewrites the offline tuner may try on each code "
+                                          "problem, as `kscout optimize --rewrites` takes them (None: all)")
     caps: RunCaps = Field(default_factory=RunCaps)
 
 
@@ -600,7 +602,7 @@ class HeadlessRun:
                     proposals=m.proposals, patience=m.patience, max_wall=allow["max_wall"], quiet=quiet,
                     max_usd=allow["max_usd"], max_llm_tokens=allow["max_llm_tokens"], start=ref.start,
                     confirm=None if m.confirm is None else min(m.confirm, allow["budget"] - 1),
-                    history=m.history if ref.kind == "problem" else None,
+                    history=m.history if ref.kind == "problem" else None, rewrites=m.rewrites if ref.kind == "problem" else None,
                 )
             failure = _failure_of_measurements(sub)
             # finished with nothing to report: the search's message says why

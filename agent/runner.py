@@ -178,7 +178,7 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
         check_llm(policy, surrogate)
         start = _check_start(start or [], budget, device, quiet)
         spec = SearchSpec(kind="problem", path=str(path), device=device, policy=policy, surrogate=surrogate, settings=settings,
-                          start=start, history=_check_history(history), rewrites=_check_rewrites(rewrites, policy, start, device))
+                          start=start, history=_check_history(history), rewrites=check_rewrites(rewrites, policy, start, device))
         name = problem_name(path)
     run = _open_run(run_dir or Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
     _take_folder(run, spec)  # before the lock, so a refused folder is left as it was
@@ -312,7 +312,7 @@ def _check_start(paths: list[str], budget: int, device: str = "cpu", quiet: bool
     return resolved
 
 
-def _check_rewrites(names: Optional[list[str]], policy: str, start: list[str], device: str) -> Optional[list[str]]:
+def check_rewrites(names: Optional[list[str]], policy: str, start: list[str], device: str) -> Optional[list[str]]:
     """--rewrites, read: None for every rewrite that applies, [] for none, else the names in the tuner's order.
 
     "none" is how a user says "tune only my kernel's knobs"; it is refused where it would leave nothing to

@@ -502,6 +502,23 @@ def test_a_start_pattern_that_matches_nothing_is_refused_before_anything_runs(tm
     assert not (tmp_path / "run").exists()
 
 
+def test_rewrites_reach_every_code_problem_and_a_misspelt_one_is_refused_before_the_night(tmp_path, monkeypatch):
+    from kernelscout.agent import runner
+
+    suite = _two_problem_folders(tmp_path)
+    result = CliRunner().invoke(app, ["run", str(suite), "--rewrites", "jit_freez", "--run-dir", str(tmp_path / "run"), "--json"])
+    assert result.exit_code == 2 and "did you mean jit_freeze?" in result.stdout
+    assert not (tmp_path / "run").exists()
+
+    asked = []
+    monkeypatch.setattr(runner, "start_search", lambda **kw: asked.append(kw.get("rewrites")) or (_ for _ in ()).throw(
+        runner.OptimizeError("stopped here: the test only wants the settings")))
+    CliRunner().invoke(app, ["run", str(suite), "--rewrites", "jit_freeze,inference_mode", "--run-dir", str(tmp_path / "run"), "--json"])
+    assert asked == [["jit_freeze,inference_mode"]] * 2
+    manifest = RunManifest.model_validate_json((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest.rewrites == ["jit_freeze,inference_mode"]
+
+
 @pytest.mark.slow
 def test_each_problem_measures_its_own_kernel_first_and_the_manifest_keeps_it(tmp_path):
     suite = _two_problem_folders(tmp_path)

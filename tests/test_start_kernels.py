@@ -138,8 +138,8 @@ def test_rewrites_are_chosen_by_name_and_refused_where_they_leave_nothing_to_tun
     with pytest.raises(OptimizeError, match="a recorded space has none"):
         start_search(problem=None, space="convolution_A100", budget=3, run_dir=str(tmp_path / "z"), rewrites=["none"])
     with pytest.raises(OptimizeError, match="the llm policy writes its own candidates"):
-        runner._check_rewrites(["torch_compile"], "llm", [], "cpu")
-    assert runner._check_rewrites(["all"], "tuner", [], "cpu") is None
+        runner.check_rewrites(["torch_compile"], "llm", [], "cpu")
+    assert runner.check_rewrites(["all"], "tuner", [], "cpu") is None
 
 
 def test_the_command_line_names_every_rewrite_and_refuses_a_misspelt_one(tmp_path):
@@ -155,7 +155,7 @@ def test_the_command_line_names_every_rewrite_and_refuses_a_misspelt_one(tmp_pat
                                       "--run-dir", str(tmp_path / "run"), "--device", "cpu"])
     assert result.exit_code == 2 and "did you mean channels_last?" in result.output
     assert not (tmp_path / "run").exists()
-    assert runner._check_rewrites(["inference_mode,torch_compile"], "tuner", [], "cpu") == ["torch_compile", "inference_mode"]
+    assert runner.check_rewrites(["inference_mode,torch_compile"], "tuner", [], "cpu") == ["torch_compile", "inference_mode"]
 
 
 def test_a_kill_before_the_given_kernel_was_archived_is_made_good_by_resume(tmp_path, monkeypatch):
