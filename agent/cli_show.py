@@ -109,7 +109,8 @@ def render(view: RunView) -> None:
     again = (f"; {view.measured_again} of them of a candidate measured again after a void or suspect timing"
              if view.measured_again else "")
     if view.remeasurements:
-        again += f"; {view.remeasurements} of them re-measurement{'s' if view.remeasurements > 1 else ''} of the best after the search"
+        again += (f"; {view.remeasurements} of them " + ("a re-measurement" if view.remeasurements == 1 else "re-measurements")
+                  + " of the best after the search")
     head.add_row("measurements", f"{spent}{flight}, {view.considered} candidates considered{per}{again}")
     # "failed" in the archive covers a correct candidate whose timing was void (a Triton kernel on the CPU, say)
     head.add_row("candidates", ", ".join(f"{n} {_STATE_WORDS.get(s, s)}" for s, n in sorted(view.states.items())))
@@ -162,6 +163,15 @@ def render(view: RunView) -> None:
         _render_check(out, view.forecast_check)
 
 
+def _target_name(view: RunView) -> str:
+    """examples/softmax for its problem.py, convolution_A100 for its cache: the rows must tell problems apart."""
+    from kernelscout.sandbox.problem import problem_name
+
+    if not view.target:
+        return "-"
+    return problem_name(view.target) if view.kind == "problem" else Path(view.target).name.split(".json")[0]
+
+
 def render_comparison(views: list[RunView]) -> None:
     """Runs side by side: what each found, for what it spent, and how good its forecasts were."""
     from rich.console import Console
@@ -179,14 +189,15 @@ def render_comparison(views: list[RunView]) -> None:
     for v in views:
         fc = v.forecast_check
         best = (_x(v.best.speedup) + ("" if v.best.remeasured else " (once)")) if v.best else "-"
-        table.add_row(escape(v.run_dir), escape(Path(v.target).name if v.target else "-"), "-" if v.seed is None else str(v.seed),
+        table.add_row(escape(v.run_dir), escape(_target_name(v)), "-" if v.seed is None else str(v.seed),
                       f"{v.policy or '-'} / {v.surrogate or '-'}",
                       f"{v.budget.used} of {v.budget.cap}" if v.budget.cap is not None else str(v.budget.used),
                       f"{v.considered_per_measurement:.1f}" if v.kind else "-", best,
                       _ms(v.best_runtime_ms) if v.best_runtime_ms else "-", _ms(v.reference_ms) if v.reference_ms else "-",
                       _num(fc.brier_p_faster) if fc is not None else "-", v.status)
     out.print(table)
-    if len({v.reference for v in views if v.kind}) > 1:
+    # one reference per problem file, or per recorded space and seed (the seed draws a space's reference)
+    if len({(v.kind, v.target, v.seed if v.kind == "space" else None) for v in views if v.kind}) > 1:
         out.print("the speedups are over different references (another problem, or a recorded space's other --seed): "
                   "compare these runs by their best time", soft_wrap=True)
 

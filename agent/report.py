@@ -146,7 +146,7 @@ def write_report(run_dir: Path | str, title: str = "kernelscout run") -> Path:
     with run.connect() as db:
         confirmation_ids = {r[0] for r in db.execute("SELECT measurement_id FROM confirmations")}
     remeasured = [m["id"] in confirmation_ids for m in charged]
-    forecasts = archive.forecasts()
+    forecasts = archive.forecasts(lazy=True)
     last_forecast = {f["candidate_id"]: f for f in forecasts}  # in id order, so the last one wins
     # the forecasts `kscout show` scores: each measured candidate's deciding one, informative ones only
     forecast_pairs = [(row["forecast"]["expected_speedup"], ratio)
@@ -180,12 +180,24 @@ def write_report(run_dir: Path | str, title: str = "kernelscout run") -> Path:
     if confirmed:
         best_line = (f"best verified: #{best.id} at {archive.reported_speedup(best):.3f}x, re-measured after the search "
                      f"({', '.join(f'{x:.3f}x' for x in confirmed)}; {best.speedup:.3f}x when it was chosen)")
+    from kernelscout.agent.session import SPEC_KEY
+
+    spec_text = run.get_meta(SPEC_KEY)
+    over = ""
+    if spec_text:  # what the speedups are over, as `kscout show` says it
+        from kernelscout.agent.run_view import reference_of
+        from kernelscout.agent.session import SearchSpec
+        from kernelscout.agent.targets import reference_ms
+
+        ref_ms = reference_ms(run, valid_only=True)
+        over = (f" Speedups are over {html.escape(reference_of(run, SearchSpec.model_validate_json(spec_text)))}"
+                + (f" ({ref_ms:.4g} ms a call)." if ref_ms else "."))
     body = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}} img{{margin:0.5em}} table{{border-collapse:collapse;font-size:13px}}
 td,th{{border-bottom:1px solid #ddd;padding:3px 8px;text-align:left}}</style></head><body>
 <h1>{html.escape(title)}</h1>
 <p>{best_line}. Measurements used: {status.used} of {status.cap if status.cap is not None else 'uncapped'};
-candidates considered: {len([c for c in candidates])}. Every speedup below was measured; forecasts only chose what to measure.</p>
+candidates considered: {len([c for c in candidates])}.{over} Every speedup below was measured; forecasts only chose what to measure.</p>
 {llm_paragraph(llm_calls(run))}<img src="data:image/png;base64,{best_so_far_plot(speedups, remeasured)}">
 <img src="data:image/png;base64,{forecast_plot(forecast_pairs)}">
 <img src="data:image/png;base64,{calibration_plot(check.reliability)}">

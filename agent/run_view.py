@@ -140,6 +140,27 @@ def _row(archive: Archive, rec: CandidateRecord, deciding: dict[int, dict]) -> C
     )
 
 
+def reference_of(run: RunDir, spec: Any) -> str:
+    """What the run's speedups are over. A recorded space's configuration is kept in the run since 2026-12-04; for
+    an older run it is drawn again from the space and the seed, as the search drew it."""
+    from kernelscout.agent.targets import REPLAY_REFERENCE_KEY, drawn_reference
+
+    if spec.kind != "space":
+        return "the problem's Model"
+    drawn = run.get_meta(REPLAY_REFERENCE_KEY)
+    if drawn is not None:
+        config = json.loads(drawn)
+    else:
+        from kernelscout.sandbox.replay import ReplaySpace
+
+        try:
+            config = drawn_reference(ReplaySpace.load(spec.path), spec.settings.seed)
+        except (OSError, ValueError):
+            config = None
+    text = ", ".join(f"{k}={v}" for k, v in config.items()) if config else f"not recorded ({spec.path} cannot be read)"
+    return f"the configuration --seed {spec.settings.seed} drew: {text}"
+
+
 def _here(finished: dict, path: Path) -> Optional[str]:
     """The finished search's command to go on, naming the folder as it is now: a run directory copied or
     renamed since would otherwise be told to resume the original."""
@@ -148,7 +169,9 @@ def _here(finished: dict, path: Path) -> Optional[str]:
     command, then = finished.get("continue_with"), finished.get("run_dir")
     if not command or not then:
         return command
-    return command.replace(shlex.quote(then), shlex.quote(str(path)))
+    if shlex.quote(then) in command:
+        return command.replace(shlex.quote(then), shlex.quote(str(path)))
+    return command.replace(then, shlex.quote(str(path)))  # written unquoted before 2026-12-04
 
 
 def failure_row(run_dir: Path, rec: CandidateRecord, m: Measurement) -> FailedRow:
@@ -176,7 +199,7 @@ def _view(run: RunDir, top: int) -> RunView:
                        measured_files=measured_files(run), chat_llm_usage=llm_calls(run, CHAT_USAGE_META))
     spec = SearchSpec.model_validate_json(spec_text)
     archive = Archive(run)
-    forecasts = archive.forecasts()
+    forecasts = archive.forecasts(lazy=True)
     deciding = deciding_forecasts(forecasts)
     candidates = archive.all()
     measured = [c for c in candidates if c.speedup is not None]
@@ -191,14 +214,9 @@ def _view(run: RunDir, top: int) -> RunView:
     with run.connect() as db:  # the same key charged twice; a re-measurement of the best has a key of its own
         measured_again = db.execute("SELECT COUNT(*) - COUNT(DISTINCT key) FROM measurements WHERE charged = 1").fetchone()[0]
         remeasurements = db.execute("SELECT COUNT(*) FROM confirmations").fetchone()[0]
-    from kernelscout.agent.targets import REPLAY_REFERENCE_KEY, reference_ms
+    from kernelscout.agent.targets import reference_ms
 
-    if spec.kind == "space":
-        drawn = run.get_meta(REPLAY_REFERENCE_KEY)
-        config = ", ".join(f"{k}={v}" for k, v in json.loads(drawn).items()) if drawn else "not recorded"
-        reference = f"the configuration --seed {spec.settings.seed} drew: {config}"
-    else:
-        reference = "the problem's Model"
+    reference = reference_of(run, spec)
     return RunView(
         run_dir=str(run.path), kind=spec.kind, target=spec.path, device=spec.device, policy=spec.policy, surrogate=spec.surrogate,
         status="running" if live else (finished.get("status") or "finished") if finished else "unfinished", running=live,
@@ -207,7 +225,7 @@ def _view(run: RunDir, top: int) -> RunView:
         states=archive.counts(), considered=considered, considered_per_measurement=round(considered / used, 2) if used else 0.0,
         best=_row(archive, best, deciding) if best else None, best_file=best_file if best else None, top=rows[:top],
         failed=failed, failures=[failure_row(run.path, rec, m) for rec, m in failures], measured_again=measured_again, remeasurements=remeasurements,
-        seed=spec.settings.seed, reference=reference, reference_ms=reference_ms(run), best_runtime_ms=archive.reported_runtime_ms(best) if best else None,
+        seed=spec.settings.seed, reference=reference, reference_ms=reference_ms(run, valid_only=True), best_runtime_ms=archive.reported_runtime_ms(best) if best else None,
         forecast_check=check_forecasts(archive, forecasts=forecasts),
         report=str(run.path / "report.html") if (run.path / "report.html").is_file() else None,
         llm_usage=llm_calls(run), chat_llm_usage=llm_calls(run, CHAT_USAGE_META),

@@ -28,15 +28,23 @@ def recorded_measurement(run: RunDir, measurement_id: Optional[int]) -> Optional
     return Measurement.model_validate_json(row[0]) if row else None
 
 
-def reference_ms(run: RunDir) -> Optional[float]:
-    """Median reference time over the run's successful measurements (each timed it alongside a candidate)."""
+REPLAY_REFERENCE_KEY = "replay_reference"  # run meta: the configuration a recorded space's speedups are over
+
+
+def drawn_reference(space: ReplaySpace, seed: int) -> dict[str, Any]:
+    """The configuration a recorded space's speedups are over: one that works, drawn by the search's seed."""
+    ok = [i for i in range(len(space)) if i not in space.failures]
+    return space.config(random.Random(f"reference:{seed}").choice(ok))
+
+
+def reference_ms(run: RunDir, valid_only: bool = False) -> Optional[float]:
+    """Median reference time over the run's successful measurements (each timed it alongside a candidate);
+    `valid_only`: over those whose timing counted (a busy machine's are slow for the reference too)."""
     with run.connect() as db:
         rows = db.execute("SELECT result_json FROM measurements WHERE status = 'ok'").fetchall()
-    refs = sorted(r for r in (Measurement.model_validate_json(row[0]).ref_runtime_ms for row in rows) if r)
+    measured = [Measurement.model_validate_json(row[0]) for row in rows]
+    refs = sorted(m.ref_runtime_ms for m in measured if m.ref_runtime_ms and (m.timing_valid or not valid_only))
     return refs[len(refs) // 2] if refs else None
-
-
-REPLAY_REFERENCE_KEY = "replay_reference"  # run meta: the configuration a recorded space's speedups are over
 
 
 def config_sha(space: ReplaySpace, config: dict[str, Any]) -> str:
@@ -51,8 +59,7 @@ class ReplayTarget:
     def __init__(self, space: ReplaySpace, run: RunDir, seed: int = 0, dispatcher: Any = None):
         self.space, self.run = space, run
         self.dispatcher = dispatcher  # agent/dispatch.py: replay on scale-out workers instead of in this thread
-        ok = [i for i in range(len(space)) if i not in space.failures]
-        self.reference = space.config(random.Random(f"reference:{seed}").choice(ok))
+        self.reference = drawn_reference(space, seed)
         if run.get_meta(REPLAY_REFERENCE_KEY) is None:  # what every speedup of the run is over, for `kscout show`
             run.set_meta(REPLAY_REFERENCE_KEY, json.dumps(self.reference, default=str))
         self.name = space.name

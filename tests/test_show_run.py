@@ -2,6 +2,7 @@
 
 import json
 import shutil
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,10 @@ def test_show_reports_what_the_search_found_and_its_forecast_scores(tmp_path):
     assert view["reference"] == "the configuration --seed 3 drew: " + ", ".join(f"{k}={v}" for k, v in drawn.items())
     assert view["best_runtime_ms"] == pytest.approx(result.best_runtime_ms)
     assert view["reference_ms"] == pytest.approx(result.best_runtime_ms * result.best_speedup, rel=0.05)
+    with sqlite3.connect(tmp_path / "run" / "run.db") as db:  # a run made before the configuration was kept
+        db.execute("DELETE FROM meta WHERE key = 'replay_reference'")
+    again = json.loads(CliRunner().invoke(app, ["show", str(tmp_path / "run"), "--json"]).output)
+    assert again["reference"] == view["reference"]  # drawn again from the space and the seed
 
     text = CliRunner().invoke(app, ["show", str(tmp_path / "run")], env={"COLUMNS": "160"})
     assert text.exit_code == 0
@@ -291,7 +296,7 @@ def test_show_says_why_a_measurement_did_not_count(tmp_path):
     report = CliRunner().invoke(app, ["show", str(tmp_path / "run"), "--report"])
     assert report.exit_code == 0
     page = (tmp_path / "run" / "report.html").read_text()
-    assert "Measurements that did not count (1)" in page
+    assert "Measurements that did not count (1)" in page and "Speedups are over the problem&#x27;s Model." in page
     assert "<td>did not count (incorrect)</td>" in page  # in the lineage too, in the words of the table below it
     assert f"<td>{Path(failure['file']).relative_to(tmp_path / 'run')}</td>" in page
     # a run directory copied elsewhere points into itself, not back to the original
@@ -306,7 +311,8 @@ def test_show_says_why_a_measurement_did_not_count(tmp_path):
 def test_forecasts_are_parsed_only_where_they_are_read(tmp_path):
     """A long search stores each waiting candidate's forecast again every iteration; a view reads few of them."""
     start_search(problem=None, space=str(SPACE), budget=12, run_dir=str(tmp_path / "run"), quiet=True)
-    rows = Archive(RunDir(tmp_path / "run")).forecasts()
+    assert isinstance(Archive(RunDir(tmp_path / "run")).forecasts()[0]["forecast"], dict)  # plain JSON for a script
+    rows = Archive(RunDir(tmp_path / "run")).forecasts(lazy=True)
     assert len(rows) > 12 and not any(r["forecast"]._value for r in rows)  # nothing parsed yet
     ids = [c.id for c in Archive(RunDir(tmp_path / "run")).all()]
     assert ids == list(range(1, len(ids) + 1))  # a candidate proposed again takes no id of its own
@@ -340,3 +346,22 @@ def test_two_runs_are_compared_side_by_side_and_told_apart_by_time_when_their_re
     assert f"{views[1]['best_runtime_ms']:.4g} ms" in text
     refused = CliRunner().invoke(app, ["show", *runs, "--report"])
     assert refused.exit_code == 2 and "give one run directory" in refused.output
+    same = " ".join(CliRunner().invoke(app, ["show", runs[0], runs[0]], env={"COLUMNS": "250"}).output.split())
+    assert "runs compared" in same and "different references" not in same  # one space, one seed: one reference
+
+
+def test_the_reference_time_is_of_timings_that_counted_and_the_command_to_go_on_follows_a_moved_run(tmp_path):
+    from kernelscout.agent.run_view import _here
+    from kernelscout.agent.targets import reference_ms
+    from kernelscout.tools.measure import MeasurementRecord, ledgered
+
+    run = RunDir(tmp_path / "run")
+    for i, (ref_ms, valid) in enumerate([(38.9, False), (52.5, False), (6.6, True)]):  # two timed on a busy machine
+        rec = MeasurementRecord(key=f"k{i}", problem_sha="p", candidate_sha=f"c{i}", problem_path="p.py", candidate_path="c.py", device="cpu")
+        ledgered(run, rec, lambda: Measurement(status="ok", correct=True, timing_valid=valid, charged=True, runtime_ms=3.0,
+                                               ref_runtime_ms=ref_ms, speedup=ref_ms / 3.0))
+    assert reference_ms(run, valid_only=True) == 6.6 and reference_ms(run) == 38.9
+    old = {"continue_with": "kscout budget /runs/R s --set 10 && kscout resume /runs/R s", "run_dir": "/runs/R s"}  # unquoted, as written before
+    assert _here(old, Path("/runs/R moved")) == "kscout budget '/runs/R moved' --set 10 && kscout resume '/runs/R moved'"
+    new = {"continue_with": "kscout resume '/runs/R s'", "run_dir": "/runs/R s"}
+    assert _here(new, Path("/runs/R s2")) == "kscout resume '/runs/R s2'"

@@ -254,16 +254,16 @@ class Archive:
                               " WHERE c.state = 'failed' ORDER BY c.id DESC LIMIT ?", (limit,)).fetchall()
         return total, [(_row(r[:-1]), Measurement.model_validate_json(r[-1])) for r in rows]
 
-    def forecasts(self) -> list[dict]:
+    def forecasts(self, lazy: bool = False) -> list[dict]:
         """Every forecast with the measured outcome next to it (None where the candidate was never measured).
-        Each row's "forecast" is a read-only mapping parsed when first read (`dict(row["forecast"])` copies it)."""
+        `lazy`: each row's "forecast" is a read-only mapping parsed when first read, for views that read few."""
         with self.run.connect() as db:
             rows = db.execute(
                 "SELECT f.candidate_id, f.iteration, f.surrogate, f.forecast_json, f.decision, f.reason, c.state, c.speedup, c.parent_id"
                 " FROM forecasts f JOIN candidates c ON c.id = f.candidate_id ORDER BY f.id"
             ).fetchall()
         return [
-            {"candidate_id": r[0], "iteration": r[1], "surrogate": r[2], "forecast": ParsedOnUse(r[3]), "decision": r[4],
+            {"candidate_id": r[0], "iteration": r[1], "surrogate": r[2], "forecast": ParsedOnUse(r[3]) if lazy else json.loads(r[3]), "decision": r[4],
              "reason": r[5], "state": r[6], "measured_speedup": r[7], "parent_id": r[8]}
             for r in rows
         ]

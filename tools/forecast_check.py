@@ -96,7 +96,7 @@ def deciding_forecasts(forecasts: list[dict]) -> dict[int, dict]:
 def scored_search_forecasts(archive: Archive, deciding: Optional[dict[int, dict]] = None) -> list[tuple[dict, float]]:
     """(deciding forecast row, measured speedup over its parent) for each search candidate that had an
     informative forecast and then a verified measurement: what the scores, and the report's plots, judge."""
-    deciding = deciding_forecasts(archive.forecasts()) if deciding is None else deciding
+    deciding = deciding_forecasts(archive.forecasts(lazy=True)) if deciding is None else deciding
     speedups = {c.id: c.speedup for c in archive.all()}
     pairs = []
     for row in deciding.values():
@@ -113,9 +113,9 @@ def scored_search_forecasts(archive: Archive, deciding: Optional[dict[int, dict]
 def check_forecasts(archive: Archive, bins: int = 5, forecasts: Optional[list[dict]] = None) -> ForecastCheck:
     """Score each measured candidate's deciding forecast (the one it was measured on, else its last)
     against its measured speedup over the parent it was forecast against; and each `predict` tool
-    forecast against the first measurement of its file taken after it. `forecasts`: `archive.forecasts()`,
+    forecast against the first measurement of its file taken after it. `forecasts`: `archive.forecasts(lazy=True)`,
     where the caller has read them already."""
-    forecasts = archive.forecasts() if forecasts is None else forecasts
+    forecasts = archive.forecasts(lazy=True) if forecasts is None else forecasts
     deciding = deciding_forecasts(forecasts)
     scores, audits = _Scores(), 0
     for row, ratio in scored_search_forecasts(archive, deciding):
