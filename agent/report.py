@@ -156,7 +156,7 @@ def write_report(run_dir: Path | str, title: str = "kernelscout run") -> Path:
     status = Budget(run).status()
     best = archive.reported_best()
     failed, failures = archive.failures(limit=max(1, len(candidates)))
-    failed_rows = [failure_row(run.path, rec, m) for rec, m in failures]  # newest first
+    failed_rows = [failure_row(run, rec, m) for rec, m in failures]  # newest first
     did_not_count = {f.id: f.status for f in failed_rows}  # "failed" alone misleads
     rows = []
     for c in candidates:

@@ -174,13 +174,11 @@ def _here(finished: dict, path: Path) -> Optional[str]:
     return command.replace(then, shlex.quote(str(path)))  # written unquoted before 2026-12-04
 
 
-def failure_row(run_dir: Path, rec: CandidateRecord, m: Measurement) -> FailedRow:
+def failure_row(run: RunDir, rec: CandidateRecord, m: Measurement) -> FailedRow:
     """What `kscout show` and the report say of a measurement that did not count: which file (or
-    configuration) to open, and why. The file is looked up in this run directory, not at the path
-    recorded, so that a run directory copied elsewhere still points into itself."""
-    file = str(run_dir / "kernels" / Path(rec.path).name) if rec.path else None
+    configuration) to open, and why."""
     return FailedRow(id=rec.id, status="timing not valid" if m.timing_voided else m.status.value, why=m.unusable_reason or "",
-                     file=file, params=rec.params)
+                     file=run.kernel_path(rec.path), params=rec.params)
 
 
 def view_run(path: str | Path, top: int = 10) -> RunView:
@@ -224,7 +222,7 @@ def _view(run: RunDir, top: int) -> RunView:
         continue_with=None if live else _here(finished or {}, run.path),
         states=archive.counts(), considered=considered, considered_per_measurement=round(considered / used, 2) if used else 0.0,
         best=_row(archive, best, deciding) if best else None, best_file=best_file if best else None, top=rows[:top],
-        failed=failed, failures=[failure_row(run.path, rec, m) for rec, m in failures], measured_again=measured_again, remeasurements=remeasurements,
+        failed=failed, failures=[failure_row(run, rec, m) for rec, m in failures], measured_again=measured_again, remeasurements=remeasurements,
         seed=spec.settings.seed, reference=reference, reference_ms=reference_ms(run, valid_only=True), best_runtime_ms=archive.reported_runtime_ms(best) if best else None,
         forecast_check=check_forecasts(archive, forecasts=forecasts),
         report=str(run.path / "report.html") if (run.path / "report.html").is_file() else None,

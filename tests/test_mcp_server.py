@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import shutil
 import textwrap
 import threading
 import time
@@ -371,6 +372,10 @@ def test_candidates_join_the_search_archive_and_direct_measurements(tmp_path, fi
     assert [e.state for e in server.tool_list_candidates(state="proposed").candidates] == ["proposed"]
     best = server.tool_best_candidate()
     assert best.found and best.best.origin == "search" and best.best.speedup == 1.5
+    # served from a copy of the run directory, a search's candidate files are those in the copy
+    shutil.copytree(tmp_path / "run", tmp_path / "copy")
+    copied = build_server(str(tmp_path / "copy"), device="cpu", chat_model=None).tool_best_candidate()
+    assert copied.best.path.startswith(str(tmp_path / "copy" / "kernels")) and Path(copied.best.path).is_file()
 
     other = tmp_path / "other_problem.py"
     other.write_text(textwrap.dedent(SMALL_PROBLEM).replace("0.5 * x", "0.25 * x"))

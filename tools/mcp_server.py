@@ -324,7 +324,7 @@ class KernelScoutMCP(MCPServer):
             row = by_id.get(rec.measurement_id) if rec.measurement_id is not None else None
             m = Measurement.model_validate(json.loads(row[7])) if row else None
             entries.append(CandidateEntry(
-                origin="search", path=rec.path, problem=row[4] if row else spec_path, problem_sha=row[2] if row else spec_sha,
+                origin="search", path=self.run.kernel_path(rec.path), problem=row[4] if row else spec_path, problem_sha=row[2] if row else spec_sha,
                 device=row[6] if row else None, state=rec.state,
                 speedup=archive.reported_speedup(rec) if rec.state == "measured" else None,  # its re-measurement where it has one
                 record=rec, measurement=m,

@@ -237,6 +237,13 @@ class RunDir:
         with open(self.path / "events.jsonl", "a") as f:
             f.write(line + "\n")  # closing flushes to the OS: enough against a killed process (the log is not the record)
 
+    def kernel_path(self, recorded: Optional[str]) -> Optional[str]:
+        """A candidate's archived file in this run directory as it is now: the path recorded names the folder the
+        run had then, and a run directory copied or moved since must point into itself."""
+        if not recorded or Path(recorded).parent.name != "kernels":
+            return recorded
+        return str(self.path / "kernels" / Path(recorded).name)
+
     def save_kernel(self, sha: str, source: str) -> Path:
         path = self.path / "kernels" / f"{sha[:16]}.py"
         if not path.exists():
