@@ -19,7 +19,7 @@ from kernelscout.tools.archive import ROOT_ID, Archive, CandidateRecord
 from kernelscout.tools.budget import Budget
 from kernelscout.tools.forecast_check import ForecastCheck, check_forecasts, deciding_forecasts
 from kernelscout.tools.measure import MeasuredFile, measured_files
-from kernelscout.tools.rundir import RunDir, read_events
+from kernelscout.tools.rundir import RunDir, RunDirError, read_events
 from kernelscout.tools.runlock import holder
 from kernelscout.tools.schema import BudgetStatus, Measurement
 
@@ -111,7 +111,13 @@ def open_run(path: str | Path, read_only: bool = True) -> RunDir:
     if not (p / "run.db").is_file():
         where = "does not exist" if not p.exists() else "holds no run.db"
         raise RunViewError(f"{p} {where}: give the run directory that `kscout optimize` printed (default runs/<problem>-<time>)")
-    return RunDir(p, read_only=read_only)
+    try:
+        run = RunDir(p, read_only=read_only)
+        with run.connect():  # opened now, so a database that cannot be read is this error, not a traceback later
+            pass
+    except RunDirError as exc:
+        raise RunViewError(str(exc)) from None
+    return run
 
 
 def finished_event(folder: Path) -> Optional[dict]:

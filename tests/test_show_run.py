@@ -134,6 +134,10 @@ def test_show_refuses_a_path_that_is_not_a_run_and_creates_nothing(tmp_path):
     assert shown.exit_code == 2
     assert json.loads(shown.output)["status"] == "failed" and "does not exist" in shown.output
     assert not missing.exists()
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "run.db").write_text("not SQLite")  # a stray file of that name
+    shown = CliRunner().invoke(app, ["show", str(tmp_path / "notes"), "--json"])
+    assert shown.exit_code == 2 and "is not a run's database" in json.loads(shown.output)["message"]
 
 
 def test_a_predict_tool_forecast_is_scored_only_by_a_measurement_taken_after_it(tmp_path):

@@ -146,6 +146,9 @@ class RunDir:
         except sqlite3.OperationalError as exc:
             if os.access(self.path, os.W_OK):
                 raise RunDirError(f"{self.db_path} cannot be read ({exc})") from None
+        except sqlite3.DatabaseError as exc:  # not SQLite at all, or damaged
+            raise RunDirError(f"{self.db_path} is not a run's database ({exc}); give the run directory that `kscout "
+                              "optimize` printed") from None
         log = self.db_path.with_name(self.db_path.name + "-wal")
         if log.is_file() and log.stat().st_size:
             # commits still in the log (its writer did not close cleanly): read a copy of both, which SQLite
