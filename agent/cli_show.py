@@ -233,7 +233,6 @@ def _render_check(out, fc) -> None:
 _STATE_WORDS = {"failed": "did not count"}
 
 
-
 def register(app: typer.Typer) -> None:
     """Add the `show` command to a typer app."""
 

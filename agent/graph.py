@@ -224,7 +224,7 @@ class SearchLoop:
                         continue
                     if m.status == MeasureStatus.invalid_problem and stop is None:
                         stop, queue = f"{PROBLEM_UNUSABLE}: {m.message}", []
-                    busy = m.status == MeasureStatus.ok and (m.timing_invalid_reason or "").startswith(BUSY_REASON)
+                    busy = _busy_machine(m)
                     if m.status == MeasureStatus.ok:
                         self._busy_streak = self._busy_streak + 1 if busy else 0
                         if self._busy_streak >= BUSY_STREAK and stop is None:
@@ -357,7 +357,7 @@ class SearchLoop:
             ok = bool(m.status == MeasureStatus.ok and m.correct and m.timing_valid and m.speedup and not suspect)
             # timed while the machine was busy: that judged nothing, so the best stays as it was, and the slot
             # stays open (recorded under a label of its own): a further slot re-measures it now, a resume later
-            void = not ok and m.timing_voided and (m.timing_invalid_reason or "").startswith(BUSY_REASON)
+            void = m.timing_voided and _busy_machine(m)
             self.archive.record_confirmation(f"{label}:void:{attempt}" if void else label, best.id, m, ok, void=void)
             self._emit("confirm", candidate=best.id, status=m.status.value, speedup=m.speedup, search_speedup=best.speedup,
                        ok=ok, void=void or None, suspect=suspect or None, why=None if ok else suspect or m.unusable_reason,
@@ -518,6 +518,11 @@ class SearchLoop:
         finally:
             conn.close()
         return final
+
+
+def _busy_machine(m: Measurement) -> bool:
+    """The measurement ran, but other processes held the worker's cores, so its timing judged nothing."""
+    return m.status == MeasureStatus.ok and (m.timing_invalid_reason or "").startswith(BUSY_REASON)
 
 
 def considered_count(archive: Archive) -> int:

@@ -555,7 +555,7 @@ def _run(run: RunDir, spec: SearchSpec, resume: bool, quiet: bool, report: bool 
             of = f" of {status.cap}" if status.cap is not None else ""
             raise SearchPaused(f"{exc}\nThe search stopped after {status.used}{of} measurements; nothing measured is lost. "
                                 f"Once that is fixed, continue with: kscout resume {run.path}") from None
-    result = summarise(run, spec, loop, state)
+    result = summarise(run, spec, state)
     if report:  # benchmarks skip it (agent/bench.py): thousands of runs, nobody reads their reports
         from kernelscout.agent.report import write_report
 

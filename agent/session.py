@@ -151,7 +151,7 @@ def build_loop(run: RunDir, spec: SearchSpec, on_event: Optional[Callable[[str, 
     return SearchLoop(run, target, policy, predictor, spec.settings, on_event=on_event)
 
 
-def summarise(run: RunDir, spec: SearchSpec, loop: SearchLoop, state: dict) -> OptimizeResult:
+def summarise(run: RunDir, spec: SearchSpec, state: dict) -> OptimizeResult:
     archive = Archive(run)
     used = Budget(run).status().used
     considered = considered_count(archive)
