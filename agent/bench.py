@@ -235,7 +235,8 @@ def read_run(space: ReplaySpace, run_dir: str) -> tuple[list[float], list[Option
             if row is None or row[0] is None:
                 considered.append(None)
                 continue
-            considered.append(db.execute("SELECT COUNT(DISTINCT candidate_id) FROM forecasts WHERE iteration <= ?", (row[0],)).fetchone()[0])
+            considered.append(db.execute("SELECT COUNT(DISTINCT candidate_id) FROM forecasts WHERE COALESCE(first_iteration, iteration) <= ?",
+                                         (row[0],)).fetchone()[0])
     return times, considered
 
 

@@ -46,7 +46,7 @@ def trajectory(run_dir: str) -> dict:
     forecasts = archive.forecasts()
     at = lambda k: curve[min(k, len(curve)) - 1] if curve else 1.0  # noqa: E731
     return {"best_at_3": at(3), "best_at_5": at(5), "slower_than_parent": slower, "measured": len(measured),
-            "informative": sum(f["forecast"]["informative"] for f in forecasts), "forecasts": len(forecasts)}
+            "informative": sum(f["forecast"]["informative"] for f in forecasts), "forecasts": sum(1 + f["repeats"] for f in forecasts)}
 
 
 def summary(lines: list[str]) -> str:

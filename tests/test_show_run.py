@@ -323,7 +323,8 @@ def test_forecasts_are_parsed_only_where_they_are_read(tmp_path):
     first = dict(rows[0]["forecast"])
     assert 0.0 <= first["p_faster"] <= 1.0 and rows[0]["forecast"]["surrogate"] == first["surrogate"]
     check = check_forecasts(Archive(RunDir(tmp_path / "run")), forecasts=rows)
-    assert check.forecasts == len(rows) and sum(r["forecast"]._value is not None for r in rows) <= 1 + check.candidates_forecast
+    assert check.forecasts == sum(1 + r["repeats"] for r in rows)
+    assert sum(r["forecast"]._value is not None for r in rows) <= 1 + check.candidates_forecast
 
 
 def test_a_view_reads_one_moment_of_a_run_a_search_is_writing_to(tmp_path):

@@ -133,7 +133,7 @@ def check_forecasts(archive: Archive, bins: int = 5, forecasts: Optional[list[di
 
     n = len(scores.p)
     last_silent = archive.last_abstention() or {}
-    check = ForecastCheck(forecasts=len(forecasts) + len(tool), candidates_forecast=len(deciding) + len(tool),
+    check = ForecastCheck(forecasts=sum(1 + f.get("repeats", 0) for f in forecasts) + len(tool), candidates_forecast=len(deciding) + len(tool),
                           uninformative=uninformative, scored=n, audits=audits, from_tools=from_tools,
                           last_abstention=last_silent.get("rationale") or None)
     if n == 0:
