@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 from kernelscout.agent.forecaster import Forecaster, make_forecaster
 from kernelscout.agent.session import SearchSpec
-from kernelscout.agent.targets import CodeTarget, ReplayTarget, reference_ms
+from kernelscout.agent.targets import CodeTarget, ReplayTarget, search_reference_ms
 from kernelscout.tools.rundir import RunDir
 
 
@@ -56,7 +56,7 @@ def make_policy(spec: SearchSpec, target: Any):
 
 
 def make_predictor(spec: SearchSpec, target: Any) -> Forecaster:
-    ref = lambda: reference_ms(target.run)  # noqa: E731
+    ref = lambda: search_reference_ms(target.run)  # noqa: E731
     if spec.kind == "space":
         from kernelscout.sandbox.replay import ReplaySpace
         from kernelscout.tools.surrogates.warmstart import PriorSource

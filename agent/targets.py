@@ -47,6 +47,12 @@ def reference_ms(run: RunDir, valid_only: bool = False) -> Optional[float]:
     return refs[len(refs) // 2] if refs else None
 
 
+def search_reference_ms(run: RunDir) -> Optional[float]:
+    """The reference time a search forecasts against: over timings that counted, as `kscout show` reports it, so
+    that a burst of load does not stretch every forecast's parent; over all of them while none has counted yet."""
+    return reference_ms(run, valid_only=True) or reference_ms(run)
+
+
 def config_sha(space: ReplaySpace, config: dict[str, Any]) -> str:
     text = json.dumps({k: config[k] for k in space.param_names}, default=str)
     return hashlib.sha256(text.encode()).hexdigest()

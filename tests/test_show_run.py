@@ -357,7 +357,7 @@ def test_two_runs_are_compared_side_by_side_and_told_apart_by_time_when_their_re
 
 def test_the_reference_time_is_of_timings_that_counted_and_the_command_to_go_on_follows_a_moved_run(tmp_path):
     from kernelscout.agent.run_view import _here
-    from kernelscout.agent.targets import reference_ms
+    from kernelscout.agent.targets import reference_ms, search_reference_ms
     from kernelscout.tools.measure import MeasurementRecord, ledgered
 
     run = RunDir(tmp_path / "run")
@@ -365,7 +365,10 @@ def test_the_reference_time_is_of_timings_that_counted_and_the_command_to_go_on_
         rec = MeasurementRecord(key=f"k{i}", problem_sha="p", candidate_sha=f"c{i}", problem_path="p.py", candidate_path="c.py", device="cpu")
         ledgered(run, rec, lambda: Measurement(status="ok", correct=True, timing_valid=valid, charged=True, runtime_ms=3.0,
                                                ref_runtime_ms=ref_ms, speedup=ref_ms / 3.0))
+        if i == 1:  # before any timing counted, the search forecasts against what it has
+            assert search_reference_ms(run) == 52.5
     assert reference_ms(run, valid_only=True) == 6.6 and reference_ms(run) == 38.9
+    assert search_reference_ms(run) == 6.6  # the search's forecasts, like show, go by the timings that counted
     old = {"continue_with": "kscout budget /runs/R s --set 10 && kscout resume /runs/R s", "run_dir": "/runs/R s"}  # unquoted, as written before
     assert _here(old, Path("/runs/R moved")) == "kscout budget '/runs/R moved' --set 10 && kscout resume '/runs/R moved'"
     new = {"continue_with": "kscout resume '/runs/R s'", "run_dir": "/runs/R s"}
