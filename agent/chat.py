@@ -28,6 +28,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 from pydantic import BaseModel, Field
 
+from kernelscout.agent.checkpoint_trim import keep_latest_checkpoint
 from kernelscout.agent.chat_tools import ChatToolbox, ToolResult
 from kernelscout.agent.llm import LLM_ERRORS, ChatModel, Message
 from kernelscout.prompts import load as load_prompt
@@ -105,6 +106,8 @@ class ChatAgent:
 
     def __exit__(self, *exc: object) -> None:
         if self._conn is not None:
+            if exc[0] is None:  # a session that ended cleanly keeps its latest state, all a chat goes on from
+                keep_latest_checkpoint(self._conn, THREAD)
             self._conn.close()
         self._conn = self._graph = None
 

@@ -11,7 +11,7 @@ rule's top N go out together and are recorded as each returns. The best of many 
 measurements reads high (the winner's curse), so with `confirm` set the last measurements of the
 budget re-measure the best once the search stops, and that re-measurement is what is reported.
 Everything durable lives in the run directory: the archive and the ledger in run.db, LangGraph's
-checkpoints in checkpoints.db.
+checkpoints in checkpoints.db (the latest only, once the search stops: agent/checkpoint_trim.py).
 Each node is idempotent (content-addressed candidates, forecasts keyed by candidate and iteration,
 measurements keyed by content and device), so replaying the node that a kill -9 interrupted
 neither loses nor repeats a measurement.
@@ -31,6 +31,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
 from pydantic import BaseModel, Field
 
+from kernelscout.agent.checkpoint_trim import keep_latest_checkpoint
 from kernelscout.agent.dispatch import InlineExecutor
 from kernelscout.agent.policies.tuner import USER_ORIGIN
 from kernelscout.agent.selection import Node, select
@@ -515,6 +516,7 @@ class SearchLoop:
                 final = snapshot.values  # already finished
             else:
                 final = graph.invoke({"iteration": 0, "started": time.time(), "last_improvement": 0}, config, durability="sync")
+            keep_latest_checkpoint(conn, "search")  # after a clean stop only: a kill or Ctrl-C leaves them to the next
         finally:
             conn.close()
         return final

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import textwrap
 from pathlib import Path
 
@@ -184,6 +185,8 @@ def test_leaving_and_coming_back_continues_the_session(tmp_path, problem, pool):
     finally:
         session.close()
     assert any("spends 1 measurement" in p for p in term.prompts)
+    with sqlite3.connect(tmp_path / "run" / "checkpoints.db") as db:  # the session's latest state is all it goes on from
+        assert db.execute("SELECT COUNT(*) FROM checkpoints WHERE thread_id = 'chat'").fetchone()[0] == 1
 
     second = Agent(lambda req: say(f"Measured {last_tool_result(req)['speedup']:.2f}x."),
                    lambda req: say(f"You asked me {sum(m.role == 'user' for m in req.messages)} things."))

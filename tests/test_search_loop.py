@@ -59,6 +59,8 @@ def test_candidates_shelved_for_want_of_room_come_back_when_the_ranking_returns_
     were never judged worse, so the space's ranking may propose them again: a good one is not lost for good."""
     run_dir = tmp_path / "run"
     start_search(problem=None, space=str(SPACE), budget=20, run_dir=str(run_dir), quiet=True, report=False)
+    steps = sqlite3.connect(run_dir / "checkpoints.db").execute("SELECT COUNT(*) FROM checkpoints").fetchone()[0]
+    assert steps == 1  # the latest checkpoint is all a resume reads; the stopped search kept no other
     db = sqlite3.connect(run_dir / "run.db")
     shelved_before = {cid for (cid,) in db.execute("SELECT id FROM candidates WHERE state = 'shelved'")}
     (last_iteration,) = db.execute("SELECT MAX(iteration) FROM forecasts").fetchone()
