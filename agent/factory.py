@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from kernelscout.agent.forecaster import Forecaster, make_forecaster
-from kernelscout.agent.session import SearchSpec
+from kernelscout.agent.search_spec import SearchSpec
 from kernelscout.agent.targets import CodeTarget, ReplayTarget, search_reference_ms
 from kernelscout.tools.rundir import RunDir
 

@@ -29,11 +29,11 @@ from typing import Any, Callable, Optional, TypedDict
 
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
-from pydantic import BaseModel, Field
 
 from kernelscout.agent.checkpoint_trim import keep_latest_checkpoint
 from kernelscout.agent.dispatch import InlineExecutor
 from kernelscout.agent.policies.tuner import USER_ORIGIN
+from kernelscout.agent.search_spec import SearchSettings
 from kernelscout.agent.selection import Node, select
 from kernelscout.sandbox.stats import BUSY_REASON
 from kernelscout.tools.archive import ROOT_ID, Archive, CandidateRecord
@@ -47,24 +47,6 @@ try:
     LLM_CAPS: tuple[type[BaseException], ...] = (_LLMBudgetExceeded,)
 except ImportError:  # pragma: no cover
     LLM_CAPS = ()
-
-
-class SearchSettings(BaseModel):
-    """Knobs of the loop; stored in the run directory so `kscout resume` continues with the same ones."""
-
-    budget: int = Field(10, ge=1, description="hard cap on measurements")
-    proposals_per_iteration: int = Field(6, ge=1)
-    measure_per_iteration: int = Field(1, ge=1, description="at most this many measurements per iteration")
-    pending_limit: int = Field(32, ge=0, description="unmeasured, not-skipped candidates kept for later iterations")
-    patience: int = Field(0, ge=0, description="stop after this many measurements without a new best (0: never)")
-    max_wall_s: Optional[float] = Field(None, description="stop after this many seconds")
-    sol_margin: float = Field(1.05, description="stop when the best time is within this factor of speed-of-light")
-    near_sol: float = Field(1.5, description="within this factor of speed-of-light, spend at most half the budget")
-    max_device_s: Optional[float] = Field(None, description="stop after this many seconds of measurement time on the device")
-    max_usd: Optional[float] = Field(None, description="stop when LLM calls have cost this much")
-    max_llm_tokens: Optional[int] = Field(None, description="stop when LLM calls have used this many tokens")
-    confirm: int = Field(0, ge=0, description="measurements kept back to re-measure the best candidate once the search stops")
-    seed: int = 0
 
 
 BUDGET_SPENT = "measurement budget spent"

@@ -180,13 +180,13 @@ def write_report(run_dir: Path | str, title: str = "kernelscout run") -> Path:
     if confirmed:
         best_line = (f"best verified: #{best.id} at {archive.reported_speedup(best):.3f}x, re-measured after the search "
                      f"({', '.join(f'{x:.3f}x' for x in confirmed)}; {best.speedup:.3f}x when it was chosen)")
-    from kernelscout.agent.session import SPEC_KEY
+    from kernelscout.agent.search_spec import SPEC_KEY
 
     spec_text = run.get_meta(SPEC_KEY)
     over = ""
     if spec_text:  # what the speedups are over, as `kscout show` says it
         from kernelscout.agent.run_view import reference_of
-        from kernelscout.agent.session import SearchSpec
+        from kernelscout.agent.search_spec import SearchSpec
         from kernelscout.agent.targets import reference_ms
 
         ref_ms = reference_ms(run, valid_only=True)

@@ -194,7 +194,7 @@ def view_run(path: str | Path, top: int = 10) -> RunView:
 
 
 def _view(run: RunDir, top: int) -> RunView:
-    from kernelscout.agent.session import SPEC_KEY, SearchSpec
+    from kernelscout.agent.search_spec import SPEC_KEY, SearchSpec
 
     status = Budget(run).status()
     spec_text = run.get_meta(SPEC_KEY)

@@ -9,25 +9,11 @@ from typing import Any, Callable, Literal, Optional
 
 from pydantic import BaseModel, Field
 
-from kernelscout.agent.graph import PROBLEM_UNUSABLE, SearchLoop, SearchSettings, considered_count, considered_per_measurement
+from kernelscout.agent.graph import PROBLEM_UNUSABLE, SearchLoop, considered_count, considered_per_measurement
+from kernelscout.agent.search_spec import SPEC_KEY, SearchSpec
 from kernelscout.tools.archive import CLEAR_GAIN, Archive, clear_gain
 from kernelscout.tools.budget import Budget
 from kernelscout.tools.rundir import RunDir
-
-
-class SearchSpec(BaseModel):
-    kind: Literal["problem", "space"]
-    path: str
-    device: str = "cpu"
-    policy: str = "tuner"
-    surrogate: str = "learned"
-    settings: SearchSettings = Field(default_factory=SearchSettings)
-    warm_start: list[str] = Field(default_factory=list, description="recorded spaces of the same kernel on other devices")
-    start: list[str] = Field(default_factory=list, description="the user's own kernels, measured first as children of the reference")
-    history: Optional[list[str]] = Field(None, description="folders of earlier runs whose measurements make the learned "
-                                         "surrogate's prior (None or []: no prior)")
-    rewrites: Optional[list[str]] = Field(None, description="the generic rewrites the offline tuner may try (None: every one "
-                                          "that applies; []: none, so only the TUNABLE knobs of the --start kernels are tuned)")
 
 
 class OptimizeResult(BaseModel):
@@ -51,9 +37,6 @@ class OptimizeResult(BaseModel):
     message: str = ""
     continue_with: Optional[str] = Field(None, description="the command that lets a search stopped by its budget or "
                                                            "a limit go on, with a value for it")
-
-
-SPEC_KEY = "search_spec"
 
 
 def save_spec(run: RunDir, spec: SearchSpec) -> None:

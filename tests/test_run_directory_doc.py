@@ -30,7 +30,7 @@ def test_the_json_columns_and_meta_keys_are_documented():
     from kernelscout.agent.factory import HISTORY_KEY
     from kernelscout.agent.llm_pricing import CHAT_USAGE_META, RUN_USAGE_META
     from kernelscout.agent.runner import SCALING_KEY
-    from kernelscout.agent.session import SPEC_KEY
+    from kernelscout.agent.search_spec import SPEC_KEY
     from kernelscout.agent.targets import REPLAY_REFERENCE_KEY
     from kernelscout.tools.predict import Forecast
     from kernelscout.tools.schema import Measurement

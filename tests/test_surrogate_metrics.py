@@ -28,6 +28,20 @@ def test_sample_pairs_are_distinct_and_in_range() -> None:
     assert len(set(zip(i.tolist(), j.tolist()))) == 20  # all ordered pairs show up
 
 
+def test_spearman_shares_tied_ranks_and_matches_scipy() -> None:
+    assert M.average_ranks(np.array([3.0, 1.0, 3.0, 2.0])).tolist() == [3.5, 1.0, 3.5, 2.0]
+    assert M.spearman(np.array([1.0, 2.0, 3.0]), np.array([10.0, 20.0, 30.0])) == pytest.approx(1.0)
+    assert M.spearman(np.array([1.0, 2.0, 3.0]), np.array([3.0, 2.0, 1.0])) == pytest.approx(-1.0)
+    assert M.spearman(np.array([1.0, 1.0, 1.0]), np.array([3.0, 2.0, 1.0])) == 0.0  # a constant side claims nothing
+    from scipy.stats import spearmanr
+
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        score, truth = rng.integers(0, 4, 12).astype(float), rng.normal(size=12)  # many ties on one side
+        if np.ptp(score) > 0:
+            assert M.spearman(score, truth) == pytest.approx(spearmanr(score, truth)[0], abs=1e-12)
+
+
 def test_direction_accuracy_counts_coin_flips_as_half() -> None:
     assert M.direction_accuracy(np.array([0.9, 0.2, 0.5]), np.array([True, True, False])) == pytest.approx(1.5 / 3)
 
