@@ -73,3 +73,42 @@ def test_a_run_is_analysed_read_only_and_a_mistyped_path_is_an_error(tmp_path, m
     monkeypatch.setattr(rundir.os, "access", lambda path, mode: False)
     view = ks.show(result.run_dir)
     assert view.budget.used == 10 and view.best.speedup == pytest.approx(result.best_speedup)
+
+
+@pytest.mark.skipif(not SPACE.exists(), reason="recorded spaces (shared/data/benchmark_hub) not found")
+def test_reading_a_run_leaves_its_folder_as_it_was(tmp_path):
+    """SQLite's readers of a WAL database make its -shm and -wal files and cannot remove them; a run read with
+    `show`, the Python API or as another run's prior is left with the files it had, its database unchanged."""
+    import gc
+    import hashlib
+
+    import kernelscout as ks
+    from kernelscout.tools.rundir import RunDir, reading
+
+    run = tmp_path / "run"
+    ks.optimize(space=str(SPACE), budget=6, run_dir=str(run), quiet=True)
+    gc.collect()  # the search's own connections, as its process would at exit
+    before = sorted(p.name for p in run.iterdir())
+    digest = hashlib.sha256((run / "run.db").read_bytes()).hexdigest()
+    assert "run.db-wal" not in before  # the search closed its database cleanly
+
+    view = ks.show(run)
+    forecasts = ks.Archive(ks.open_run(run)).forecasts()
+    with reading(run / "run.db") as db:
+        assert db.execute("SELECT count(*) FROM candidates").fetchone()[0] > 0
+    del view, forecasts
+    gc.collect()
+    assert sorted(p.name for p in run.iterdir()) == before
+    assert hashlib.sha256((run / "run.db").read_bytes()).hexdigest() == digest
+
+    # a search that opened the database meanwhile keeps its files: SQLite removes them only for its last connection
+    reader = RunDir(run, read_only=True)
+    assert reader.get_meta("search_spec")
+    writer = RunDir(run)
+    writer.set_meta("note", "written while a reader was open")
+    del reader
+    gc.collect()
+    assert (run / "run.db-wal").exists()
+    assert writer.get_meta("note") == "written while a reader was open"
+    writer.close()
+    assert RunDir(run, read_only=True).get_meta("note") == "written while a reader was open"

@@ -20,6 +20,7 @@ import os
 import sqlite3
 import threading
 import time
+import weakref
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -65,16 +66,52 @@ class RunDirError(ValueError):
     """A run directory that cannot be one; the message says what to give instead."""
 
 
+def _logs(db_path: Path) -> tuple[Path, Path]:
+    return db_path.with_name(db_path.name + "-wal"), db_path.with_name(db_path.name + "-shm")
+
+
+def _reader_makes_logs(db_path: Path) -> bool:
+    """Whether a read-only connection opened now would leave files behind: a reader of a WAL database makes its
+    -shm and -wal when they are missing, and as a reader it cannot remove them again. Only in a folder it may
+    write to; elsewhere nothing can be made (the database is then read as immutable or from a copy)."""
+    return not any(p.exists() for p in _logs(db_path)) and os.access(db_path.parent, os.W_OK)
+
+
+def _remove_reader_logs(db_path: Path, readers: list[sqlite3.Connection]) -> None:
+    """Close `readers`, then let SQLite itself remove the -shm and -wal they made: the last connection to close a
+    WAL database deletes both, and a read-write one can. It reads one row and writes nothing (the log it made is
+    empty); while any other process has the database open (a search started meanwhile), SQLite leaves them."""
+    for db in readers:
+        db.close()
+    readers.clear()
+    wal, _ = _logs(db_path)
+    try:
+        if wal.is_file() and wal.stat().st_size == 0:
+            db = sqlite3.connect(f"{db_path.absolute().as_uri()}?mode=rw", uri=True, timeout=0.1, isolation_level=None)
+            try:
+                db.execute("SELECT count(*) FROM sqlite_master").fetchall()
+            finally:
+                db.close()
+    except (OSError, sqlite3.Error):
+        pass  # tidying only: the files are SQLite's own and harmless
+
+
 @contextmanager
 def reading(db_path: Path | str, timeout: float = 5.0) -> Iterator[sqlite3.Connection]:
-    """A read-only connection to a run's database, closed on leaving the block. `with sqlite3.connect(...)` only
-    commits; on Python 3.11 the connection then stays open until a later cyclic garbage collection (seen here:
-    one file descriptor per run read, until `gc.collect()`), holding the database open long after the read."""
-    db = sqlite3.connect(f"{Path(db_path).absolute().as_uri()}?mode=ro", uri=True, timeout=timeout)
+    """A read-only connection to a run's database, closed on leaving the block, which leaves no -shm or -wal
+    behind that were not there before. `with sqlite3.connect(...)` only commits; on Python 3.11 the connection
+    then stays open until a later cyclic garbage collection (seen here: one file descriptor per run read, until
+    `gc.collect()`), holding the database open long after the read."""
+    db_path = Path(db_path)
+    tidy = _reader_makes_logs(db_path)
+    db = sqlite3.connect(f"{db_path.absolute().as_uri()}?mode=ro", uri=True, timeout=timeout)
     try:
         yield db
     finally:
-        db.close()
+        if tidy:
+            _remove_reader_logs(db_path, [db])
+        else:
+            db.close()
 
 
 class RunDir:
@@ -110,7 +147,8 @@ class RunDir:
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state.pop("_local", None)  # connections stay with the process and thread that opened them
+        for key in ("_local", "_tidy_readers", "_tidy"):  # connections stay with the process and thread that opened them
+            state.pop(key, None)
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -140,7 +178,14 @@ class RunDir:
         writing to), or, where its log still holds commits, from a private copy of both."""
         uri = self.db_path.absolute().as_uri()
         try:
-            db = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=60.0, isolation_level=None)
+            tidy = _reader_makes_logs(self.db_path)
+            # check_same_thread off: the tidying below closes it from whichever thread collects this RunDir
+            db = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=60.0, isolation_level=None, check_same_thread=False)
+            if tidy:  # the files it makes go when this RunDir does (or at exit)
+                readers = self.__dict__.setdefault("_tidy_readers", [])
+                readers.append(db)
+                if "_tidy" not in self.__dict__:
+                    self._tidy = weakref.finalize(self, _remove_reader_logs, self.db_path, readers)
             db.execute("SELECT 1 FROM meta LIMIT 1").fetchall()
             return db
         except sqlite3.OperationalError as exc:
@@ -149,7 +194,7 @@ class RunDir:
         except sqlite3.DatabaseError as exc:  # not SQLite at all, or damaged
             raise RunDirError(f"{self.db_path} is not a run's database ({exc}); give the run directory that `kscout "
                               "optimize` printed") from None
-        log = self.db_path.with_name(self.db_path.name + "-wal")
+        log, _ = _logs(self.db_path)
         if log.is_file() and log.stat().st_size:
             # commits still in the log (its writer did not close cleanly): read a copy of both, which SQLite
             # can open as a WAL database, rather than the database file alone, which lacks them
