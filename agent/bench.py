@@ -146,8 +146,10 @@ class BenchResult(BaseModel):
     notes: list[str] = Field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
-        """`{space: {method: {budget: {"frac_of_opt": x, "considered_per_measurement": y}}}}`."""
-        return {s: {m: {b: {"frac_of_opt": c.frac_of_opt, "considered_per_measurement": c.considered_per_measurement}
+        """`{space: {method: {budget: {"frac_of_opt": x, "considered_per_measurement": y, "stderr": z}}}}`: the issue's
+        format plus the standard error over the seeds that the table prints (None where the value is exact)."""
+        return {s: {m: {b: {"frac_of_opt": c.frac_of_opt, "considered_per_measurement": c.considered_per_measurement,
+                            "stderr": c.stderr}
                         for b, c in cells.items()} for m, cells in methods.items()} for s, methods in self.spaces.items()}
 
 

@@ -55,7 +55,7 @@ def register(app: typer.Typer) -> None:
         no_predict: bool = typer.Option(True, "--surrogate-none/--no-surrogate-none", help="also run kernelscout with --surrogate none (what predict buys)"),
         out: Optional[str] = typer.Option(None, help="keep every run directory under this folder"),
         jobs: int = typer.Option(2, min=1, help="parallel worker processes"),
-        as_json: bool = typer.Option(False, "--json", help='print {space: {method: {budget: {"frac_of_opt", "considered_per_measurement"}}}}'),
+        as_json: bool = typer.Option(False, "--json", help='print {space: {method: {budget: {"frac_of_opt", "considered_per_measurement", "stderr"}}}}'),
     ) -> None:
         """Compare kernelscout's search with Kernel Tuner's strategies at the same budgets and seeds."""
         from rich.console import Console

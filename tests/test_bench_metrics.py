@@ -125,7 +125,7 @@ def test_bench_runs_both_tools_on_the_same_space_and_prints_the_documented_json(
     for method, cells in methods.items():
         assert set(cells) == {"2", "4"}
         for cell in cells.values():
-            assert set(cell) == {"frac_of_opt", "considered_per_measurement"}
+            assert set(cell) == {"frac_of_opt", "considered_per_measurement", "stderr"}
             assert 0.0 <= cell["frac_of_opt"] <= 1.0
         assert cells["4"]["frac_of_opt"] >= cells["2"]["frac_of_opt"]  # nested budgets: more never finds less
     assert methods["kernelscout"]["4"]["considered_per_measurement"] >= 1.0
@@ -281,7 +281,9 @@ def test_summary_carries_a_standard_error_over_seeds_and_judges_gaps_against_it(
     assert cell.stderr == pytest.approx(0.25)  # sd of {1, 0.5} is 0.3536; over sqrt(2) seeds
     assert result.spaces["tiny_GPU"]["random search (exact expectation)"]["2"].stderr is None  # computed, not sampled
     assert result.mean["kernelscout"]["2"].stderr == pytest.approx(0.25)  # one space: the same error
-    assert set(result.as_json()["tiny_GPU"]["kernelscout"]["2"]) == {"frac_of_opt", "considered_per_measurement"}
+    assert result.as_json()["tiny_GPU"]["kernelscout"]["2"] == {"frac_of_opt": 0.75, "considered_per_measurement": None,
+                                                                "stderr": 0.25}  # the table's error bar, in the JSON too
+    assert result.as_json()["tiny_GPU"]["random search (exact expectation)"]["2"]["stderr"] is None
     # a 0.03 lead with error bars of 0.02 each is noise; 0.10 is not; no error bar, no verdict
     assert behind_beyond_noise(Cell(frac_of_opt=0.80, stderr=0.02), Cell(frac_of_opt=0.83, stderr=0.02)) is False
     assert behind_beyond_noise(Cell(frac_of_opt=0.80, stderr=0.02), Cell(frac_of_opt=0.90, stderr=0.02)) is True
