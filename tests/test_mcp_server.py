@@ -371,16 +371,26 @@ def test_candidates_join_the_search_archive_and_direct_measurements(tmp_path, fi
     assert [e.speedup for e in top.candidates] == [1.5] and top.total == 4 and top.counts["measured"] == 2
     assert [e.state for e in server.tool_list_candidates(state="proposed").candidates] == ["proposed"]
     best = server.tool_best_candidate()
-    assert best.found and best.best.origin == "search" and best.best.speedup == 1.5
+    assert best.found and best.best.origin == "search" and best.best.speedup == 1.5 and "measured once" in best.message
     # served from a copy of the run directory, a search's candidate files are those in the copy
     shutil.copytree(tmp_path / "run", tmp_path / "copy")
     copied = build_server(str(tmp_path / "copy"), device="cpu", chat_model=None).tool_best_candidate()
     assert copied.best.path.startswith(str(tmp_path / "copy" / "kernels")) and Path(copied.best.path).is_file()
+
+    # re-measured after the search, a candidate is reported at its re-measurements' median, and a faster-looking
+    # candidate measured once no longer counts as the best (as `kscout show` reports it)
+    lucky = archive.add("s4", "class ModelNew: pass\n", 0, "tuner", {}, "", {}, 1)
+    archive.record_measurement(lucky.id, record("s4", 1.8))
+    archive.record_confirmation("confirm-1", archive.by_sha("s1").id, record("s1-again", 1.4), ok=True)
+    best = server.tool_best_candidate()
+    assert best.best.record.sha == "s1" and best.best.speedup == 1.4 and best.best.confirmed_speedups == [1.4]
+    assert "median of 1 re-measurement; the search measured 1.500x" in best.message
+    assert best.best.measurement.speedup == 1.5  # the measurement that chose it, as its description says
 
     other = tmp_path / "other_problem.py"
     other.write_text(textwrap.dedent(SMALL_PROBLEM).replace("0.5 * x", "0.25 * x"))
     record("elsewhere", 9.0, problem=str(other), psha=load_problem(str(other)).sha)
     with pytest.raises(ToolError, match="2 problems"):
         server.tool_best_candidate()
-    assert server.tool_best_candidate(problem=files["problem"]).best.speedup == 1.5
+    assert server.tool_best_candidate(problem=files["problem"]).best.speedup == 1.4
     assert server.tool_best_candidate(problem=str(other)).best.speedup == 9.0

@@ -100,7 +100,11 @@ class CandidateEntry(BaseModel):
     speedup: Optional[float] = Field(None, description="measured speedup over the reference (for a search candidate the search "
                                      "re-measured, the median of its re-measurements); only for a usable measurement, never a forecast")
     record: Optional[CandidateRecord] = Field(None, description="the archive record (search candidates only)")
-    measurement: Optional[Measurement] = Field(None, description="its latest measurement, if any")
+    measurement: Optional[Measurement] = Field(None, description="for a search candidate, the measurement that chose it "
+                                               "(its re-measurements are in confirmed_speedups); for a file, its latest")
+    confirmed_speedups: list[float] = Field(default_factory=list, description="a search candidate's successful "
+                                            "re-measurements after the search (`--confirm`), oldest first; speedup is "
+                                            "their median. Empty: measured once")
 
 
 class CandidateList(BaseModel):
@@ -304,8 +308,17 @@ class KernelScoutMCP(MCPServer):
                 names = sorted({e.problem or "?" for e in usable})
                 raise ToolError(f"this run directory holds measurements of {len(problems)} problems ({', '.join(names)}); "
                                 "pass problem to pick one")
+            if any(e.confirmed_speedups for e in usable):
+                # as `kscout show` reports a search: once any candidate was re-measured, only re-measured ones compete,
+                # since one measured once may look faster by luck (tools/archive.py, Archive.reported_best)
+                usable = [e for e in usable if e.origin != "search" or e.confirmed_speedups]
             best = max(usable, key=lambda e: e.speedup or 0.0)
-            return BestCandidate(found=True, best=best, message=f"{best.path}: {best.speedup:.3f}x over the reference ({best.origin})")
+            n = len(best.confirmed_speedups)
+            how = (f"median of {n} re-measurement{'s' if n > 1 else ''}; the search measured "
+                   f"{best.measurement.speedup:.3f}x" if n and best.measurement and best.measurement.speedup else
+                   "measured once" if best.origin == "search" else "the file's latest measurement")
+            return BestCandidate(found=True, best=best, message=f"{best.path}: {best.speedup:.3f}x over the reference "
+                                 f"({best.origin}, {how})")
 
     # -- candidates -----------------------------------------------------------------------------------------
 
@@ -327,7 +340,7 @@ class KernelScoutMCP(MCPServer):
                 origin="search", path=self.run.kernel_path(rec.path), problem=row[4] if row else spec_path, problem_sha=row[2] if row else spec_sha,
                 device=row[6] if row else None, state=rec.state,
                 speedup=archive.reported_speedup(rec) if rec.state == "measured" else None,  # its re-measurement where it has one
-                record=rec, measurement=m,
+                record=rec, measurement=m, confirmed_speedups=[sp for _, sp in archive.confirmations(rec.id)],
             ))
         for f in measured_files(self.run, exclude_shas=search_shas):  # files measured directly: the latest of each
             entries.append(CandidateEntry(
