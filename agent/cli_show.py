@@ -118,7 +118,8 @@ def render(view: RunView) -> None:
         timed = f"; {_ms(view.reference_ms)} a call, the median over the run" if view.reference_ms else ""
         seeded = "; speedups are over it, so compare runs of other seeds by time" if view.kind == "space" else ""
         head.add_row("reference", escape(view.reference + timed + seeded))
-    best = _best_line(view.best) + (f"; {_ms(view.best_runtime_ms)} a call" if view.best_runtime_ms else "") if view.best else None
+    beside = f" against the reference's {_ms(view.best_reference_ms)} timed beside it" if view.best_reference_ms else ""
+    best = _best_line(view.best) + (f"; {_ms(view.best_runtime_ms)} a call{beside}" if view.best_runtime_ms else "") if view.best else None
     head.add_row("best", escape(best) if best else "no verified candidate yet")
     if view.best_file:
         head.add_row("best kernel", escape(view.best_file))
@@ -183,7 +184,7 @@ def render_comparison(views: list[RunView]) -> None:
         out = Console(width=200)
     table = Table(title="runs compared", title_justify="left")
     columns = ["run", "target", "seed", "policy / surrogate", "measurements", "per measurement", "best", "best time",
-               "reference time", "Brier of P(faster)", "status"]
+               "reference time (run median)", "Brier of P(faster)", "status"]
     for name in columns:
         table.add_column(name, justify="right" if name not in ("run", "target", "policy / surrogate", "status") else "left")
     for v in views:

@@ -36,8 +36,8 @@ def _png(fig) -> str:
 
 def _measurements(run: RunDir) -> list[dict]:
     with run.connect() as db:
-        rows = db.execute("SELECT id, candidate_sha, status, charged, result_json FROM measurements ORDER BY id").fetchall()
-    return [{"id": r[0], "sha": r[1], "status": r[2], "charged": bool(r[3]), **json.loads(r[4])} for r in rows]
+        rows = db.execute("SELECT id, candidate_sha, status, charged, device, result_json FROM measurements ORDER BY id").fetchall()
+    return [{"id": r[0], "sha": r[1], "status": r[2], "charged": bool(r[3]), "device": r[4], **json.loads(r[5])} for r in rows]
 
 
 def best_so_far(speedups: list[Optional[float]], remeasured: list[bool]) -> list[float]:
@@ -56,7 +56,7 @@ def best_so_far_plot(speedups: list[Optional[float]], remeasured: Optional[list[
     remeasured = remeasured or [False] * len(speedups)
     xs, ys = list(range(1, len(speedups) + 1)), best_so_far(speedups, remeasured)
     fig, ax = plt.subplots(figsize=(5.5, 3.2))
-    ax.step([0] + xs, [1.0] + ys, where="post", color="tab:blue")
+    ax.step([0] + xs, [1.0] + ys, where="post", color="tab:blue", label="search's best (each measured once)")
     ax.scatter(xs, [s if s and not again else float("nan") for s, again in zip(speedups, remeasured)], s=12, color="tab:gray",
                label="each measurement")
     if any(remeasured):
@@ -64,7 +64,7 @@ def best_so_far_plot(speedups: list[Optional[float]], remeasured: Optional[list[
                    color="tab:orange", label="re-measured best")
     ax.set_xlabel("measurements spent")
     ax.set_ylabel("speedup over reference")
-    ax.set_title("best verified so far")
+    ax.set_title("best found so far" + (" and its re-measurement" if any(remeasured) else ""))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # measurements come whole
     ax.legend(loc="best", fontsize=8)
     return _png(fig)
@@ -162,10 +162,14 @@ def write_report(run_dir: Path | str, title: str = "kernelscout run") -> Path:
     for c in candidates:
         decision = last_forecast.get(c.id)
         state = f"did not count ({did_not_count[c.id]})" if c.id in did_not_count else c.state
+        again = [sp for _, sp in archive.confirmations(c.id)] if c.speedup is not None else []
+        measured = "" if c.speedup is None else f"{c.speedup:.3f}x"
+        if again:  # the figure `kscout show` reports, with the single measurement that chose it beside it
+            measured = f"{archive.reported_speedup(c):.3f}x re-measured ({c.speedup:.3f}x once)"
         rows.append(
             f"<tr><td>#{c.id}</td><td>{'ref' if c.parent_id in (None, ROOT_ID) else '#' + str(c.parent_id)}</td>"
             f"<td>{html.escape(c.origin)}</td><td>{html.escape(_cut(json.dumps(c.params, default=str), 120))}</td><td>{html.escape(state)}</td>"
-            f"<td>{'' if c.speedup is None else f'{c.speedup:.3f}x'}</td>"
+            f"<td>{measured}</td>"
             f"<td>{html.escape(decision['reason']) if decision else ''}</td></tr>"
         )
     shown = failed_rows[:50]
@@ -175,7 +179,8 @@ def write_report(run_dir: Path | str, title: str = "kernelscout run") -> Path:
     failure_table = "" if not shown else (
         f"<h2>Measurements that did not count ({failed if failed == len(shown) else f'the latest {len(shown)} of {failed}'})</h2>"
         f"<table><tr><th>id</th><th>candidate</th><th>status</th><th>why</th></tr>{failure_rows}</table>")
-    best_line = f"best verified: #{best.id} at {best.speedup:.3f}x" if best else "no verified candidate beat the reference"
+    best_line = (f"best verified: #{best.id} at {best.speedup:.3f}x, measured once (not re-measured)" if best
+                 else "no verified candidate beat the reference")
     confirmed = [sp for _, sp in archive.confirmations(best.id)] if best else []
     if confirmed:
         best_line = (f"best verified: #{best.id} at {archive.reported_speedup(best):.3f}x, re-measured after the search "
@@ -190,8 +195,14 @@ def write_report(run_dir: Path | str, title: str = "kernelscout run") -> Path:
         from kernelscout.agent.targets import reference_ms
 
         ref_ms = reference_ms(run, valid_only=True)
-        over = (f" Speedups are over {html.escape(reference_of(run, SearchSpec.model_validate_json(spec_text)))}"
-                + (f" ({ref_ms:.4g} ms a call)." if ref_ms else "."))
+        spec = SearchSpec.model_validate_json(spec_text)
+        over = (f" Speedups are over {html.escape(reference_of(run, spec))}"
+                + (f" (median {ref_ms:.4g} ms a call over the search's measurements)." if ref_ms else "."))
+        if spec.kind == "space":  # no kernel ran: say whose timings these are
+            device = next((m["device"] for m in measurements if m.get("device")), "")
+            recorded_on = f" on {html.escape(device.split(':', 1)[-1])}" if device.startswith("replay:") else ""
+            over += (f" Every time here is a recorded timing{recorded_on}, replayed from {html.escape(Path(spec.path).name)}: "
+                     "the search measured by looking it up.")
     body = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}} img{{margin:0.5em}} table{{border-collapse:collapse;font-size:13px}}
 td,th{{border-bottom:1px solid #ddd;padding:3px 8px;text-align:left}}</style></head><body>

@@ -85,6 +85,8 @@ class RunView(BaseModel):
                                      "of a recorded space that the run's seed drew")
     reference_ms: Optional[float] = Field(None, description="the reference's time, median over the run's measurements")
     best_runtime_ms: Optional[float] = Field(None, description="the best's time (of its re-measurements, where it has any)")
+    best_reference_ms: Optional[float] = Field(None, description="the reference's time in the best's own measurements (the "
+                                               "same ones as best_runtime_ms): best_reference_ms / best_runtime_ms is its speedup")
     remeasurements: int = Field(0, description="re-measurements of the best after the search (--confirm), counted or not")
     measured_again: int = Field(0, description="measurements of a candidate measured before in this run: after a void timing "
                                 "(a busy machine) or a time below the speed-of-light floor; re-measurements of the best apart")
@@ -230,6 +232,7 @@ def _view(run: RunDir, top: int) -> RunView:
         best=_row(archive, best, deciding) if best else None, best_file=best_file if best else None, top=rows[:top],
         failed=failed, failures=[failure_row(run, rec, m) for rec, m in failures], measured_again=measured_again, remeasurements=remeasurements,
         seed=spec.settings.seed, reference=reference, reference_ms=reference_ms(run, valid_only=True), best_runtime_ms=archive.reported_runtime_ms(best) if best else None,
+        best_reference_ms=archive.reported_reference_ms(best) if best else None,
         forecast_check=check_forecasts(archive, forecasts=forecasts),
         report=str(run.path / "report.html") if (run.path / "report.html").is_file() else None,
         llm_usage=llm_calls(run), chat_llm_usage=llm_calls(run, CHAT_USAGE_META),

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from kernelscout.agent.progress import SearchProgress
+from kernelscout.agent.run_view import view_run as ks_show
 from kernelscout.agent.runner import OptimizeError, default_confirm, resume_search, start_search
 from kernelscout.tools.archive import Archive
 from kernelscout.tools.budget import Budget
@@ -57,6 +58,12 @@ def test_the_last_measurement_re_measures_the_best_and_that_is_what_is_reported(
     assert fresh[0] != chosen.measurement_id and fresh[1] == 1
     assert "re-measured" in result.message and f"{chosen.speedup:.3f}x when the search chose it" in result.message
     assert json.loads(Path(result.best_path).read_text())["speedup"] == pytest.approx(speedup)
+    # the report's lineage gives the re-measured figure the headline gives, with the single draw that chose it
+    page = (run_dir / "report.html").read_text()
+    assert f"<td>{speedup:.3f}x re-measured ({chosen.speedup:.3f}x once)</td>" in page
+    assert "recorded timing on Noisy GPU, replayed from noisy_GPU.json" in page  # no kernel ran: it says so
+    view = ks_show(run_dir)  # the times `kscout show` puts beside it are those of the re-measurement
+    assert view.best_reference_ms / view.best_runtime_ms == pytest.approx(speedup, rel=1e-9)
 
 
 def test_a_best_that_was_not_re_measured_says_it_was_measured_once(tmp_path):
@@ -66,6 +73,8 @@ def test_a_best_that_was_not_re_measured_says_it_was_measured_once(tmp_path):
     assert result.best_speedup > 1.0 and result.confirmed_speedups == []
     assert result.message == (f"best verified kernel: {result.best_speedup:.3f}x over the reference "
                               "(measured once, not re-measured: --confirm was 0)")
+    page = (tmp_path / "run" / "report.html").read_text()
+    assert f"at {result.best_speedup:.3f}x, measured once (not re-measured)" in page
 
 
 def test_replaying_the_confirmation_after_a_kill_spends_nothing(tmp_path):

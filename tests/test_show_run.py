@@ -93,6 +93,8 @@ def test_show_reports_what_the_search_found_and_its_forecast_scores(tmp_path):
     assert view["reference"] == "the configuration --seed 3 drew: " + ", ".join(f"{k}={v}" for k, v in drawn.items())
     assert view["best_runtime_ms"] == pytest.approx(result.best_runtime_ms)
     assert view["reference_ms"] == pytest.approx(result.best_runtime_ms * result.best_speedup, rel=0.05)
+    # the two times of the best's own measurement give its speedup exactly, whatever the run's median reference is
+    assert view["best_reference_ms"] / view["best_runtime_ms"] == pytest.approx(view["best"]["speedup"], rel=1e-9)
     with sqlite3.connect(tmp_path / "run" / "run.db") as db:  # a run made before the configuration was kept
         db.execute("DELETE FROM meta WHERE key = 'replay_reference'")
     again = json.loads(CliRunner().invoke(app, ["show", str(tmp_path / "run"), "--json"]).output)

@@ -400,10 +400,18 @@ class Archive:
     def reported_runtime_ms(self, rec: CandidateRecord) -> Optional[float]:
         """The time to go with `reported_speedup`: the median of its re-measurements' times where it has any,
         else the time of the measurement that chose it."""
+        return self._reported_ms(rec, "runtime_ms")
+
+    def reported_reference_ms(self, rec: CandidateRecord) -> Optional[float]:
+        """The reference's time in the same measurements as `reported_runtime_ms`: a speedup is the ratio of the two
+        times of one measurement, and the run's median reference time, next to the best's, would not give it."""
+        return self._reported_ms(rec, "ref_runtime_ms")
+
+    def _reported_ms(self, rec: CandidateRecord, field: str) -> Optional[float]:
         ids = [mid for mid, _ in self.confirmations(rec.id)] or [rec.measurement_id]
         with self.run.connect() as db:
             rows = [db.execute("SELECT result_json FROM measurements WHERE id = ?", (mid,)).fetchone() for mid in ids if mid is not None]
-        times = [t for row in rows if row and (t := Measurement.model_validate_json(row[0]).runtime_ms) is not None]
+        times = [t for row in rows if row and (t := getattr(Measurement.model_validate_json(row[0]), field)) is not None]
         return median(times) if times else None
 
     def best(self) -> Optional[CandidateRecord]:
