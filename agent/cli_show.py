@@ -135,15 +135,15 @@ def render(view: RunView) -> None:
         # (no history yet on a new problem) leaves them all "-", which reads as missing data.
         forecasts = any(r.expected_speedup is not None or r.p_faster is not None for r in view.top)
         table = Table(title="fastest measured candidates (speedup over the reference"
-                            + ("; forecast over the parent)" if forecasts else ")"), title_justify="left")
+                            + ("; measured and forecast over the parent)" if forecasts else ")"), title_justify="left")
         columns = [("id", "right"), ("parent", "right"), ("origin", "left"), ("params changed from the parent", "left"), ("speedup", "right")]
-        columns += [("forecast", "right"), ("P(faster)", "right")] if forecasts else []
+        columns += [("over parent", "right"), ("forecast", "right"), ("P(faster)", "right")] if forecasts else []
         for name, justify in columns + [("state", "left")]:
             table.add_column(name, justify=justify)  # type: ignore[arg-type]
         for r in view.top:
             shown = _x(r.speedup) + (" (re-measured)" if r.remeasured else "")
             cells = [f"#{r.id}", r.parent, escape(r.origin), escape(_params(r)), shown]
-            cells += [_x(r.expected_speedup), _num(r.p_faster, "{:.2f}")] if forecasts else []
+            cells += [_x(r.over_parent), _x(r.expected_speedup), _num(r.p_faster, "{:.2f}")] if forecasts else []
             table.add_row(*cells, r.state)
         out.print(table)
         if not forecasts:

@@ -173,7 +173,9 @@ class SearchLoop:
             elif action == "measure" and cid not in chosen:
                 action, reason = "defer", f"{reason}; kept for a later iteration (batch of {batch})"
             self.archive.record_forecast(cid, iteration, forecast.surrogate, forecast.model_dump(), action, reason)
-        self._emit("predict", considered=len(judged), measure=chosen, total_considered=considered_count(self.archive))
+        blind = [f for _, f, _ in judged if not f.informative]  # no forecast to go on: the log must not say one chose
+        self._emit("predict", considered=len(judged), measure=chosen, total_considered=considered_count(self.archive),
+                   uninformative=len(blind), why_uninformative=blind[0].rationale if blind else None)
         return {"to_measure": chosen}
 
     def measure(self, state: LoopState) -> LoopState:

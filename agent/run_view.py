@@ -41,6 +41,8 @@ class CandidateRow(BaseModel):
     remeasured: list[float] = Field(default_factory=list)
     remeasured_uncounted: list[str] = Field(default_factory=list, description="why each of its re-measurements that "
                                             "did not count failed (one a busy machine voided leaves it as it was)")
+    over_parent: Optional[float] = Field(None, description="the measurement the search saw over its parent's (the parent's "
+                                         "search measurement; 1 for the reference): what expected_speedup forecast")
     expected_speedup: Optional[float] = Field(None, description="the forecast it was measured on: expected speedup over its parent")
     p_faster: Optional[float] = None
     decision: str = ""
@@ -136,13 +138,16 @@ def finished_event(folder: Path) -> Optional[dict]:
 
 def _row(archive: Archive, rec: CandidateRecord, deciding: dict[int, dict]) -> CandidateRow:
     f = deciding.get(rec.id)
-    parent = archive.get(rec.parent_id).params if rec.parent_id not in (None, ROOT_ID) else {}
+    parent_rec = archive.get(rec.parent_id) if rec.parent_id not in (None, ROOT_ID) else None
+    parent = parent_rec.params if parent_rec else {}
     changed = {k: v for k, v in rec.params.items() if k not in parent or parent[k] != v}
+    parent_speedup = parent_rec.speedup if parent_rec else 1.0  # as forecast_check scores it
     fc = f["forecast"] if f and f["forecast"].get("informative") else {}
     return CandidateRow(
         id=rec.id, parent="ref" if rec.parent_id in (None, ROOT_ID) else f"#{rec.parent_id}", origin=rec.origin,
         params=rec.params, changed=changed, state=rec.state, speedup=archive.reported_speedup(rec), search_speedup=rec.speedup,
         remeasured=[sp for _, sp in archive.confirmations(rec.id)], remeasured_uncounted=archive.uncounted_confirmations(rec.id),
+        over_parent=rec.speedup / parent_speedup if rec.speedup and parent_speedup else None,
         expected_speedup=fc.get("expected_speedup"),
         p_faster=fc.get("p_faster"), decision=(f or {}).get("reason") or "",
     )

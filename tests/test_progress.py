@@ -43,3 +43,28 @@ def test_an_iteration_says_which_candidates_are_new_and_which_came_back_from_the
     assert progress._describe("propose", {"parent": 4, "new": 6, "revived": 3, "pending": 2}) == \
         "iteration from parent #4: 6 new candidates, 3 shelved earlier and back, 2 pending"
     assert progress._describe("propose", {"parent": 4, "new": 1, "pending": 0}) == "iteration from parent #4: 1 new candidate, 0 pending"
+
+
+def test_before_the_surrogate_can_forecast_the_log_does_not_say_a_forecast_chose(tmp_path, capsys):
+    """A cold start's forecasts are uninformative: "forecast 5 candidates, measuring [1]" read as if one had chosen."""
+    import json
+
+    import pytest
+
+    from kernelscout.agent.runner import start_search
+    from kernelscout.sandbox.replay import recorded_spaces_dir
+
+    space = recorded_spaces_dir() / "pnpoly_RTX_3090.json.gz"
+    if not space.exists():
+        pytest.skip("recorded spaces (shared/data/benchmark_hub) not found")
+    start_search(problem=None, space=str(space), budget=12, run_dir=str(tmp_path / "run"), quiet=True, seed=1)
+    events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    predicts = [e for e in events if e["event"] == "predict"]
+    assert predicts[0]["uninformative"] == predicts[0]["considered"] and "cold start" in predicts[0]["why_uninformative"]
+    assert predicts[-1]["uninformative"] < predicts[-1]["considered"]  # 8 timed configurations later, the model forecasts
+
+    lines = _log([("predict", {k: v for k, v in e.items() if k not in ("ts", "event", "pid")}) for e in (predicts[0], predicts[-1])],
+                 capsys)
+    assert lines[0].startswith(f"{predicts[0]['considered']} candidates, no usable forecast (cold start")
+    assert lines[0].endswith(f"measuring {predicts[0]['measure']} in the policy's order")
+    assert lines[1] == f"forecast {predicts[-1]['considered']} candidates, measuring {predicts[-1]['measure']}"

@@ -85,6 +85,11 @@ def test_show_reports_what_the_search_found_and_its_forecast_scores(tmp_path):
     assert len(view["top"]) == 3 and view["top"][0]["speedup"] >= view["top"][-1]["speedup"]
     check = view["forecast_check"]
     assert 0 < check["scored"] <= 20 and 0.0 <= check["brier_p_faster"] <= 1.0
+    # beside each forecast (over the parent) its measured outcome on the same footing, as the scores judge it
+    archive = Archive(RunDir(tmp_path / "run"))
+    for row in view["top"]:
+        parent = 1.0 if row["parent"] == "ref" else archive.get(int(row["parent"][1:])).speedup
+        assert row["over_parent"] == pytest.approx(row["search_speedup"] / parent)
     # what the speedups are over, and the times to compare runs of other seeds by
     from kernelscout.agent.targets import ReplayTarget
     from kernelscout.sandbox.replay import ReplaySpace
