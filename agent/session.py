@@ -134,6 +134,24 @@ def build_loop(run: RunDir, spec: SearchSpec, on_event: Optional[Callable[[str, 
     return SearchLoop(run, target, policy, predictor, spec.settings, on_event=on_event)
 
 
+def _best_config_record(run: RunDir, archive: Archive, spec: SearchSpec, best: Any, best_ms: Optional[float],
+                        speedup: Optional[float], confirmed: list[float]) -> dict:
+    """best.json of a recorded space: the configuration and, beside its figures, what they are (a speedup over
+    the configuration the seed drew, timings recorded on another machine and replayed), so the file read alone
+    is not misread."""
+    from kernelscout.agent.targets import REPLAY_REFERENCE_KEY
+
+    drawn = run.get_meta(REPLAY_REFERENCE_KEY)
+    with run.connect() as db:
+        row = db.execute("SELECT device FROM measurements WHERE id = ?", (best.measurement_id,)).fetchone()
+    return {"config": best.params, "runtime_ms": best_ms, "speedup": speedup, "search_speedup": best.speedup,
+            "re_measured": confirmed, "reference_ms": archive.reported_reference_ms(best),
+            "reference_config": json.loads(drawn) if drawn else None, "seed": spec.settings.seed,
+            "device": row[0] if row else None, "space": spec.path,
+            "note": ("speedup = reference_ms / runtime_ms: the configuration the seed drew against this one, timed together; "
+                     "the times are the recorded space's, replayed (no kernel ran)")}
+
+
 def summarise(run: RunDir, spec: SearchSpec, state: dict) -> OptimizeResult:
     archive = Archive(run)
     used = Budget(run).status().used
@@ -154,8 +172,8 @@ def summarise(run: RunDir, spec: SearchSpec, state: dict) -> OptimizeResult:
             shutil.copyfile(best.path, best_path)
         else:
             best_path = str(run.path / "best.json")
-            Path(best_path).write_text(json.dumps({"config": best.params, "runtime_ms": best_ms, "speedup": speedup,
-                                               "search_speedup": best.speedup}, indent=2, default=str))
+            Path(best_path).write_text(json.dumps(_best_config_record(run, archive, spec, best, best_ms, speedup, confirmed),
+                                                  indent=2, default=str))
     if best is None:
         message = "no candidate beat or matched the reference with a verified, valid timing; the reference stands"
         failed, latest = archive.failures(limit=1)

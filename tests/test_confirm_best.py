@@ -57,7 +57,11 @@ def test_the_last_measurement_re_measures_the_best_and_that_is_what_is_reported(
         fresh = db.execute("SELECT m.id, m.charged FROM confirmations f JOIN measurements m ON m.id = f.measurement_id").fetchone()
     assert fresh[0] != chosen.measurement_id and fresh[1] == 1
     assert "re-measured" in result.message and f"{chosen.speedup:.3f}x when the search chose it" in result.message
-    assert json.loads(Path(result.best_path).read_text())["speedup"] == pytest.approx(speedup)
+    best_json = json.loads(Path(result.best_path).read_text())
+    assert best_json["speedup"] == pytest.approx(speedup) and best_json["re_measured"] == [pytest.approx(speedup)]
+    # read alone, the file says what its figures are: over which configuration, timed where
+    assert best_json["reference_ms"] / best_json["runtime_ms"] == pytest.approx(speedup, rel=1e-9)
+    assert best_json["device"] == "replay:Noisy GPU" and set(best_json["reference_config"]) == {"a", "b"}
     # the report's lineage gives the re-measured figure the headline gives, with the single draw that chose it
     page = (run_dir / "report.html").read_text()
     assert f"<td>{speedup:.3f}x re-measured ({chosen.speedup:.3f}x once)</td>" in page
