@@ -44,7 +44,7 @@ def render_bounds(bounds: SolBounds) -> str:
             f"outputs {format_si(bounds.output_bytes, 'B')}, parameters {format_si(bounds.param_bytes, 'B')})"
         )),
         ("intensity", f"{intensity} (ridge {bounds.ridge_intensity:.3g} FLOP/B)"),
-        ("peaks", f"{format_si(bounds.peak_flops, 'FLOP/s')}, {format_si(bounds.peak_bandwidth, 'B/s')}"),
+        ("peaks", f"{format_si(bounds.peak_flops, 'FLOP/s')}, {format_si(bounds.peak_bandwidth, 'B/s')} ({bounds.peaks_source})"),
         ("speed of light", f"{_time(bounds.time_ms)}, {bounds.bound}-bound ({other})"),
     ]
     lines = [f"{name:<15} {value}" for name, value in rows]

@@ -332,6 +332,14 @@ def test_kscout_sol_prints_the_bound_of_a_problem_file_as_json(cli, write):
     assert bounds["bound"] == "compute" and bounds["device_key"] == "H100-SXM"
 
 
+def test_kscout_sol_says_where_its_peaks_come_from(cli, write):
+    """A datasheet's peak and a micro-benchmark's read alike otherwise."""
+    result = CliRunner().invoke(cli, ["sol", str(write("mm.py", matmul(64, 64, 64))), "--device", "NVIDIA H100 80GB HBM3"])
+    assert result.exit_code == 0, result.output
+    peaks = next(line for line in result.output.splitlines() if line.startswith("peaks"))
+    assert "(NVIDIA H100 Tensor Core GPU datasheet" in peaks
+
+
 def test_kscout_sol_takes_a_problem_folder_as_optimize_does(cli, write, tmp_path):
     (tmp_path / "mm").mkdir()
     path = write("mm/problem.py", matmul(64, 64, 64))
