@@ -135,8 +135,8 @@ def register(app: typer.Typer) -> None:
                                                       "a folder of such folders (or of KernelBench .py files, or of recorded spaces .json.gz) is many"),
         budget: Optional[int] = typer.Option(None, help=f"measurement budget of each problem {help_default('budget')}"),
         run_dir: Optional[str] = typer.Option(None, "--run-dir", help="top run directory \\[default: runs/run-<time>]"),
-        policy: Optional[str] = typer.Option(None, help=f"auto, tuner or llm (auto uses the tuner for recorded spaces) {help_default('policy')}"),
-        surrogate: Optional[str] = typer.Option(None, help=f"auto, learned, llm or none {help_default('surrogate')}"),
+        policy: Optional[str] = typer.Option(None, help=f"auto, tuner, llm or an installed plugin's (auto uses the tuner for recorded spaces) {help_default('policy')}"),
+        surrogate: Optional[str] = typer.Option(None, help=f"auto, learned, llm, none or an installed plugin's {help_default('surrogate')}"),
         device: Optional[str] = typer.Option(None, help=f"auto, cpu, cuda or cuda:N {help_default('device')}"),
         seed: int = typer.Option(0, help="seed of the search policy (0 or more)"),
         proposals: Optional[int] = typer.Option(None, help=f"candidates proposed per iteration {help_default('proposals')}"),
@@ -169,13 +169,15 @@ def register(app: typer.Typer) -> None:
         device, proposals, patience = cfg.pick("device", device), cfg.pick("proposals", proposals), cfg.pick("patience", patience)
         confirm = cfg.pick("confirm", confirm)
         history = cfg.pick("history", history or None)
-        if policy not in ("auto", "tuner", "llm") or surrogate not in ("auto", "learned", "llm", "none"):
-            fail("--policy takes auto, tuner or llm; --surrogate takes auto, learned, llm or none", as_json)
-        from kernelscout.agent.runner import OptimizeError, check_llm, resolve_choices
+        from kernelscout.agent.search_config import policy_choices, surrogate_choices
+
+        if policy not in policy_choices() or surrogate not in surrogate_choices():
+            fail(f"--policy takes {', '.join(policy_choices())}; --surrogate takes {', '.join(surrogate_choices())}", as_json)
+        from kernelscout.agent.runner import OptimizeError, check_llm, check_plugins, resolve_choices
 
         try:  # before the night starts, not once per problem
             check_llm(policy, surrogate)
-            resolve_choices(policy, surrogate)  # `auto` with a provider set up wrongly
+            check_plugins(*resolve_choices(policy, surrogate)[:2])  # `auto` with a provider set up wrongly; a broken plugin
             _check_rewrite_names(rewrites)
         except OptimizeError as exc:
             fail(str(exc), as_json)

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from kernelscout.agent.forecaster import Forecaster, make_forecaster
+from kernelscout.agent.search_config import BUILT_IN_POLICIES
 from kernelscout.agent.search_spec import SearchSpec
 from kernelscout.agent.targets import CodeTarget, ReplayTarget, search_reference_ms
 from kernelscout.tools.rundir import RunDir
@@ -39,6 +40,15 @@ def make_target(spec: SearchSpec, run: RunDir, pool: Any = None):
 
 
 def make_policy(spec: SearchSpec, target: Any):
+    if spec.policy not in BUILT_IN_POLICIES:  # an installed package's (tools/plugins.py): factory(spec, target)
+        from kernelscout.tools import plugins
+
+        try:
+            factory = plugins.load(plugins.POLICIES, spec.policy)
+        except KeyError:
+            raise ValueError(f"unknown policy {spec.policy!r}: no installed package declares it (entry point group "
+                             f"{plugins.POLICIES}); install the package that provides it") from None
+        return factory(spec, target)
     if spec.kind == "space":
         from kernelscout.agent.policies.space_search import SpaceSearchPolicy
 

@@ -67,6 +67,10 @@ def _llm_configured() -> bool:
         raise OptimizeError(f"{exc} (or --policy tuner to search offline)") from None
 
 
+def _or(names: tuple[str, ...]) -> str:
+    return ", ".join(names[:-1]) + f" or {names[-1]}"
+
+
 def resolve_choices(policy: str, surrogate: str, space: bool = False) -> tuple[str, str, str]:
     """Pick the LLM when a provider is configured and the offline tuner otherwise, and say which.
 
@@ -82,10 +86,12 @@ def resolve_choices(policy: str, surrogate: str, space: bool = False) -> tuple[s
     if surrogate == "auto":
         surrogate = "llm" if policy == "llm" else "learned"
         note.append(f"surrogate: {surrogate}")
-    if policy not in ("tuner", "llm"):
-        raise OptimizeError(f"unknown policy {policy!r}; use auto, tuner or llm")
-    if surrogate not in ("learned", "llm", "none"):
-        raise OptimizeError(f"unknown surrogate {surrogate!r}; use auto, learned, llm or none")
+    from kernelscout.agent.search_config import policy_choices, surrogate_choices
+
+    if policy not in policy_choices():
+        raise OptimizeError(f"unknown policy {policy!r}; use {_or(policy_choices())}")
+    if surrogate not in surrogate_choices():
+        raise OptimizeError(f"unknown surrogate {surrogate!r}; use {_or(surrogate_choices())}")
     return policy, surrogate, "; ".join(note)
 
 
@@ -141,6 +147,7 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
         raise OptimizeError(f"--confirm {confirm} leaves nothing of --budget {budget} for the search; give 0 to {budget - 1}")
     scaling = Scaling(workers=workers, ray=ray, replay_delay_s=replay_delay_s)
     policy, surrogate, note = resolve_choices(policy, surrogate, space=space is not None)
+    check_plugins(policy, surrogate)
     settings = SearchSettings(budget=budget, seed=seed, proposals_per_iteration=proposals, patience=patience, max_wall_s=max_wall, confirm=confirm,
                               max_device_s=max_device_s, max_usd=max_usd, max_llm_tokens=max_llm_tokens)
     if space is not None:
@@ -159,7 +166,7 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
         if rewrites:
             raise OptimizeError("--rewrites chooses rewrites of kernel code, and a recorded space has none; leave it out with --space")
         content = _check_space(space, warm_start or [], surrogate)
-        spec = SearchSpec(kind="space", path=str(Path(space).resolve()), device="replay", policy="tuner", surrogate=surrogate,
+        spec = SearchSpec(kind="space", path=str(Path(space).resolve()), device="replay", policy=policy, surrogate=surrogate,
                           settings=settings, warm_start=[str(Path(w).resolve()) for w in warm_start or []])
         name = Path(space).name.split(".json")[0]
     else:
@@ -312,6 +319,25 @@ def _check_start(paths: list[str], budget: int, device: str = "cpu", quiet: bool
     return resolved
 
 
+def check_plugins(policy: str, surrogate: str) -> None:
+    """Load a plugin policy or surrogate (tools/plugins.py) before a run directory is made or resumed, so that a
+    package that is missing, or fails to import, is named at once rather than as a traceback from inside the loop."""
+    from kernelscout.agent.search_config import BUILT_IN_POLICIES, BUILT_IN_SURROGATES
+    from kernelscout.tools import plugins
+
+    for group, name, built_in, flag in ((plugins.POLICIES, policy, BUILT_IN_POLICIES, "--policy"),
+                                        (plugins.SURROGATES, surrogate, BUILT_IN_SURROGATES, "--surrogate")):
+        if name == "auto" or name in built_in:
+            continue
+        try:
+            plugins.load(group, name)
+        except KeyError:
+            raise OptimizeError(f"{flag} {name}: no installed package declares it (entry point group {group}); install the "
+                                "package that provides it") from None
+        except plugins.PluginError as exc:
+            raise OptimizeError(str(exc)) from None
+
+
 def check_rewrites(names: Optional[list[str]], policy: str, start: list[str], device: str) -> Optional[list[str]]:
     """--rewrites, read: None for every rewrite that applies, [] for none, else the names in the tuner's order.
 
@@ -327,9 +353,9 @@ def check_rewrites(names: Optional[list[str]], policy: str, start: list[str], de
         return None
     if {"all", "none"} & set(words) and len(words) > 1:
         raise OptimizeError("--rewrites all or --rewrites none stands alone; to choose some rewrites, name them")
-    if policy == "llm":
-        raise OptimizeError("--rewrites chooses what the offline tuner tries; the llm policy writes its own candidates "
-                            "(use --policy tuner, or leave --rewrites out)")
+    if policy != "tuner":
+        writes = "the llm policy writes its own candidates" if policy == "llm" else f"the {policy} policy makes its own"
+        raise OptimizeError(f"--rewrites chooses what the offline tuner tries; {writes} (use --policy tuner, or leave --rewrites out)")
     if words == ["none"]:
         from kernelscout.agent.policies.tunables import declares_space
         from kernelscout.sandbox.problem import load_candidate
@@ -464,6 +490,7 @@ def resume_search(run_dir: str, quiet: bool = False, *, max_usd: Optional[float]
         spec = load_spec(run)
     except ValueError as exc:
         raise OptimizeError(str(exc)) from None
+    check_plugins(spec.policy, spec.surrogate)  # a run made with a plugin goes on with it, if it is still installed
     if spec.kind == "space":
         content = _check_space(spec.path, spec.warm_start, spec.surrogate)
     else:

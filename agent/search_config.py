@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
@@ -30,7 +30,25 @@ from kernelscout.agent.llm_config import default_config_files, read_config_file
 from kernelscout.tools.schema import DEVICE_PATTERN
 
 
-SEARCH_SURROGATES = ("auto", "learned", "llm", "none")  # what `kscout optimize` and `kscout run` accept
+BUILT_IN_POLICIES = ("tuner", "llm")
+BUILT_IN_SURROGATES = ("learned", "llm", "none")  # what a search takes besides `auto` and installed plugins
+
+
+def policy_choices() -> tuple[str, ...]:
+    """What `--policy` and `policy =` take: auto, the built-in policies and those installed packages declare."""
+    from kernelscout.tools import plugins
+
+    return ("auto", *BUILT_IN_POLICIES, *plugins.names(plugins.POLICIES, built_in=BUILT_IN_POLICIES))
+
+
+def surrogate_choices() -> tuple[str, ...]:
+    """What `--surrogate` and `surrogate =` take: auto, the built-in surrogates and those installed packages declare."""
+    from kernelscout.tools import plugins
+
+    taken = (*BUILT_IN_SURROGATES, "plain-rf")  # plain-rf is eval-surrogate's baseline, not a search's choice
+    return ("auto", *BUILT_IN_SURROGATES, *plugins.names(plugins.SURROGATES, built_in=taken))
+
+
 BUILT_IN: dict[str, Any] = {"device": "auto", "policy": "auto", "surrogate": "auto", "budget": 10, "confirm": None,
                             "workers": None, "proposals": 6, "patience": 0, "history": None}
 """The defaults when neither a flag nor a file sets a setting (confirm None: `default_confirm` decides)."""
@@ -44,8 +62,8 @@ class SearchDefaults(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     device: Optional[str] = Field(None, pattern=DEVICE_PATTERN, description="auto, cpu, cuda or cuda:N")
-    policy: Optional[Literal["auto", "tuner", "llm"]] = None
-    surrogate: Optional[str] = Field(None, description="auto, learned, llm or none")
+    policy: Optional[str] = Field(None, description="auto, tuner, llm or an installed plugin's name")
+    surrogate: Optional[str] = Field(None, description="auto, learned, llm, none or an installed plugin's name")
     budget: Optional[StrictInt] = Field(None, ge=1)  # strict: `budget = true` is not a budget of 1
     confirm: Optional[StrictInt] = Field(None, ge=0)
     workers: Optional[StrictInt] = Field(None, ge=1)
@@ -93,9 +111,10 @@ def search_defaults(cwd: Optional[Path] = None, env: Optional[Mapping[str, str]]
             merged[name] = value
             sources[name] = str(path)
     defaults = SearchDefaults.model_validate(merged)
-    if defaults.surrogate is not None and defaults.surrogate not in SEARCH_SURROGATES:
-        raise SearchConfigError(f"surrogate {defaults.surrogate!r} in {sources['surrogate']} is not one of "
-                                f"{', '.join(SEARCH_SURROGATES)}")
+    for setting, choices in (("policy", policy_choices), ("surrogate", surrogate_choices)):
+        value = getattr(defaults, setting)
+        if value is not None and value not in choices():
+            raise SearchConfigError(f"{setting} {value!r} in {sources[setting]} is not one of {', '.join(choices())}")
     if defaults.history:
         # a path in a file means the same thing whichever folder the command runs from
         base = Path(sources["history"]).parent

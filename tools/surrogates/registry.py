@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
+from kernelscout.tools import plugins
 from kernelscout.tools.surrogates.base import NoneSurrogate, Surrogate
 from kernelscout.tools.surrogates.learned import SEARCH_FOCUS_AFTER, LearnedSurrogate
 from kernelscout.tools.surrogates.warmstart import PriorSource
@@ -45,7 +46,8 @@ def register_surrogate(name: str, factory: SurrogateFactory) -> None:
 
 
 def surrogate_names() -> list[str]:
-    return sorted(_REGISTRY)
+    """Built-in and registered surrogates, and those installed packages declare (tools/plugins.py)."""
+    return sorted(set(_REGISTRY) | set(plugins.names(plugins.SURROGATES, built_in=tuple(_REGISTRY))))
 
 
 def make_surrogate(
@@ -54,6 +56,8 @@ def make_surrogate(
 ) -> Surrogate:
     """`for_search`: the surrogate serves a search rather than a whole-space evaluation; the learned one
     then focuses on the good configurations late in the run (`LearnedSurrogate.focus_after`)."""
+    if name not in _REGISTRY and name in plugins.declared(plugins.SURROGATES):
+        register_surrogate(name, plugins.load(plugins.SURROGATES, name))  # PluginError says what failed to import
     try:
         factory = _REGISTRY[name]
     except KeyError:

@@ -1,0 +1,60 @@
+"""Surrogates and search policies from other packages, chosen by name like the built-in ones.
+
+A lab's own cost model or search strategy lives in its own package and declares itself with a Python entry
+point, the packaging convention pytest and other tools use for plugins:
+
+    [project.entry-points."kernelscout.surrogates"]
+    roofline = "mylab.kscout_plugins:make_roofline_surrogate"
+
+    [project.entry-points."kernelscout.policies"]
+    swizzle = "mylab.kscout_plugins:SwizzlePolicy"
+
+Once that package is installed, `--surrogate roofline`, `--policy swizzle` and `surrogate = "roofline"` in
+kscout.toml choose them, and a run made with them resumes with them. What each must provide is in the README
+("Plugging in a surrogate or a policy"). A plugin runs in the agent's process, as the built-in surrogates and
+policies do: it is code the user installed, not candidate code, which only ever runs in sandbox workers.
+
+Built-in names win: a plugin cannot take the place of `learned` or `tuner` by declaring the same name.
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any, Callable
+
+SURROGATES = "kernelscout.surrogates"
+POLICIES = "kernelscout.policies"
+_KIND = {SURROGATES: "surrogate", POLICIES: "policy"}
+
+
+class PluginError(ValueError):
+    """A plugin that is declared but cannot be loaded; the message names it, its package and the error."""
+
+
+@functools.cache
+def declared(group: str) -> dict[str, EntryPoint]:
+    """Entry points of `group` in the installed packages, by name (read once per process)."""
+    return {ep.name: ep for ep in entry_points(group=group)}
+
+
+def names(group: str, built_in: tuple[str, ...] = ()) -> list[str]:
+    """Plugin names of `group` that do not shadow a built-in one, sorted."""
+    return sorted(n for n in declared(group) if n not in built_in)
+
+
+def load(group: str, name: str) -> Callable[..., Any]:
+    """The factory a plugin declares. Import errors become a PluginError that says which package to fix."""
+    ep = declared(group).get(name)
+    if ep is None:
+        raise KeyError(name)
+    try:
+        factory = ep.load()
+    except Exception as exc:  # any error in a third-party import; said with what to fix
+        package = ep.dist.name if ep.dist is not None else "its package"
+        raise PluginError(f"the {_KIND.get(group, group)} {name!r} ({ep.value}, from {package}) could not be loaded: "
+                          f"{type(exc).__name__}: {exc}") from None
+    if not callable(factory):
+        raise PluginError(f"the {_KIND.get(group, group)} {name!r} ({ep.value}) is not callable: an entry point in "
+                          f"{group} names a factory (a class or function)")
+    return factory
