@@ -321,3 +321,23 @@ def test_a_measurement_will_not_set_a_cap_below_what_the_folder_has_used(tmp_pat
     assert m.status == MeasureStatus.invalid_problem and not m.charged
     assert "below the 3 measurements" in m.message and "--budget 3" in m.message
     assert ledger.cap is None
+
+
+def test_serve_and_chat_leave_the_cap_of_a_search_running_in_their_folder_alone(tmp_path):
+    # `kscout serve --run-dir FOLDER --budget 12` set the cap first and refused the folder after: the search went on to 12
+    from kernelscout.tools.mcp_server import ensure_cap
+
+    run = RunDir(tmp_path / "run")
+    Budget(run).set_cap(4)
+    holding = subprocess.Popen([sys.executable, "-c", "import time\nfrom kernelscout.tools.runlock import exclusive\n"
+                                f"with exclusive({str(run.path)!r}, 'kscout search'):\n    print('held', flush=True)\n    time.sleep(60)"],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        assert holding.stdout.readline().strip() == "held"
+        with pytest.raises(ValueError, match="in use by a search that is still running"):
+            ensure_cap(str(run.path), 12)
+    finally:
+        holding.kill()
+        holding.wait()
+    assert Budget(run).status().cap == 4
+    assert ensure_cap(str(run.path), 12).cap == 12  # once the search is gone, the cap is the user's to set

@@ -394,3 +394,18 @@ def test_candidates_join_the_search_archive_and_direct_measurements(tmp_path, fi
         server.tool_best_candidate()
     assert server.tool_best_candidate(problem=files["problem"]).best.speedup == 1.4
     assert server.tool_best_candidate(problem=str(other)).best.speedup == 9.0
+
+    # a speedup on one device says nothing against one on another; and a best under 1 % faster does not stand
+    elsewhere = tmp_path / "third_problem.py"
+    elsewhere.write_text(textwrap.dedent(SMALL_PROBLEM).replace("0.5 * x", "0.75 * x"))
+    third = load_problem(str(elsewhere)).sha
+    for sha, speedup, device in (("gpu", 4.0, "cuda:0"), ("cpu", 1.004, "cpu")):
+        rec = MeasurementRecord(key=f"{third}-{sha}", problem_sha=third, candidate_sha=sha, problem_path=str(elsewhere),
+                                candidate_path=f"/k/{sha}.py", device=device)
+        ledgered(run, rec, lambda s=speedup: Measurement(status="ok", correct=True, timing_valid=True, charged=True,
+                                                         speedup=s, runtime_ms=1 / s, ref_runtime_ms=1.0))
+    with pytest.raises(ToolError, match="on 2 devices .*pass device"):
+        server.tool_best_candidate(problem=str(elsewhere))
+    assert server.tool_best_candidate(problem=str(elsewhere), device="cuda:0").best.speedup == 4.0
+    tie = server.tool_best_candidate(problem=str(elsewhere), device="cpu")
+    assert tie.found and "under 1% faster than the reference" in tie.message and "the reference stands" in tie.message

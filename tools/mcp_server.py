@@ -40,10 +40,10 @@ from pydantic import BaseModel, Field
 from kernelscout.sandbox.harness import HarnessConfig
 from kernelscout.sandbox.pool import WorkerPool
 from kernelscout.sandbox.problem import InputFileError, load_candidate, load_problem
-from kernelscout.tools.archive import Archive, CandidateRecord
+from kernelscout.tools.archive import CLEAR_GAIN, Archive, CandidateRecord, clear_gain
 from kernelscout.tools.budget import Budget, CapBelowUsed
 from kernelscout.tools.forecast_check import ForecastCheck, check_forecasts
-from kernelscout.tools.measure import DEFAULT_RUN_DIR, MeasureRequest, measured_files, open_run, resolve_device
+from kernelscout.tools.measure import DEFAULT_RUN_DIR, MeasureRequest, measured_files, open_run, refuse_if_searched, resolve_device
 from kernelscout.tools.measure import measure as run_measure
 from kernelscout.tools.predict import Forecast, SurrogateCost
 from kernelscout.tools.rundir import RunDir
@@ -230,8 +230,9 @@ class KernelScoutMCP(MCPServer):
             "probability score over the speedup bins, rank correlation, 80 % interval coverage, reliability table. Only "
             "measured candidates can be scored. Costs no measurement."))
         self.add_tool(self.tool_best_candidate, name="best_candidate", annotations=reads, title="Best verified candidate", description=(
-            "The fastest candidate measured correct with valid timing (search candidates marked suspect are excluded). "
-            "Pass problem when the run directory holds measurements of several problems."))
+            "The fastest candidate measured correct with valid timing (search candidates marked suspect are excluded; once "
+            "any search candidate was re-measured, only re-measured ones compete, as kscout show reports it). Pass problem "
+            "(or device) when the run directory holds measurements of several problems (or devices)."))
 
     def tool_measure(self, problem: _Problem, candidate: _CandidatePath, device: _Device = None,
                      again: Annotated[bool, Field(description=MeasureRequest.model_fields["again"].description)] = False) -> Measurement:
@@ -297,7 +298,10 @@ class KernelScoutMCP(MCPServer):
         with _tool_errors("forecast_check"):
             return check_forecasts(Archive(self.run))
 
-    def tool_best_candidate(self, problem: _ProblemFilter = None) -> BestCandidate:
+    def tool_best_candidate(self, problem: _ProblemFilter = None,
+                            device: Annotated[Optional[str], Field(description="only measurements on this device, as "
+                                                                   "list_candidates names it (needed when there are several)")] = None,
+                            ) -> BestCandidate:
         with _tool_errors("best_candidate"):
             usable = [e for e in self._entries(problem) if e.state == "measured" and e.speedup is not None]
             if not usable:
@@ -308,6 +312,16 @@ class KernelScoutMCP(MCPServer):
                 names = sorted({e.problem or "?" for e in usable})
                 raise ToolError(f"this run directory holds measurements of {len(problems)} problems ({', '.join(names)}); "
                                 "pass problem to pick one")
+            devices = sorted({e.device or "?" for e in usable})
+            if len(devices) > 1:  # a speedup on one device says nothing against one on another
+                if device is None:
+                    raise ToolError(f"this run directory holds measurements on {len(devices)} devices ({', '.join(devices)}); "
+                                    "pass device to pick one")
+            if device is not None:
+                usable = [e for e in usable if e.device == device]
+                if not usable:
+                    return BestCandidate(found=False, message=f"no candidate was measured correct with valid timing on {device}; "
+                                         f"devices with one: {', '.join(devices)}")
             if any(e.confirmed_speedups for e in usable):
                 # as `kscout show` reports a search: once any candidate was re-measured, only re-measured ones compete,
                 # since one measured once may look faster by luck (tools/archive.py, Archive.reported_best)
@@ -317,8 +331,10 @@ class KernelScoutMCP(MCPServer):
             how = (f"median of {n} re-measurement{'s' if n > 1 else ''}; the search measured "
                    f"{best.measurement.speedup:.3f}x" if n and best.measurement and best.measurement.speedup else
                    "measured once" if best.origin == "search" else "the file's latest measurement")
+            stands = "" if clear_gain(best.speedup) else (  # as `kscout optimize` and `show` judge it
+                f"; under {CLEAR_GAIN - 1:.0%} faster than the reference, which re-measuring can undo: the reference stands")
             return BestCandidate(found=True, best=best, message=f"{best.path}: {best.speedup:.3f}x over the reference "
-                                 f"({best.origin}, {how})")
+                                 f"({best.origin}, {how}){stands}")
 
     # -- candidates -----------------------------------------------------------------------------------------
 
@@ -484,6 +500,7 @@ def ensure_cap(run_dir: str, budget: Optional[int], default_more: int = DEFAULT_
     """The cap `kscout serve` runs under: --budget if given, else the directory's own, else `default_more` beyond what it has used."""
     if budget is not None and budget < 0:  # said before RunDir makes the folder, not after
         raise ValueError(f"--budget {budget}: a measurement budget cannot be negative; give 0 (measure nothing) or more")
+    refuse_if_searched(Path(run_dir))  # before the cap: a search running there would go on under the new one
     ledger = Budget(RunDir(run_dir))
     if budget is not None:
         try:

@@ -79,6 +79,14 @@ def _searched_elsewhere(folder: Path, searching: str) -> RunDirError:
                        "for the search to finish")
 
 
+def refuse_if_searched(folder: Path) -> None:
+    """RunDirError while a search in another process holds `folder`: whatever is about to charge or re-cap it would
+    do so under that search (the MCP server's and chat's cap is set before their tools open the folder)."""
+    searching = runlock.held_elsewhere(folder)
+    if searching:
+        raise _searched_elsewhere(folder, searching)
+
+
 def open_run(run_dir: Optional[str], budget: Optional[int]) -> RunDir:
     """The run directory a measurement is charged to, its cap set to `budget` when one is given.
 
@@ -87,9 +95,7 @@ def open_run(run_dir: Optional[str], budget: Optional[int]) -> RunDir:
     go on to 12), so it is refused before anything is charged. `measure` also keeps searches out of the
     folder while it runs (runlock.shared); this check is for callers that only open the folder."""
     folder = Path(run_dir or DEFAULT_RUN_DIR)
-    searching = runlock.held_elsewhere(folder)
-    if searching:
-        raise _searched_elsewhere(folder, searching)
+    refuse_if_searched(folder)
     run = RunDir(folder)
     if budget is not None:
         ledger = Budget(run)
