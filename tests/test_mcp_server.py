@@ -409,3 +409,28 @@ def test_candidates_join_the_search_archive_and_direct_measurements(tmp_path, fi
     assert server.tool_best_candidate(problem=str(elsewhere), device="cuda:0").best.speedup == 4.0
     tie = server.tool_best_candidate(problem=str(elsewhere), device="cpu")
     assert tie.found and "under 1% faster than the reference" in tie.message and "the reference stands" in tie.message
+
+
+def test_predict_counts_the_reference_as_the_best_so_far(tmp_path, files):
+    """A forecast's P(beats best) is against the reference when every measured file was slower, as in the search."""
+    from kernelscout.sandbox.problem import load_candidate, load_problem
+    from kernelscout.tools.measure import MeasurementRecord, ledgered
+
+    from kernelscout.tools.predict import SurrogateCost
+
+    seen = {}
+
+    class Recording:
+        def forecast(self, **kw):
+            seen.update(kw)
+            return Forecast(surrogate="llm", informative=False, bin_edges=[1.0], bin_labels=["slower", "faster"], bin_probs=[0.5, 0.5],
+                            p_faster=0.5, confidence=0.0, rationale="recorded", cost=SurrogateCost(latency_ms=0.0))
+
+    server = build_server(str(tmp_path / "run"), device="cpu", chat_model=ScriptedChatModel([]))
+    server._llm_surrogate = lambda model: Recording()
+    psha, csha = load_problem(files["problem"]).sha, load_candidate(files["a"]).sha
+    rec = MeasurementRecord(key="k", problem_sha=psha, candidate_sha=csha, problem_path=files["problem"], candidate_path=files["a"], device="cpu")
+    ledgered(server.run, rec, lambda: Measurement(status="ok", correct=True, timing_valid=True, charged=True, speedup=0.8,
+                                                  runtime_ms=1.25, ref_runtime_ms=1.0))
+    server.tool_predict(problem=files["problem"], candidate=files["b"])
+    assert seen["incumbent_ratio"] == 1.0 and seen["parent_speedup"] == 1.0  # not 0.8: the reference beats that file

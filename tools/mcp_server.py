@@ -435,6 +435,7 @@ class KernelScoutMCP(MCPServer):
         else:
             parent_speedup, parent_source = parent_measured[-1].speedup or 1.0, par.source
         best = max((m.speedup or 0.0 for m in done), default=0.0)
+        best = max(best, 1.0) if done else best  # the reference counts as the best so far, as in the search (graph.py)
         sol = next((b for (sha, d, _), b in self._sol_cache.items() if sha == prob.sha and d in (dev, device or self.device)), None)
         sol_text = f"{sol.time_ms:.4g} ms ({sol.bound}-bound)" if sol else "unknown (not computed; the sol_bounds tool gives it)"
         surrogate = self._llm_surrogate(model)
