@@ -81,7 +81,8 @@ class RunView(BaseModel):
     considered_per_measurement: float = 0.0
     best: Optional[CandidateRow] = None
     best_file: Optional[str] = None
-    top: list[CandidateRow] = Field(default_factory=list, description="measured candidates, fastest first")
+    top: list[CandidateRow] = Field(default_factory=list, description="candidates with a measured speedup, fastest first "
+                                    "(suspect and unconfirmed ones too, named by their state)")
     seed: Optional[int] = Field(None, description="the search's --seed")
     reference: Optional[str] = Field(None, description="what the speedups are over: the problem's Model, or the configuration "
                                      "of a recorded space that the run's seed drew")

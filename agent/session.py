@@ -145,7 +145,7 @@ def _best_config_record(run: RunDir, archive: Archive, spec: SearchSpec, best: A
     with run.connect() as db:
         row = db.execute("SELECT device FROM measurements WHERE id = ?", (best.measurement_id,)).fetchone()
     return {"config": best.params, "runtime_ms": best_ms, "speedup": speedup, "search_speedup": best.speedup,
-            "re_measured": confirmed, "reference_ms": archive.reported_reference_ms(best),
+            "confirmed_speedups": confirmed, "reference_ms": archive.reported_reference_ms(best),
             "reference_config": json.loads(drawn) if drawn else None, "seed": spec.settings.seed,
             "device": row[0] if row else None, "space": spec.path,
             "note": ("speedup = reference_ms / runtime_ms: the configuration the seed drew against this one, timed together; "

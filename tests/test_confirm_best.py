@@ -58,7 +58,7 @@ def test_the_last_measurement_re_measures_the_best_and_that_is_what_is_reported(
     assert fresh[0] != chosen.measurement_id and fresh[1] == 1
     assert "re-measured" in result.message and f"{chosen.speedup:.3f}x when the search chose it" in result.message
     best_json = json.loads(Path(result.best_path).read_text())
-    assert best_json["speedup"] == pytest.approx(speedup) and best_json["re_measured"] == [pytest.approx(speedup)]
+    assert best_json["speedup"] == pytest.approx(speedup) and best_json["confirmed_speedups"] == [pytest.approx(speedup)]
     # read alone, the file says what its figures are: over which configuration, timed where
     assert best_json["reference_ms"] / best_json["runtime_ms"] == pytest.approx(speedup, rel=1e-9)
     assert best_json["device"] == "replay:Noisy GPU" and set(best_json["reference_config"]) == {"a", "b"}
