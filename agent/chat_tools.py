@@ -27,8 +27,7 @@ from kernelscout.agent.llm import ToolSpec
 from kernelscout.sandbox.harness import HarnessConfig
 from kernelscout.sandbox.pool import WorkerPool
 from kernelscout.sandbox.problem import InputFileError, load_candidate, load_problem
-from kernelscout.tools.budget import Budget
-from kernelscout.tools.measure import find_measurement, measurement_key, resolve_device
+from kernelscout.tools.measure import would_charge
 from kernelscout.tools.rundir import RunDir
 
 log = logging.getLogger("kernelscout.chat")
@@ -281,20 +280,9 @@ class ChatToolbox:
         return path  # missing: the tool's own check says "no such file"
 
     def would_spend(self, candidate: str, again: bool = False) -> bool:
-        """Whether measuring this file now would spend budget (so asking the user first means something).
-
-        False when nothing would be charged: the file is unusable (refused before anything runs), it was
-        already measured here (recorded results are free), or the budget is spent (the call is refused).
-        """
-        try:
-            prob = load_problem(self.problem)
-            cand = load_candidate(self.resolve(candidate))
-            device = resolve_device(self.device)
-        except InputFileError:
-            return False
-        if Budget(self.run).status().remaining == 0:
-            return False
-        return again or find_measurement(self.run, measurement_key(prob.sha, cand.sha, device)) is None
+        """Whether measuring this file now would spend budget (so asking the user first means something): the
+        measure tool's own rule (`measure.would_charge`)."""
+        return would_charge(self.run, str(self.problem), str(self.resolve(candidate)), self.device, again=again)
 
     def _readable(self, ref: str) -> Path:
         path = self.resolve(ref)

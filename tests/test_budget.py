@@ -341,3 +341,34 @@ def test_serve_and_chat_leave_the_cap_of_a_search_running_in_their_folder_alone(
         holding.wait()
     assert Budget(run).status().cap == 4
     assert ensure_cap(str(run.path), 12).cap == 12  # once the search is gone, the cap is the user's to set
+
+
+def test_what_would_be_charged_is_the_measure_tools_own_rule(tmp_path, write):
+    """`kscout chat` asks before spending; it asks by this rule, so it never asks about a measurement that is free
+    or refused (and never skips asking about one that is charged)."""
+    from kernelscout.sandbox.problem import load_candidate, load_problem
+    from kernelscout.tools.measure import MeasurementRecord, ledgered, measurement_key, would_charge
+    from kernelscout.tools.schema import Measurement
+
+    problem, cand = write("problem.py", SMALL_PROBLEM), write("cand.py", GOOD_CANDIDATE)
+    run = RunDir(tmp_path / "run")
+    Budget(run).set_cap(2)
+    assert would_charge(run, str(problem), str(cand), "cpu")
+    assert not would_charge(run, str(problem), str(tmp_path / "missing.py"), "cpu")  # refused before anything runs
+    key = measurement_key(load_problem(str(problem)).sha, load_candidate(str(cand)).sha, "cpu")
+    record = MeasurementRecord(key=key, problem_sha=load_problem(str(problem)).sha, candidate_sha=load_candidate(str(cand)).sha,
+                               problem_path=str(problem), candidate_path=str(cand), device="cpu")
+    ledgered(run, record, lambda: Measurement(status="ok", correct=True, timing_valid=True, charged=True, speedup=1.2))
+    assert not would_charge(run, str(problem), str(cand), "cpu")  # recorded: handed back free
+    assert would_charge(run, str(problem), str(cand), "cpu", again=True)
+    holding = subprocess.Popen([sys.executable, "-c", "import time\nfrom kernelscout.tools.runlock import exclusive\n"
+                                f"with exclusive({str(run.path)!r}, 'kscout search'):\n    print('held', flush=True)\n    time.sleep(60)"],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        assert holding.stdout.readline().strip() == "held"
+        assert not would_charge(run, str(problem), str(cand), "cpu", again=True)  # refused while a search runs there
+    finally:
+        holding.kill()
+        holding.wait()
+    Budget(run).set_cap(1)
+    assert not would_charge(run, str(problem), str(cand), "cpu", again=True)  # no budget left: refused

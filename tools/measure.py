@@ -172,6 +172,19 @@ SAME_KEY_POLL_S = 0.5
 SAME_KEY_WAIT_S = 3600.0  # longer than any one measurement is allowed to take (compile plus run timeouts)
 
 
+def would_charge(run: RunDir, problem: str, candidate: str, device: str, again: bool = False) -> bool:
+    """Whether `measure` of this file now would spend budget, by the same rules `open_run` and `ledgered` apply: not
+    when it is refused (unusable input, a search running in the folder, no budget left), and not when a result
+    is already recorded (free unless `again`). For adapters that ask a person before spending (`kscout chat`)."""
+    try:
+        key = measurement_key(load_problem(problem).sha, load_candidate(candidate).sha, resolve_device(device))
+    except InputFileError:
+        return False
+    if runlock.held_elsewhere(run.path) or Budget(run).status().remaining == 0:
+        return False
+    return again or find_measurement(run, key) is None
+
+
 def ledgered(run: RunDir, record: MeasurementRecord, do_measure: Callable[[], Measurement], again: bool = False) -> Measurement:
     """Reserve, measure, then settle and store in one transaction: the one path every device goes through."""
     ledger = Budget(run)
