@@ -33,7 +33,11 @@ CPU over a stream of 100 measurements (benchmarks/surrogate_update_speed.py; in 
 runs the difference did not show) and gains a little early: paired over 120
 seeds on the four hardest spaces, +0.011 of the optimum at 20 measurements, +0.007 at 50 and +0.003 at
 100, level on the other four (docs/search_experiments.md). Trees are grown with `n_jobs=1`: at this
-size a tree takes about a millisecond and joblib's start-up would cost more than it saves.
+size a tree takes about a millisecond and joblib's start-up would cost more than it saves. Growing them in 2
+threads of a pool kept for the process (each tree seeded before any is grown, so the same trees and the same
+search) was tried on 2026-12-04 on recorded spaces, where nothing is timed on the CPU: alone, a 100-tree forest
+on 100 points grew 1.4-1.8 times as fast, but a whole search gained on gemm_RTX_3090 (150 measurements, seed 3:
+32.7 s to 26.8 s) and lost on convolution_A100 (100, seed 0: 12.0 and 12.3 s to 13.1 and 13.0 s), so it was not kept.
 """
 
 from __future__ import annotations
