@@ -4,6 +4,8 @@ import json
 import os
 import subprocess
 import sys
+from contextlib import contextmanager
+from typing import Iterator
 
 import pytest
 
@@ -12,6 +14,20 @@ from kernelscout.tools.measure import MeasureRequest, measure
 from kernelscout.tools.rundir import RunDir
 from kernelscout.tools.schema import MeasureStatus
 from conftest import GOOD_CANDIDATE, QUICK, SMALL_PROBLEM
+
+
+@contextmanager
+def search_running_in(folder) -> Iterator[None]:
+    """Another process holding `folder` as a search does (its advisory lock), for as long as the block runs."""
+    holding = subprocess.Popen([sys.executable, "-c", "import time\nfrom kernelscout.tools.runlock import exclusive\n"
+                                f"with exclusive({str(folder)!r}, 'kscout search'):\n    print('held', flush=True)\n    time.sleep(60)"],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        assert holding.stdout.readline().strip() == "held"
+        yield
+    finally:
+        holding.kill()
+        holding.wait()
 
 
 def test_reservations_count_as_spent_and_the_cap_holds(tmp_path):
@@ -247,16 +263,9 @@ def test_a_measurement_into_a_folder_another_process_is_searching_in_is_refused_
     problem, cand = write("problem.py", SMALL_PROBLEM), write("cand.py", GOOD_CANDIDATE)
     run = RunDir(tmp_path / "run")
     Budget(run).set_cap(4)
-    holding = subprocess.Popen([sys.executable, "-c", "import time\nfrom kernelscout.tools.runlock import exclusive\n"
-                                f"with exclusive({str(run.path)!r}, 'kscout search'):\n    print('held', flush=True)\n    time.sleep(60)"],
-                               stdout=subprocess.PIPE, text=True)
-    try:
-        assert holding.stdout.readline().strip() == "held"
+    with search_running_in(run.path):
         m = measure(MeasureRequest(problem=str(problem), candidate=str(cand), device="cpu", run_dir=str(run.path), budget=12,
                                    harness=QUICK))
-    finally:
-        holding.kill()
-        holding.wait()
     assert m.status == MeasureStatus.invalid_problem and not m.charged
     assert "in use by a search that is still running (kscout search, pid" in m.message and "another run directory" in m.message
     assert Budget(run).status().cap == 4 and Budget(run).status().used == 0
@@ -329,16 +338,8 @@ def test_serve_and_chat_leave_the_cap_of_a_search_running_in_their_folder_alone(
 
     run = RunDir(tmp_path / "run")
     Budget(run).set_cap(4)
-    holding = subprocess.Popen([sys.executable, "-c", "import time\nfrom kernelscout.tools.runlock import exclusive\n"
-                                f"with exclusive({str(run.path)!r}, 'kscout search'):\n    print('held', flush=True)\n    time.sleep(60)"],
-                               stdout=subprocess.PIPE, text=True)
-    try:
-        assert holding.stdout.readline().strip() == "held"
-        with pytest.raises(ValueError, match="in use by a search that is still running"):
-            ensure_cap(str(run.path), 12)
-    finally:
-        holding.kill()
-        holding.wait()
+    with search_running_in(run.path), pytest.raises(ValueError, match="in use by a search that is still running"):
+        ensure_cap(str(run.path), 12)
     assert Budget(run).status().cap == 4
     assert ensure_cap(str(run.path), 12).cap == 12  # once the search is gone, the cap is the user's to set
 
@@ -361,14 +362,7 @@ def test_what_would_be_charged_is_the_measure_tools_own_rule(tmp_path, write):
     ledgered(run, record, lambda: Measurement(status="ok", correct=True, timing_valid=True, charged=True, speedup=1.2))
     assert not would_charge(run, str(problem), str(cand), "cpu")  # recorded: handed back free
     assert would_charge(run, str(problem), str(cand), "cpu", again=True)
-    holding = subprocess.Popen([sys.executable, "-c", "import time\nfrom kernelscout.tools.runlock import exclusive\n"
-                                f"with exclusive({str(run.path)!r}, 'kscout search'):\n    print('held', flush=True)\n    time.sleep(60)"],
-                               stdout=subprocess.PIPE, text=True)
-    try:
-        assert holding.stdout.readline().strip() == "held"
+    with search_running_in(run.path):
         assert not would_charge(run, str(problem), str(cand), "cpu", again=True)  # refused while a search runs there
-    finally:
-        holding.kill()
-        holding.wait()
     Budget(run).set_cap(1)
     assert not would_charge(run, str(problem), str(cand), "cpu", again=True)  # no budget left: refused
