@@ -234,6 +234,23 @@ def _render_check(out, fc) -> None:
 _STATE_WORDS = {"failed": "did not count"}
 
 
+def _write_plot(views: list[RunView], path: str, as_json: bool) -> None:
+    from kernelscout.agent.cli_errors import fail
+    from kernelscout.agent.compare_plot import run_curve, write_comparison_plot
+    from kernelscout.agent.run_view import open_run
+
+    curves = []
+    for v in views:
+        seed = f", seed {v.seed}" if v.seed is not None else ""
+        label = f"{Path(v.run_dir).name} ({v.policy or '-'} / {v.surrogate or '-'}{seed})"
+        curves.append(run_curve(open_run(v.run_dir), label))
+    try:
+        written = write_comparison_plot(curves, path)
+    except OSError as exc:
+        fail(f"--plot {path}: cannot write it ({exc.strerror or exc}); give a path in a folder you can write to", as_json)
+    typer.echo(f"plot: {written}", err=True)
+
+
 def register(app: typer.Typer) -> None:
     """Add the `show` command to a typer app."""
 
@@ -244,6 +261,8 @@ def register(app: typer.Typer) -> None:
         top: int = typer.Option(10, "--top", min=0, help="how many of the fastest measured candidates to list"),
         report: bool = typer.Option(False, "--report", help="rewrite the run's report.html from what is recorded now"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+        plot: Optional[str] = typer.Option(None, "--plot", metavar="FILE", help="with two or more runs: write their best "
+                                           "times against measurements spent to FILE (.png, .svg or .pdf)"),
     ) -> None:
         """What a run found and what it cost, with its forecasts scored against its measurements.
 
@@ -253,6 +272,11 @@ def register(app: typer.Typer) -> None:
 
         from kernelscout.agent.headless import HeadlessRun, is_headless_run
 
+        if plot is not None and len(run_dirs) < 2:
+            fail("--plot draws runs side by side: give two or more run directories (one run's plots are in its "
+                 "report.html, `kscout show RUN --report`)", as_json)
+        if plot is not None and Path(plot).suffix.lower() not in (".png", ".svg", ".pdf"):
+            fail(f"--plot {plot}: give a file name ending in .png, .svg or .pdf", as_json)
         if len(run_dirs) > 1:
             if report:
                 fail("--report rewrites one run's report: give one run directory with it", as_json)
@@ -260,6 +284,8 @@ def register(app: typer.Typer) -> None:
                 views = [view_run(d, top=top) for d in run_dirs]
             except RunViewError as exc:
                 fail(str(exc), as_json)
+            if plot is not None:
+                _write_plot(views, plot, as_json)
             if as_json:
                 print(json.dumps([v.model_dump(mode="json") for v in views]))
             else:

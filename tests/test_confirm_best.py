@@ -68,6 +68,12 @@ def test_the_last_measurement_re_measures_the_best_and_that_is_what_is_reported(
     assert "recorded timing on Noisy GPU, replayed from noisy_GPU.json" in page  # no kernel ran: it says so
     view = ks_show(run_dir)  # the times `kscout show` puts beside it are those of the re-measurement
     assert view.best_reference_ms / view.best_runtime_ms == pytest.approx(speedup, rel=1e-9)
+    # `show A B --plot`: the re-measurement is a marker where it was spent, not a step of the search's best
+    from kernelscout.agent.compare_plot import run_curve
+
+    curve = run_curve(RunDir(run_dir, read_only=True), "run")
+    assert [n for n, _ in curve.remeasured] == [10] and curve.remeasured[0][1] == pytest.approx(view.best_runtime_ms)
+    assert len(curve.best_ms) == 10 and curve.best_ms[-1] == curve.best_ms[-2]
 
 
 def test_a_best_that_was_not_re_measured_says_it_was_measured_once(tmp_path):

@@ -380,3 +380,27 @@ def test_the_reference_time_is_of_timings_that_counted_and_the_command_to_go_on_
     assert _here(old, Path("/runs/R moved")) == "kscout budget '/runs/R moved' --set 10 && kscout resume '/runs/R moved'"
     new = {"continue_with": "kscout resume '/runs/R s'", "run_dir": "/runs/R s"}
     assert _here(new, Path("/runs/R s2")) == "kscout resume '/runs/R s2'"
+
+
+@needs_hub
+def test_runs_compared_in_a_plot_of_their_best_times(tmp_path):
+    """`show A B --plot FILE`: times, not speedups, since runs of other seeds have other references."""
+    from kernelscout.agent.compare_plot import run_curve
+
+    for seed in (1, 2):
+        start_search(problem=None, space=str(SPACE), budget=8, run_dir=str(tmp_path / f"s{seed}"), quiet=True, seed=seed)
+    shown = CliRunner().invoke(app, ["show", str(tmp_path / "s1"), str(tmp_path / "s2"), "--plot", str(tmp_path / "cmp.png")])
+    assert shown.exit_code == 0, shown.output
+    assert (tmp_path / "cmp.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    curve = run_curve(RunDir(tmp_path / "s1", read_only=True), "s1")
+    with sqlite3.connect(tmp_path / "s1" / "run.db") as db:
+        times = [json.loads(r[0]) for r in db.execute("SELECT result_json FROM measurements WHERE charged = 1 ORDER BY id")]
+    valid = [m["runtime_ms"] for m in times if m["correct"] and m["timing_valid"]]
+    assert len(curve.best_ms) == len(times) == 8 and curve.best_ms[-1] == min(valid)
+    assert all(b <= a for a, b in zip(curve.best_ms, curve.best_ms[1:]) if a is not None and b is not None)
+
+    one = CliRunner().invoke(app, ["show", str(tmp_path / "s1"), "--plot", str(tmp_path / "one.png")])
+    assert one.exit_code == 2 and "two or more run directories" in one.output
+    odd = CliRunner().invoke(app, ["show", str(tmp_path / "s1"), str(tmp_path / "s2"), "--plot", str(tmp_path / "cmp.jpeg")])
+    assert odd.exit_code == 2 and ".png, .svg or .pdf" in odd.output and not (tmp_path / "cmp.jpeg").exists()
