@@ -118,7 +118,8 @@ def render(view: RunView) -> None:
         timed = f"; {_ms(view.reference_ms)} a call, the median over the run" if view.reference_ms else ""
         seeded = "; speedups are over it, so compare runs of other seeds by time" if view.kind == "space" else ""
         head.add_row("reference", escape(view.reference + timed + seeded))
-    beside = f" against the reference's {_ms(view.best_reference_ms)} timed beside it" if view.best_reference_ms else ""
+    how = "replayed beside it (recorded times)" if view.kind == "space" else "timed beside it"
+    beside = f" against the reference's {_ms(view.best_reference_ms)} {how}" if view.best_reference_ms else ""
     best = _best_line(view.best) + (f"; {_ms(view.best_runtime_ms)} a call{beside}" if view.best_runtime_ms else "") if view.best else None
     head.add_row("best", escape(best) if best else "no verified candidate yet")
     if view.best_file:
@@ -242,10 +243,12 @@ def _write_plot(views: list[RunView], path: str, as_json: bool) -> None:
     curves = []
     for v in views:
         seed = f", seed {v.seed}" if v.seed is not None else ""
-        label = f"{Path(v.run_dir).name} ({v.policy or '-'} / {v.surrogate or '-'}{seed})"
+        label = f"{Path(v.run_dir).name}: {_target_name(v)} ({v.policy or '-'} / {v.surrogate or '-'}{seed})"
         curves.append(run_curve(open_run(v.run_dir), label))
+    problems = {(v.kind, v.target) for v in views}
+    title = "runs compared" if len(problems) == 1 else "runs of different problems: their times do not compare"
     try:
-        written = write_comparison_plot(curves, path)
+        written = write_comparison_plot(curves, path, title=title)
     except OSError as exc:
         fail(f"--plot {path}: cannot write it ({exc.strerror or exc}); give a path in a folder you can write to", as_json)
     typer.echo(f"plot: {written}", err=True)

@@ -133,10 +133,14 @@ def _eval_surrogate(spaces: list[Path], train: int, seeds: int, surrogate: str, 
             f"top10% {res.top10_recovery:.3f} ({res.seconds:.0f}s)[/dim]"
         )
 
+    from kernelscout.tools.plugins import PluginError
+
     try:
         report = evaluate(loaded, settings, progress=progress, model=model)
     except EvalInputError as exc:
         raise typer.BadParameter(str(exc), param_hint="--train" if "--train" in str(exc) else "SPACE") from None
+    except PluginError as exc:  # an installed surrogate that does not load or keep its contract: named, no traceback
+        raise typer.BadParameter(str(exc), param_hint="--surrogate") from None
     written = []
     if not no_plots and plots is not None:
         from kernelscout.tools.surrogates.plots import write_plots  # matplotlib only when asked

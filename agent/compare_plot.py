@@ -24,6 +24,8 @@ from kernelscout.tools.rundir import RunDir  # noqa: E402
 
 class RunCurve(BaseModel):
     label: str
+    reference_ms: Optional[float] = Field(None, description="the run's reference time (median of timings that counted): "
+                                          "the best before any candidate, drawn at 0 measurements")
     best_ms: list[Optional[float]] = Field(description="after each charged measurement: the best valid time so far "
                                            "among the search's own (None until one counts)")
     remeasured: list[tuple[int, float]] = Field(default_factory=list, description="(measurements spent, time) of each "
@@ -31,11 +33,16 @@ class RunCurve(BaseModel):
 
 
 def run_curve(run: RunDir, label: str) -> RunCurve:
+    from kernelscout.agent.targets import reference_ms
+    from kernelscout.tools.archive import Archive
+
+    Archive(run)  # its tables, empty where a run stopped before any (read-only: temporary, this connection's)
     with run.connect() as db:
         rows = db.execute("SELECT id, result_json FROM measurements WHERE charged = 1 ORDER BY id").fetchall()
         again = {r[0] for r in db.execute("SELECT measurement_id FROM confirmations WHERE measurement_id IS NOT NULL")}
         suspect = {r[0] for r in db.execute("SELECT measurement_id FROM candidates WHERE state = 'suspect'")}
-    best: Optional[float] = None
+    ref = reference_ms(run, valid_only=True)
+    best: Optional[float] = ref  # until a candidate beats it, the reference is the best
     curve, marks = [], []
     for spent, (mid, text) in enumerate(rows, start=1):
         m = json.loads(text)
@@ -46,29 +53,33 @@ def run_curve(run: RunDir, label: str) -> RunCurve:
         elif ms is not None and (best is None or ms < best):
             best = ms
         curve.append(best)
-    return RunCurve(label=label, best_ms=curve, remeasured=marks)
+    return RunCurve(label=label, reference_ms=ref, best_ms=curve, remeasured=marks)
 
 
-def write_comparison_plot(curves: list[RunCurve], path: str | Path) -> Path:
-    """A PNG of the curves; a run with no valid time yet is named in the legend with no line."""
+def write_comparison_plot(curves: list[RunCurve], path: str | Path, title: str = "runs compared") -> Path:
+    """A PNG (or SVG, PDF) of the curves, each from its reference at 0; a run with no valid time is named in the
+    legend with no line."""
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
     for i, c in enumerate(curves):
         color = f"C{i % 10}"
-        xs = [n for n, t in enumerate(c.best_ms, start=1) if t is not None]
-        ys = [t for t in c.best_ms if t is not None]
+        points = [(0, c.reference_ms)] + list(enumerate(c.best_ms, start=1))
+        xs = [n for n, t in points if t is not None]
+        ys = [t for _, t in points if t is not None]
         label = c.label if ys else f"{c.label} (no valid time)"
         ax.step(xs, ys, where="post", color=color, label=label)
         if c.remeasured:
             ax.scatter([n for n, _ in c.remeasured], [t for _, t in c.remeasured], marker="D", s=28, color=color)
     if any(c.remeasured for c in curves):
         ax.scatter([], [], marker="D", s=28, color="gray", label="re-measured best")
-    ax.set_yscale("log")  # times of different runs can be orders apart; labelled 0.5, 1, 2, 5 ..., not 10^0
-    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.yaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel("measurements spent")
+    shown = [t for c in curves for t in [c.reference_ms, *c.best_ms] if t is not None]
+    if shown and max(shown) / min(shown) > 10:  # orders apart: a log axis, labelled 0.5, 1, 2, 5 ..., not 10^0
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("measurements spent (0: the reference)")
     ax.set_ylabel("best time so far (ms, measured)")
-    ax.set_title("runs compared")
+    ax.set_title(title)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(loc="best", fontsize=8)
     out = Path(path)

@@ -44,11 +44,10 @@ def make_policy(spec: SearchSpec, target: Any):
         from kernelscout.tools import plugins
 
         try:
-            factory = plugins.load(plugins.POLICIES, spec.policy)
+            return plugins.build(plugins.POLICIES, spec.policy, spec, target)
         except KeyError:
             raise ValueError(f"unknown policy {spec.policy!r}: no installed package declares it (entry point group "
                              f"{plugins.POLICIES}); install the package that provides it") from None
-        return factory(spec, target)
     if spec.kind == "space":
         from kernelscout.agent.policies.space_search import SpaceSearchPolicy
 

@@ -562,6 +562,7 @@ def _llm_errors() -> tuple[type[BaseException], ...]:
 
 def _run(run: RunDir, spec: SearchSpec, resume: bool, quiet: bool, report: bool = True) -> OptimizeResult:
     from kernelscout.sandbox.pool import WorkerPool
+    from kernelscout.tools.plugins import PluginError
 
     from kernelscout.sandbox.problem import problem_name
 
@@ -569,11 +570,16 @@ def _run(run: RunDir, spec: SearchSpec, resume: bool, quiet: bool, report: bool 
     run.event("session_start", resume=resume)  # where this session's time begins (a multi-problem run's summary adds it)
     with WorkerPool() as pool, _open_dispatcher(run, spec, quiet) as dispatcher, \
             SearchProgress(Budget(run).status().cap or spec.settings.budget, title, live=False if quiet else None) as progress:
-        loop = build_loop(run, spec, on_event=None if quiet else progress, pool=pool)
-        if dispatcher is not None:
-            loop.scale_out(dispatcher)
         try:
+            loop = build_loop(run, spec, on_event=None if quiet else progress, pool=pool)
+            if dispatcher is not None:
+                loop.scale_out(dispatcher)
             state = loop.run_to_end(resume=resume)
+        except PluginError as exc:  # an installed plugin broke its contract: the user's to fix, the run's to resume
+            status = Budget(run).status()
+            of = f" of {status.cap}" if status.cap is not None else ""
+            raise SearchPaused(f"{exc}\nThe search stopped after {status.used}{of} measurements; nothing measured is lost. "
+                               f"Once the plugin is fixed, continue with: kscout resume {run.path}") from None
         except KeyboardInterrupt:
             status = Budget(run).status()
             raise SearchInterrupted(run.path, status.used, status.cap, status.reserved) from None

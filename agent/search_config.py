@@ -114,7 +114,8 @@ def search_defaults(cwd: Optional[Path] = None, env: Optional[Mapping[str, str]]
     for setting, choices in (("policy", policy_choices), ("surrogate", surrogate_choices)):
         value = getattr(defaults, setting)
         if value is not None and value not in choices():
-            raise SearchConfigError(f"{setting} {value!r} in {sources[setting]} is not one of {', '.join(choices())}")
+            raise SearchConfigError(f"{setting} {value!r} in {sources[setting]} is not one of {', '.join(choices())} "
+                                    "(a plugin's name needs the package that declares it installed)")
     if defaults.history:
         # a path in a file means the same thing whichever folder the command runs from
         base = Path(sources["history"]).parent

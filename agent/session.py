@@ -195,7 +195,10 @@ def summarise(run: RunDir, spec: SearchSpec, state: dict) -> OptimizeResult:
                         "(raise the budget and resume to check it)")
     stop_reason = state.get("stop_reason") or ""
     unusable = stop_reason.startswith(PROBLEM_UNUSABLE)
-    if unusable:
+    if unusable and spec.kind == "space":  # a recorded space is replayed as it was recorded: what failed is a proposal
+        message = (f"{PROBLEM_UNUSABLE} (below): the {spec.policy} policy proposed a configuration the recorded space cannot "
+                   "replay; a policy for a recorded space proposes its configurations (target.space.configs)")
+    elif unusable:
         message = f"{PROBLEM_UNUSABLE} (below); fix the problem file (`kscout measure PROBLEM CANDIDATE` shows the error), then start a new run"
     return OptimizeResult(
         status="failed" if unusable else "finished", stop_reason=state.get("stop_reason"), best_speedup=speedup, search_speedup=best.speedup if best else None,

@@ -52,6 +52,17 @@ class BlockSizeModel:
         return f"block-size model, {self.seen} measured"
 
 
+class OneShort(BlockSizeModel):
+    def predictive(self, configs):
+        dist = super().predictive(configs)
+        return None if dist is None else dist.subset(list(range(len(dist) - 1)))
+
+
+class NoTarget:
+    def __init__(self, spec):  # forgets the target
+        pass
+
+
 class RandomDraws:
     def __init__(self, spec, target):
         self.space = target.space
@@ -76,9 +87,11 @@ def _install(folder: Path, entry_points: str, module: str = PLUGIN) -> dict:
 ENTRY_POINTS = """
     [kernelscout.surrogates]
     block-size = lab_kscout:BlockSizeModel
+    one-short = lab_kscout:OneShort
 
     [kernelscout.policies]
     lab-random = lab_kscout:RandomDraws
+    no-target = lab_kscout:NoTarget
 """
 
 
@@ -136,3 +149,18 @@ def test_a_plugin_cannot_take_a_built_in_name(tmp_path):
             "print(surrogate_choices().count('learned'), type(make_surrogate('learned', {'a': [1, 2]})).__name__)")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
     assert out == ["1", "LearnedSurrogate"]
+
+
+def test_a_plugin_that_breaks_its_contract_stops_the_search_with_its_name_and_the_run_resumes_once_fixed(tmp_path):
+    env = _install(tmp_path / "site", ENTRY_POINTS)
+    made = _kscout(["optimize", "--space", str(SPACE), "--budget", "5", "--policy", "no-target", "--run-dir", str(tmp_path / "a"),
+                    "--json"], env, tmp_path)
+    assert made.returncode == 2 and json.loads(made.stdout)["status"] == "failed"
+    assert "the policy 'no-target' (lab_kscout:NoTarget) failed when made: TypeError" in made.stdout
+    assert "factory(spec, target)" in made.stdout and "0 of 5 measurements" in made.stdout
+
+    short = _kscout(["optimize", "--space", str(SPACE), "--budget", "12", "--surrogate", "one-short", "--run-dir",
+                     str(tmp_path / "b")], env, tmp_path)
+    assert short.returncode == 2, short.stdout + short.stderr
+    assert "the surrogate 'one-short' returned" in short.stderr and "values from predictive()" in short.stderr
+    assert f"continue with: kscout resume {tmp_path / 'b'}" in short.stderr and "Traceback" not in short.stderr

@@ -397,7 +397,8 @@ def test_runs_compared_in_a_plot_of_their_best_times(tmp_path):
     with sqlite3.connect(tmp_path / "s1" / "run.db") as db:
         times = [json.loads(r[0]) for r in db.execute("SELECT result_json FROM measurements WHERE charged = 1 ORDER BY id")]
     valid = [m["runtime_ms"] for m in times if m["correct"] and m["timing_valid"]]
-    assert len(curve.best_ms) == len(times) == 8 and curve.best_ms[-1] == min(valid)
+    assert len(curve.best_ms) == len(times) == 8 and curve.best_ms[-1] == min([curve.reference_ms, *valid])
+    assert curve.reference_ms == json.loads(CliRunner().invoke(app, ["show", str(tmp_path / "s1"), "--json"]).output)["reference_ms"]
     assert all(b <= a for a, b in zip(curve.best_ms, curve.best_ms[1:]) if a is not None and b is not None)
 
     one = CliRunner().invoke(app, ["show", str(tmp_path / "s1"), "--plot", str(tmp_path / "one.png")])

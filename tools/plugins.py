@@ -58,3 +58,47 @@ def load(group: str, name: str) -> Callable[..., Any]:
         raise PluginError(f"the {_KIND.get(group, group)} {name!r} ({ep.value}) is not callable: an entry point in "
                           f"{group} names a factory (a class or function)")
     return factory
+
+
+def build(group: str, name: str, *args: Any, **kwargs: Any) -> Any:
+    """Call a plugin's factory; an error in it becomes a PluginError naming the plugin and how it is called, so a
+    search stops with a message (and can be resumed once the plugin is fixed) rather than a traceback."""
+    factory = load(group, name)
+    try:
+        return factory(*args, **kwargs)
+    except Exception as exc:
+        call = ("factory(tune_params, *, priors, seed, valid)" if group == SURROGATES else "factory(spec, target)")
+        raise PluginError(f"the {_KIND.get(group, group)} {name!r} ({declared(group)[name].value}) failed when made: "
+                          f"{type(exc).__name__}: {exc} (it is called as {call}; README, \"Plugging in a surrogate or a "
+                          "policy\")") from None
+
+
+class CheckedSurrogate:
+    """A plugin surrogate behind the checks its callers rely on: one forecast and one P(fail) per configuration
+    asked about. A wrong length otherwise surfaced as a numpy broadcast error deep in the search; here it is a
+    PluginError naming the plugin, raised on the first forecast."""
+
+    def __init__(self, inner: Any, name: str) -> None:
+        self.inner, self.plugin = inner, name
+        self.name = getattr(inner, "name", name)
+
+    def _check(self, what: str, got: Any, configs: Any) -> Any:
+        n = len(configs)
+        try:
+            size = len(got)
+        except TypeError:
+            size = None
+        if size != n:
+            raise PluginError(f"the surrogate {self.plugin!r} returned {size if size is not None else type(got).__name__} "
+                              f"values from {what}() for {n} configurations; it must give one per configuration")
+        return got
+
+    def predictive(self, configs: Any) -> Any:
+        dist = self.inner.predictive(configs)
+        return None if dist is None else self._check("predictive", dist, configs)
+
+    def p_fail(self, configs: Any) -> Any:
+        return self._check("p_fail", self.inner.p_fail(configs), configs)
+
+    def __getattr__(self, attr: str) -> Any:  # update, status and anything else the plugin offers
+        return getattr(self.inner, attr)

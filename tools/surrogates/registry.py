@@ -56,8 +56,9 @@ def make_surrogate(
 ) -> Surrogate:
     """`for_search`: the surrogate serves a search rather than a whole-space evaluation; the learned one
     then focuses on the good configurations late in the run (`LearnedSurrogate.focus_after`)."""
-    if name not in _REGISTRY and name in plugins.declared(plugins.SURROGATES):
-        register_surrogate(name, plugins.load(plugins.SURROGATES, name))  # PluginError says what failed to import
+    if name not in _REGISTRY and name in plugins.declared(plugins.SURROGATES):  # an installed package's
+        built = plugins.build(plugins.SURROGATES, name, tune_params, priors=priors, seed=seed, valid=valid)
+        return plugins.CheckedSurrogate(built, name)
     try:
         factory = _REGISTRY[name]
     except KeyError:
