@@ -162,7 +162,7 @@ def render(view: RunView) -> None:
         out.print(table)
 
     if view.forecast_check is not None:
-        _render_check(out, view.forecast_check)
+        _render_check(out, view.forecast_check, view.surrogate)
 
 
 def _target_name(view: RunView) -> str:
@@ -204,10 +204,13 @@ def render_comparison(views: list[RunView]) -> None:
                   "compare these runs by their best time", soft_wrap=True)
 
 
-def _render_check(out, fc) -> None:
+def _render_check(out, fc, surrogate: Optional[str] = None) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    if fc.scored == 0 and surrogate == "none":  # never anything to score, not "nothing yet"
+        out.print("forecasts: none to score: --surrogate none measures every candidate the policy proposes, unforecast")
+        return
     if fc.scored == 0:
         why = f"; the surrogate's last abstention: {escape(fc.last_abstention)}" if fc.last_abstention else ""
         out.print(f"forecasts: {fc.forecasts} for {fc.candidates_forecast} candidates; none informative and then measured, "

@@ -129,7 +129,7 @@ class SearchLoop:
         for p in proposals:
             sha = self.target.proposal_sha(p)
             rec = self.archive.add(sha, p.source, parent_id, p.origin, p.params, p.hypothesis, p.features, iteration)
-            if rec.state == "proposed":
+            if rec.state == "proposed" and rec.id not in new_ids:  # a policy may propose one child twice: it is one candidate
                 new_ids.append(rec.id)
                 revived += rec.iteration != iteration  # shelved earlier, proposed again
         pending = [r.id for r in self.archive.all() if r.state == "proposed" and r.id not in new_ids]

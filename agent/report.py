@@ -185,6 +185,9 @@ def write_report(run_dir: Path | str, title: str = "kernelscout run") -> Path:
     if confirmed:
         best_line = (f"best verified: #{best.id} at {archive.reported_speedup(best):.3f}x, re-measured after the search "
                      f"({', '.join(f'{x:.3f}x' for x in confirmed)}; {best.speedup:.3f}x when it was chosen)")
+    best_ms, beside_ms = (archive.reported_runtime_ms(best), archive.reported_reference_ms(best)) if best else (None, None)
+    if best_ms and beside_ms:  # the two times the speedup is the ratio of, as `kscout show` gives them
+        best_line += f", {best_ms:.4g} ms a call against the reference's {beside_ms:.4g} ms in the same measurements"
     from kernelscout.agent.search_spec import SPEC_KEY
 
     spec_text = run.get_meta(SPEC_KEY)

@@ -92,6 +92,14 @@ def resolve_choices(policy: str, surrogate: str, space: bool = False) -> tuple[s
         raise OptimizeError(f"unknown policy {policy!r}; use {_or(policy_choices())}")
     if surrogate not in surrogate_choices():
         raise OptimizeError(f"unknown surrogate {surrogate!r}; use {_or(surrogate_choices())}")
+    from kernelscout.agent.search_config import BUILT_IN_POLICIES, BUILT_IN_SURROGATES
+    from kernelscout.tools import plugins
+
+    for kind, name, group, built_in in (("policy", policy, plugins.POLICIES, BUILT_IN_POLICIES),
+                                        ("surrogate", surrogate, plugins.SURROGATES, BUILT_IN_SURROGATES)):
+        if name not in built_in:  # an installed package's: say whose, as the run's log would otherwise not
+            ep = plugins.declared(group)[name]
+            note.append(f"{kind}: {name} ({ep.value}, from {ep.dist.name if ep.dist is not None else 'a plugin'})")
     return policy, surrogate, "; ".join(note)
 
 

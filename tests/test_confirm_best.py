@@ -68,6 +68,7 @@ def test_the_last_measurement_re_measures_the_best_and_that_is_what_is_reported(
     assert "recorded timing on Noisy GPU, replayed from noisy_GPU.json" in page  # no kernel ran: it says so
     view = ks_show(run_dir)  # the times `kscout show` puts beside it are those of the re-measurement
     assert view.best_reference_ms / view.best_runtime_ms == pytest.approx(speedup, rel=1e-9)
+    assert f"{view.best_runtime_ms:.4g} ms a call against the reference's {view.best_reference_ms:.4g} ms" in page
     # `show A B --plot`: the re-measurement is a marker where it was spent, not a step of the search's best
     from kernelscout.agent.compare_plot import run_curve
 

@@ -63,6 +63,15 @@ class NoTarget:
         pass
 
 
+class SameTwice:
+    def __init__(self, spec, target):
+        self.space = target.space
+
+    def propose(self, parent, k, rng):
+        row = self.space.configs[rng.randrange(len(self.space.configs))]
+        return [SpaceProposal(origin="lab-twice", params=dict(zip(self.space.param_names, row)), hypothesis="one draw")] * 2
+
+
 class RandomDraws:
     def __init__(self, spec, target):
         self.space = target.space
@@ -92,6 +101,7 @@ ENTRY_POINTS = """
     [kernelscout.policies]
     lab-random = lab_kscout:RandomDraws
     no-target = lab_kscout:NoTarget
+    same-twice = lab_kscout:SameTwice
 """
 
 
@@ -164,3 +174,14 @@ def test_a_plugin_that_breaks_its_contract_stops_the_search_with_its_name_and_th
     assert short.returncode == 2, short.stdout + short.stderr
     assert "the surrogate 'one-short' returned" in short.stderr and "values from predictive()" in short.stderr
     assert f"continue with: kscout resume {tmp_path / 'b'}" in short.stderr and "Traceback" not in short.stderr
+
+
+def test_a_child_proposed_twice_in_one_iteration_is_one_candidate(tmp_path):
+    env = _install(tmp_path / "site", ENTRY_POINTS)
+    done = _kscout(["optimize", "--space", str(SPACE), "--budget", "3", "--policy", "same-twice", "--surrogate", "none",
+                    "--run-dir", str(tmp_path / "run")], env, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "policy: same-twice (lab_kscout:SameTwice, from lab-kscout)" in done.stderr  # whose policy, said at start
+    events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    assert [e["new"] for e in events if e["event"] == "propose"][0] == 1
+    assert [e["considered"] for e in events if e["event"] == "predict"][0] == 1  # forecast once, not twice

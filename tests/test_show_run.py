@@ -405,3 +405,10 @@ def test_runs_compared_in_a_plot_of_their_best_times(tmp_path):
     assert one.exit_code == 2 and "two or more run directories" in one.output
     odd = CliRunner().invoke(app, ["show", str(tmp_path / "s1"), str(tmp_path / "s2"), "--plot", str(tmp_path / "cmp.jpeg")])
     assert odd.exit_code == 2 and ".png, .svg or .pdf" in odd.output and not (tmp_path / "cmp.jpeg").exists()
+
+
+@needs_hub
+def test_a_search_without_a_surrogate_is_not_told_it_has_nothing_to_score_yet(tmp_path):
+    start_search(problem=None, space=str(SPACE), budget=3, run_dir=str(tmp_path / "run"), quiet=True, surrogate="none")
+    text = " ".join(CliRunner().invoke(app, ["show", str(tmp_path / "run")], env={"COLUMNS": "200"}).output.split())
+    assert "--surrogate none measures every candidate" in text and "nothing to score yet" not in text
