@@ -45,10 +45,16 @@ def load_holding_stops(modules: Iterable[str]) -> None:
         raise KeyboardInterrupt if noted[0] == signal.SIGINT else SystemExit(128 + noted[0])
 
 
+# what a command that searches or measures imports besides the CLI: loaded here, while a stop is held back, since a
+# Ctrl-C inside one of these imports (C extensions calling back into Python) kills the process instead of ending it
+# quietly. The CLI itself no longer imports them (so that `show`, `budget` and `--help` answer in half a second).
+_HEAVY_MODULES = ["torch", "kernelscout.agent.graph", "kernelscout.tools.surrogates.learned"]
+
+
 def _modules_for(argv: list[str]) -> list[str]:
     words = argv[1:]
     light = not words or words[0] in _LIGHT_COMMANDS or any(w in ("--help", "-h", "--version") for w in words)
-    return ["kernelscout.agent.cli"] + ([] if light else ["torch"])
+    return ["kernelscout.agent.cli"] + ([] if light else _HEAVY_MODULES)
 
 
 def main() -> None:

@@ -42,3 +42,13 @@ def test_reading_a_finished_search_loads_nothing_heavy(tmp_path):
     assert _heavy_modules_loaded("show", str(run)) == []
     assert _heavy_modules_loaded("show", str(run), "--json") == []
     assert _heavy_modules_loaded("budget", str(run)) == []
+
+
+def test_a_searching_command_loads_the_heavy_modules_while_a_stop_is_held_back():
+    """A Ctrl-C inside a C extension's import kills the process instead of ending it quietly (tests/test_headless_run.py),
+    so what a search imports is loaded by the entry point, where a stop waits, and not first inside the search."""
+    code = ("import sys\nfrom kernelscout.agent.entry import _modules_for, load_holding_stops\n"
+            "load_holding_stops(_modules_for(['kscout', 'run', 'examples/softmax']))\n"
+            f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split("\n")[0] == str(sorted(HEAVY)), done.stdout + done.stderr
