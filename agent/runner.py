@@ -92,15 +92,22 @@ def resolve_choices(policy: str, surrogate: str, space: bool = False) -> tuple[s
         raise OptimizeError(f"unknown policy {policy!r}; use {_or(policy_choices())}")
     if surrogate not in surrogate_choices():
         raise OptimizeError(f"unknown surrogate {surrogate!r}; use {_or(surrogate_choices())}")
+    from kernelscout.tools import plugins
+
+    for kind, group, name in _plugin_choices(policy, surrogate):  # an installed package's: say whose
+        ep = plugins.declared(group)[name]
+        note.append(f"{kind}: {name} ({ep.value}, from {ep.dist.name if ep.dist is not None else 'a plugin'})")
+    return policy, surrogate, "; ".join(note)
+
+
+def _plugin_choices(policy: str, surrogate: str) -> list[tuple[str, str, str]]:
+    """(kind, entry point group, name) of the choices that are not built in (nor `auto`): plugins by name."""
     from kernelscout.agent.search_config import BUILT_IN_POLICIES, BUILT_IN_SURROGATES
     from kernelscout.tools import plugins
 
-    for kind, name, group, built_in in (("policy", policy, plugins.POLICIES, BUILT_IN_POLICIES),
-                                        ("surrogate", surrogate, plugins.SURROGATES, BUILT_IN_SURROGATES)):
-        if name not in built_in:  # an installed package's: say whose, as the run's log would otherwise not
-            ep = plugins.declared(group)[name]
-            note.append(f"{kind}: {name} ({ep.value}, from {ep.dist.name if ep.dist is not None else 'a plugin'})")
-    return policy, surrogate, "; ".join(note)
+    return [(kind, group, name) for kind, group, name, built_in in (
+        ("policy", plugins.POLICIES, policy, BUILT_IN_POLICIES), ("surrogate", plugins.SURROGATES, surrogate, BUILT_IN_SURROGATES))
+        if name != "auto" and name not in built_in]
 
 
 def _problem_file(problem: str) -> Path:
@@ -330,17 +337,13 @@ def _check_start(paths: list[str], budget: int, device: str = "cpu", quiet: bool
 def check_plugins(policy: str, surrogate: str) -> None:
     """Load a plugin policy or surrogate (tools/plugins.py) before a run directory is made or resumed, so that a
     package that is missing, or fails to import, is named at once rather than as a traceback from inside the loop."""
-    from kernelscout.agent.search_config import BUILT_IN_POLICIES, BUILT_IN_SURROGATES
     from kernelscout.tools import plugins
 
-    for group, name, built_in, flag in ((plugins.POLICIES, policy, BUILT_IN_POLICIES, "--policy"),
-                                        (plugins.SURROGATES, surrogate, BUILT_IN_SURROGATES, "--surrogate")):
-        if name == "auto" or name in built_in:
-            continue
+    for kind, group, name in _plugin_choices(policy, surrogate):
         try:
             plugins.load(group, name)
         except KeyError:
-            raise OptimizeError(f"{flag} {name}: no installed package declares it (entry point group {group}); install the "
+            raise OptimizeError(f"--{kind} {name}: no installed package declares it (entry point group {group}); install the "
                                 "package that provides it") from None
         except plugins.PluginError as exc:
             raise OptimizeError(str(exc)) from None
@@ -568,6 +571,14 @@ def _llm_errors() -> tuple[type[BaseException], ...]:
     return (LLMConfigError, LLMUnavailableError)
 
 
+def _paused(run: RunDir, exc: Exception, once: str) -> SearchPaused:
+    """A search stopped by something outside it (the LLM provider, a plugin): where it stands and how to go on."""
+    status = Budget(run).status()
+    of = f" of {status.cap}" if status.cap is not None else ""
+    return SearchPaused(f"{exc}\nThe search stopped after {status.used}{of} measurements; nothing measured is lost. "
+                        f"Once {once}, continue with: kscout resume {run.path}")
+
+
 def _run(run: RunDir, spec: SearchSpec, resume: bool, quiet: bool, report: bool = True) -> OptimizeResult:
     from kernelscout.sandbox.pool import WorkerPool
     from kernelscout.tools.plugins import PluginError
@@ -584,18 +595,12 @@ def _run(run: RunDir, spec: SearchSpec, resume: bool, quiet: bool, report: bool 
                 loop.scale_out(dispatcher)
             state = loop.run_to_end(resume=resume)
         except PluginError as exc:  # an installed plugin broke its contract: the user's to fix, the run's to resume
-            status = Budget(run).status()
-            of = f" of {status.cap}" if status.cap is not None else ""
-            raise SearchPaused(f"{exc}\nThe search stopped after {status.used}{of} measurements; nothing measured is lost. "
-                               f"Once the plugin is fixed, continue with: kscout resume {run.path}") from None
+            raise _paused(run, exc, "the plugin is fixed") from None
         except KeyboardInterrupt:
             status = Budget(run).status()
             raise SearchInterrupted(run.path, status.used, status.cap, status.reserved) from None
         except _llm_errors() as exc:  # a key rejected, a service down: the user's to fix, the run's to resume
-            status = Budget(run).status()
-            of = f" of {status.cap}" if status.cap is not None else ""
-            raise SearchPaused(f"{exc}\nThe search stopped after {status.used}{of} measurements; nothing measured is lost. "
-                                f"Once that is fixed, continue with: kscout resume {run.path}") from None
+            raise _paused(run, exc, "that is fixed") from None
     result = summarise(run, spec, state)
     if report:  # benchmarks skip it (agent/bench.py): thousands of runs, nobody reads their reports
         from kernelscout.agent.report import write_report
