@@ -96,10 +96,29 @@ class ModelNew(nn.Module):
 
 
 def measured(tmp_path: Path, source: str, pool: WorkerPool, harness=QUICK):
+    tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "problem.py").write_text(SMALL_PROBLEM)
     (tmp_path / "candidate.py").write_text(source)
     return measure(MeasureRequest(problem=str(tmp_path / "problem.py"), candidate=str(tmp_path / "candidate.py"), device="cpu",
                                   run_dir=str(tmp_path / "run"), harness=harness), pool=pool)
+
+
+REFEREE_FINDING = "alone in a worker that never loaded it"
+
+
+def voided_by_the_referee(tmp_path: Path, source: str, attempts: int = 3):
+    """Measure a cheat until the referee is the one that voids its timing. Every attempt must void it; on a
+    loaded moment a check that runs before the referee (the wall clock against the per-call timer) can void
+    it first, and the referee, which compares only timings still valid, then has nothing to judge: that
+    attempt says nothing about the referee, so the cheat is measured again (a fresh run folder each time)."""
+    for attempt in range(attempts):
+        with WorkerPool() as own:
+            m = measured(tmp_path / f"attempt{attempt}", source, own)
+        assert m.status == MeasureStatus.ok and m.correct, m.message
+        assert m.timing_valid is False, m.message
+        if REFEREE_FINDING in m.timing_invalid_reason:
+            return m
+    raise AssertionError(f"the referee never judged the cheat in {attempts} attempts; last: {m.timing_invalid_reason}")
 
 
 HONEST = "torch.relu(x * self.scale + y) + 0.5 * x"
@@ -147,20 +166,15 @@ def test_a_hijacker_cannot_make_the_referee_fail_to_skip_its_checks(tmp_path, em
 def test_a_reference_slowed_only_where_it_comes_second_is_still_compared(tmp_path):
     # a second red-team pass: with the referee comparing only the rounds where the reference came first,
     # slowing the others (and the candidate's second calls, to pass the after-the-other check) read 7x valid
-    with WorkerPool() as own:
-        m = measured(tmp_path, hijacker(HONEST, only_second=True), own)
-    assert m.status == MeasureStatus.ok and m.correct, m.message
-    assert m.timing_valid is False and "alone in a worker that never loaded it" in m.timing_invalid_reason, m.message
+    voided_by_the_referee(tmp_path, hijacker(HONEST, only_second=True))
 
 
 @linux_only
 def test_a_reference_slowed_so_much_that_few_rounds_are_timed_is_still_compared(tmp_path):
     # a red-team pass slowed each reference call by 2 s: too few rounds where it came first, and the
     # comparison was skipped (470x, valid); all of the reference's rounds are compared then
-    with WorkerPool() as own:
-        m = measured(tmp_path, hijacker(HONEST, slow_reference_ms=400.0), own)
-    assert m.status == MeasureStatus.ok and m.speedup > 5, m.message
-    assert m.timing_valid is False and "alone in a worker that never loaded it" in m.timing_invalid_reason
+    m = voided_by_the_referee(tmp_path, hijacker(HONEST, slow_reference_ms=400.0))
+    assert m.speedup > 5, m.message
 
 
 @linux_only
@@ -173,12 +187,8 @@ def test_a_candidate_that_answers_for_its_worker_is_still_found_wrong(tmp_path):
 
 @linux_only
 def test_a_reference_slowed_by_a_candidate_that_answers_for_its_worker_voids_the_timing(tmp_path):
-    with WorkerPool() as own:
-        m = measured(tmp_path, hijacker(HONEST, slow_reference_ms=30.0), own)
-    assert m.status == MeasureStatus.ok and m.correct, m.message
+    m = voided_by_the_referee(tmp_path, hijacker(HONEST, slow_reference_ms=30.0))
     assert m.speedup and m.speedup > 5  # what the candidate's worker reported
-    assert m.timing_valid is False
-    assert "alone in a worker that never loaded it" in m.timing_invalid_reason
 
 
 def test_an_honest_candidate_gets_the_referees_checks_and_keeps_its_timing(measure_source):
