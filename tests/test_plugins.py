@@ -159,6 +159,14 @@ def test_a_plugin_cannot_take_a_built_in_name(tmp_path):
             "print(surrogate_choices().count('learned'), type(make_surrogate('learned', {'a': [1, 2]})).__name__)")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
     assert out == ["1", "LearnedSurrogate"]
+    # a search that chooses the built-in one says that the lab's plugin of that name is not used, and how to choose it
+    done = _kscout(["optimize", "--space", str(SPACE), "--budget", "2", "--surrogate", "learned", "--run-dir",
+                    str(tmp_path / "run")], env, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = " ".join(done.stderr.split())  # as one line, whatever the terminal's width wrapped
+    assert ("surrogate: learned is the built-in one; lab-kscout declares a surrogate of that name "
+            "(lab_kscout:BlockSizeModel), not used") in said
+    assert "give it a name of its own in kernelscout.surrogates to choose it" in said
 
 
 def test_a_plugin_that_breaks_its_contract_stops_the_search_with_its_name_and_the_run_resumes_once_fixed(tmp_path):

@@ -14,7 +14,8 @@ kscout.toml choose them, and a run made with them resumes with them. What each m
 ("Plugging in a surrogate or a policy"). A plugin runs in the agent's process, as the built-in surrogates and
 policies do: it is code the user installed, not candidate code, which only ever runs in sandbox workers.
 
-Built-in names win: a plugin cannot take the place of `learned` or `tuner` by declaring the same name.
+Built-in names win: a plugin cannot take the place of `learned` or `tuner` by declaring the same name (a search
+that chooses the built-in one says, at start, that a plugin of that name is installed and not used).
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ def names(group: str, built_in: tuple[str, ...] = ()) -> list[str]:
     return sorted(n for n in declared(group) if n not in built_in)
 
 
+def package_of(ep: EntryPoint) -> str:
+    """The distribution that declares an entry point, for messages that say which package to fix."""
+    return ep.dist.name if ep.dist is not None else "an installed package"
+
+
 def load(group: str, name: str) -> Callable[..., Any]:
     """The factory a plugin declares. Import errors become a PluginError that says which package to fix."""
     ep = declared(group).get(name)
@@ -51,8 +57,7 @@ def load(group: str, name: str) -> Callable[..., Any]:
     try:
         factory = ep.load()
     except Exception as exc:  # any error in a third-party import; said with what to fix
-        package = ep.dist.name if ep.dist is not None else "its package"
-        raise PluginError(f"the {_KIND.get(group, group)} {name!r} ({ep.value}, from {package}) could not be loaded: "
+        raise PluginError(f"the {_KIND.get(group, group)} {name!r} ({ep.value}, from {package_of(ep)}) could not be loaded: "
                           f"{type(exc).__name__}: {exc}") from None
     if not callable(factory):
         raise PluginError(f"the {_KIND.get(group, group)} {name!r} ({ep.value}) is not callable: an entry point in "
