@@ -14,6 +14,7 @@ from rich.table import Table
 from kernelscout import __version__
 from kernelscout.agent.cli_errors import fail, interrupt_unhandled, interrupted_code, stop_on_sigterm, validation_message
 from kernelscout.agent.search_config import help_default, search_config
+from kernelscout.sandbox import harness_defaults
 
 app = typer.Typer(
     name="kscout",
@@ -47,10 +48,10 @@ def measure(
     run_dir: Optional[str] = typer.Option(None, "--run-dir", help="run directory holding the budget ledger \\[default: runs/scratch]"),
     budget: Optional[int] = typer.Option(None, min=1, help="measurement cap for the run directory"),
     again: bool = typer.Option(False, "--again", help="measure even if this exact candidate was already measured in the run"),
-    timeout: float = typer.Option(120.0, help="seconds allowed for running the candidate (checks and timing), besides what the reference's own calls take"),
+    timeout: float = typer.Option(harness_defaults.TIMEOUT_S, help="seconds allowed for running the candidate (checks and timing), besides what the reference's own calls take"),
     compile_timeout: float = typer.Option(
-        600.0, "--compile-timeout", help="seconds allowed for importing and constructing the candidate (a Triton kernel builds at its first launch, under --timeout)"),
-    timing_budget: float = typer.Option(2.0, "--timing-budget", help="timed seconds to aim for, both sides together"),
+        harness_defaults.COMPILE_TIMEOUT_S, "--compile-timeout", help="seconds allowed for importing and constructing the candidate (a Triton kernel builds at its first launch, under --timeout)"),
+    timing_budget: float = typer.Option(harness_defaults.TIMING_BUDGET_S, "--timing-budget", help="timed seconds to aim for, both sides together"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Check a candidate against its problem and time both in one sandboxed session."""

@@ -22,6 +22,7 @@ from rich.table import Table
 
 from kernelscout.agent.cli_errors import Terminated
 from kernelscout.agent.search_config import help_default, search_config
+from kernelscout.sandbox import harness_defaults
 from kernelscout.sandbox.problem import InputFileError, problem_file, problem_name
 from kernelscout.tools.budget import Budget
 from kernelscout.tools.rundir import RunDir
@@ -536,8 +537,8 @@ def register(app: typer.Typer) -> None:
         base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible server, e.g. http://localhost:8000/v1"),
         max_usd: Optional[float] = typer.Option(None, "--max-usd", help="stop calling the LLM when the run has cost this much"),
         max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="stop calling the LLM at this many tokens in the run"),
-        timeout: float = typer.Option(120.0, help="seconds allowed for running a candidate (checks and timing)"),
-        timing_budget: float = typer.Option(2.0, "--timing-budget", help="timed seconds to aim for, both sides together"),
+        timeout: float = typer.Option(harness_defaults.TIMEOUT_S, help="seconds allowed for running a candidate (checks and timing)"),
+        timing_budget: float = typer.Option(harness_defaults.TIMING_BUDGET_S, "--timing-budget", help="timed seconds to aim for, both sides together"),
     ) -> None:
         """Talk to a tool-calling agent about one problem; slash commands work without any LLM."""
         from kernelscout.agent.chat import ChatSettings

@@ -16,6 +16,7 @@ import typer
 
 from kernelscout.agent.cli_errors import interrupted_code, validation_message
 from kernelscout.agent.search_config import help_default, search_config
+from kernelscout.sandbox import harness_defaults
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 TOKEN_ENV = "KSCOUT_MCP_TOKEN"  # same as kernelscout.tools.mcp_server.TOKEN_ENV, without importing the SDK for --help
@@ -40,8 +41,8 @@ def register(app: typer.Typer) -> None:
         token: Optional[str] = typer.Option(
             None, help=f"HTTP: bearer token every request must carry (prefer the {TOKEN_ENV} environment variable: a flag shows in ps)"
         ),
-        timeout: float = typer.Option(120.0, help="seconds allowed for running a candidate (checks and timing)"),
-        timing_budget: float = typer.Option(2.0, "--timing-budget", help="timed seconds to aim for, both sides together"),
+        timeout: float = typer.Option(harness_defaults.TIMEOUT_S, help="seconds allowed for running a candidate (checks and timing)"),
+        timing_budget: float = typer.Option(harness_defaults.TIMING_BUDGET_S, "--timing-budget", help="timed seconds to aim for, both sides together"),
         log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING or ERROR (logs go to stderr)"),
     ) -> None:
         """Serve measure, predict, budget_status, sol_bounds, list_candidates, best_candidate and forecast_check over MCP (stdio by default)."""
@@ -51,8 +52,8 @@ def register(app: typer.Typer) -> None:
 
 
 def run(run_dir: Optional[str] = None, budget: Optional[int] = None, device: str = "auto", http: bool = False, host: str = "127.0.0.1",
-        port: int = 8000, path: str = "/mcp", allow_remote: bool = False, token: Optional[str] = None, timeout: float = 120.0,
-        timing_budget: float = 2.0, log_level: str = "INFO") -> None:
+        port: int = 8000, path: str = "/mcp", allow_remote: bool = False, token: Optional[str] = None,
+        timeout: float = harness_defaults.TIMEOUT_S, timing_budget: float = harness_defaults.TIMING_BUDGET_S, log_level: str = "INFO") -> None:
     try:
         from kernelscout.tools import mcp_server
     except ImportError as exc:

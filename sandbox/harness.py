@@ -17,7 +17,7 @@ from typing import Optional
 from pydantic import BaseModel, Field
 
 from kernelscout.sandbox.pool import WorkerDied, WorkerOutOfMemory, WorkerPool, WorkerProcess, WorkerTimedOut
-from kernelscout.sandbox import referee, triton_interpreter
+from kernelscout.sandbox import harness_defaults, referee, triton_interpreter
 from kernelscout.sandbox.problem import SourceFile
 from kernelscout.sandbox.stats import (after_the_other_ratio, busy_machine, crowded, disturbed_reference, heap_handed_back,
                                       slowed_after_the_other, summarise, wall_clock_disagreement)
@@ -32,13 +32,13 @@ class HarnessConfig(BaseModel):
 
     device: str = "cpu"
     correctness_trials: int = Field(3, ge=1)
-    timeout_s: float = Field(120.0, gt=0, description="hard limit on running the candidate (checks + timing), beyond "
+    timeout_s: float = Field(harness_defaults.TIMEOUT_S, gt=0, description="hard limit on running the candidate (checks + timing), beyond "
                              "the time the reference's own calls take")
-    compile_timeout_s: float = Field(600.0, gt=0, description="hard limit on importing and building it")
+    compile_timeout_s: float = Field(harness_defaults.COMPILE_TIMEOUT_S, gt=0, description="hard limit on importing and building it")
     warmup_rounds: int = Field(3, ge=0)
     min_rounds: int = Field(10, ge=3)
     max_rounds: int = Field(2000, ge=3)
-    timing_budget_s: float = Field(2.0, gt=0, description="timed seconds to aim for, both sides together")
+    timing_budget_s: float = Field(harness_defaults.TIMING_BUDGET_S, gt=0, description="timed seconds to aim for, both sides together")
     recheck_fraction: float = Field(0.2, ge=0, le=1, description="share of early timed rounds whose outputs are re-checked")
     recheck_target: int = Field(8, ge=0, description="after the early rounds, round k is re-checked with probability target/k")
     loop_overhead_s: float = Field(0.5, gt=0, description="harness time (pipes, fresh inputs, re-checks) the timing loop may spend "

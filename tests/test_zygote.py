@@ -4,7 +4,6 @@ fork, not a new interpreter; each forked worker is confined exactly as a launche
 from __future__ import annotations
 
 import os
-import subprocess
 import signal
 import sys
 import time
