@@ -293,6 +293,7 @@ def _register_tool_commands() -> None:
     from kernelscout.agent import cli_serve, cli_sol, cli_surrogate
 
     cli_sol.register(app)
+    from kernelscout.agent import cli_predict; cli_predict.register(app)  # noqa: E702
     cli_surrogate.register(app)
     cli_serve.register(app)
     from kernelscout.agent import cli_chat; cli_chat.register(app)  # noqa: E702

@@ -29,7 +29,6 @@ import ipaddress
 import json
 import logging
 import os
-import statistics
 import sys
 import threading
 from pathlib import Path
@@ -39,17 +38,17 @@ from pydantic import BaseModel, Field
 
 from kernelscout.sandbox.harness import HarnessConfig
 from kernelscout.sandbox.pool import WorkerPool
-from kernelscout.sandbox.problem import InputFileError, load_candidate, load_problem
+from kernelscout.sandbox.problem import InputFileError, load_problem
 from kernelscout.tools.archive import CLEAR_GAIN, Archive, CandidateRecord, clear_gain
 from kernelscout.tools.budget import Budget, CapBelowUsed
 from kernelscout.tools.forecast_check import ForecastCheck, check_forecasts
 from kernelscout.tools.measure import DEFAULT_RUN_DIR, MeasureRequest, measured_files, open_run, refuse_if_searched, resolve_device
 from kernelscout.tools.measure import measure as run_measure
-from kernelscout.tools.predict import Forecast, SurrogateCost
+from kernelscout.tools.predict import Forecast
+from kernelscout.tools.predict_file import PredictFileRequest, PredictInputError, predict_file, usable_measurements
 from kernelscout.tools.rundir import RunDir
 from kernelscout.tools.schema import BudgetStatus, Measurement, MeasureStatus
 from kernelscout.tools.sol import DEFAULT_TIMEOUT_S, SolBounds, SolRequest
-from kernelscout.tools.surrogates.distribution import DEFAULT_EDGES, bin_labels
 
 try:  # the SDK is an optional extra: `pip install kernelscout[mcp]`
     from mcp.server.mcpserver import MCPServer
@@ -381,15 +380,7 @@ class KernelScoutMCP(MCPServer):
             return None, None
 
     def _usable(self, problem_sha: str, device: str, candidate_sha: Optional[str] = None) -> list[Measurement]:
-        with self.run.connect() as db:
-            sql = "SELECT result_json FROM measurements WHERE problem_sha = ? AND device = ? AND status = 'ok'"
-            args: tuple = (problem_sha, device)
-            if candidate_sha is not None:
-                sql += " AND candidate_sha = ?"
-                args += (candidate_sha,)
-            rows = db.execute(sql + " ORDER BY id", args).fetchall()
-        out = [Measurement.model_validate(json.loads(r[0])) for r in rows]
-        return [m for m in out if m.usable]
+        return usable_measurements(self.run, problem_sha, device, candidate_sha)
 
     # -- predict --------------------------------------------------------------------------------------------
 
@@ -402,55 +393,25 @@ class KernelScoutMCP(MCPServer):
         return self._chat_model
 
     def _predict(self, problem: str, candidate: str, parent: Optional[str], device: Optional[str]) -> Forecast:
-        prob = load_problem(problem)
-        child = load_candidate(candidate)
-        par = load_candidate(parent) if parent else None
         dev = resolve_device(device or self.device)
         with self._lock:
             model = self._model()
-        label = f"{Path(candidate).name} vs {Path(parent).name if parent else 'reference'}"
-
-        def keep(forecast: Forecast, parent_speedup: float) -> Forecast:
-            """Beside the measurements, so `forecast_check` (and `kscout show`) can score it once the file is measured."""
-            Archive(self.run).record_tool_forecast(prob.sha, child.sha, par.sha if par else None, dev, parent_speedup,
-                                                   forecast.model_dump(), label)
-            return forecast
-
-        parent_measured = self._usable(prob.sha, dev, par.sha) if par is not None else []
-        if par is not None and not parent_measured:
-            raise ToolError(f"parent {parent} has no valid measurement against {problem} on {dev} in this run; measure it "
-                            "first, or omit parent to forecast against the problem's reference")
-        if model is None:
-            forecast = _not_informative(
-                "none",
-                "no forecast: no LLM provider is configured, and the learned surrogate forecasts only tunable-parameter "
-                "configurations of a search, not arbitrary files. Measure the candidate to know, or configure a provider "
-                "(KSCOUT_PROVIDER=anthropic|openai|openai-compatible; see docs/llm.md) for LLM forecasts.",
-            )
-            return keep(forecast, 1.0)  # uninformative: never scored, whatever the parent
-        done = self._usable(prob.sha, dev)
-        ref_ms = statistics.median(m.ref_runtime_ms for m in done if m.ref_runtime_ms) if any(m.ref_runtime_ms for m in done) else None
-        if par is None:
-            parent_speedup, parent_source = 1.0, prob.source
-        else:
-            parent_speedup, parent_source = parent_measured[-1].speedup or 1.0, par.source
-        best = max((m.speedup or 0.0 for m in done), default=0.0)
-        best = max(best, 1.0) if done else best  # the reference counts as the best so far, as in the search (graph.py)
-        sol = next((b for (sha, d, _), b in self._sol_cache.items() if sha == prob.sha and d in (dev, device or self.device)), None)
-        sol_text = f"{sol.time_ms:.4g} ms ({sol.bound}-bound)" if sol else "unknown (not computed; the sol_bounds tool gives it)"
-        surrogate = self._llm_surrogate(model)
-        with self._forecast_lock:
-            forecast = surrogate.forecast(
-                child_source=child.source, parent_source=parent_source,
-                parent_ms=ref_ms / parent_speedup if ref_ms else None, parent_speedup=parent_speedup,
-                incumbent_ratio=best / parent_speedup if best > 0 else None, device=dev, sol=sol_text,
-            )
-            raw = getattr(surrogate, "last_raw_p_faster", None)
-        keep(forecast, parent_speedup)
-        if forecast.informative:
+        surrogate = self._llm_surrogate(model) if model is not None else None
+        sol_text = None
+        if surrogate is not None:
+            sha = load_problem(problem).sha
+            sol = next((b for (s, d, _), b in self._sol_cache.items() if s == sha and d in (dev, device or self.device)), None)
+            sol_text = f"{sol.time_ms:.4g} ms ({sol.bound}-bound)" if sol else None
+        request = PredictFileRequest(problem=problem, candidate=candidate, parent=parent, device=dev)
+        try:
+            with self._forecast_lock:
+                made = predict_file(request, self.run, surrogate, sol_text)
+        except PredictInputError as exc:
+            raise ToolError(str(exc)) from None
+        if made.forecast.informative:
             with self._lock:
-                self._pending[(prob.sha, child.sha, dev)] = (raw, par.sha if par else None, label)
-        return forecast
+                self._pending[(made.problem_sha, made.candidate_sha, dev)] = (made.raw_p_faster, made.parent_sha, made.label)
+        return made.forecast
 
     def _llm_surrogate(self, model: Any):
         with self._lock:
@@ -616,12 +577,6 @@ def serve(server: KernelScoutMCP, http: bool = False, host: str = "127.0.0.1", p
         uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_config=None, log_level=log_level.lower())).run()
     finally:
         server.close()
-
-
-def _not_informative(surrogate: str, reason: str) -> Forecast:
-    k = len(DEFAULT_EDGES) + 1
-    return Forecast(surrogate=surrogate, informative=False, bin_edges=list(DEFAULT_EDGES), bin_labels=bin_labels(DEFAULT_EDGES),
-                    bin_probs=[1.0 / k] * k, p_faster=0.5, confidence=0.0, rationale=reason, cost=SurrogateCost(latency_ms=0.0))
 
 
 class _tool_errors:

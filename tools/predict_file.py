@@ -1,0 +1,108 @@
+"""The predict tool for files: a candidate file's forecast speedup over its parent, before any measurement is spent.
+
+The MCP server's `predict`, chat's `/predict` and `kscout predict` are this function with their own wrapping. The
+learned surrogate forecasts configurations inside a search, never arbitrary source files, so a file's forecast comes
+from an LLM surrogate or not at all: without one the answer is marked informative=false and says why, rather than
+inventing a number. Every forecast is recorded in the run directory beside the measurements, so `forecast_check`
+and `kscout show` score it once the file is measured, whichever face asked for it.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from pydantic import BaseModel, Field
+
+from kernelscout.sandbox.problem import load_candidate, load_problem
+from kernelscout.tools.archive import Archive
+from kernelscout.tools.predict import Forecast, SurrogateCost
+from kernelscout.tools.rundir import RunDir
+from kernelscout.tools.schema import Measurement
+from kernelscout.tools.surrogates.distribution import DEFAULT_EDGES, bin_labels
+
+NO_PROVIDER = ("no forecast: no LLM provider is configured, and the learned surrogate forecasts only tunable-parameter "
+               "configurations of a search, not arbitrary files. Measure the candidate to know, or configure a provider "
+               "(KSCOUT_PROVIDER=anthropic|openai|openai-compatible; see docs/llm.md) for LLM forecasts.")
+
+
+class PredictFileRequest(BaseModel):
+    problem: str = Field(description="KernelBench problem file (class Model), or a folder holding problem.py")
+    candidate: str = Field(description="candidate module defining class ModelNew")
+    parent: Optional[str] = Field(None, description="a candidate file already measured in this run; omitted: the problem's "
+                                  "reference Model")
+    device: str = Field(description="the device the forecast is for, resolved (cpu, cuda:0, ...)")
+
+
+class PredictInputError(ValueError):
+    """A request that cannot be forecast (its parent was never measured); the message says what to do."""
+
+
+@dataclass
+class FileForecast:
+    """A forecast and what a caller that learns from outcomes (the MCP server's recalibration) needs to match it
+    with the measurement that follows: the keys of the candidate's measurement and the surrogate's raw P(faster)."""
+
+    forecast: Forecast
+    problem_sha: str
+    candidate_sha: str
+    parent_sha: Optional[str]
+    device: str
+    label: str
+    raw_p_faster: Optional[float] = None
+
+
+def usable_measurements(run: RunDir, problem_sha: str, device: str, candidate_sha: Optional[str] = None) -> list[Measurement]:
+    """Correct measurements with valid timing of a problem on a device (of one candidate file, when given), oldest first."""
+    with run.connect() as db:
+        sql = "SELECT result_json FROM measurements WHERE problem_sha = ? AND device = ? AND status = 'ok'"
+        args: tuple = (problem_sha, device)
+        if candidate_sha is not None:
+            sql += " AND candidate_sha = ?"
+            args += (candidate_sha,)
+        rows = db.execute(sql + " ORDER BY id", args).fetchall()
+    return [m for m in (Measurement.model_validate(json.loads(r[0])) for r in rows) if m.usable]
+
+
+def not_informative(surrogate: str, reason: str) -> Forecast:
+    k = len(DEFAULT_EDGES) + 1
+    return Forecast(surrogate=surrogate, informative=False, bin_edges=list(DEFAULT_EDGES), bin_labels=bin_labels(DEFAULT_EDGES),
+                    bin_probs=[1.0 / k] * k, p_faster=0.5, confidence=0.0, rationale=reason, cost=SurrogateCost(latency_ms=0.0))
+
+
+def predict_file(request: PredictFileRequest, run: RunDir, surrogate: Any = None, sol_text: Optional[str] = None) -> FileForecast:
+    """Forecast `request.candidate` against its parent and record the forecast in `run`.
+
+    `surrogate`: an LLMSurrogate (tools/surrogates/llm.py), or None when no provider is configured. `sol_text`: the
+    problem's speed of light on the device, in words, when the caller has computed it (it costs a child process)."""
+    prob = load_problem(request.problem)
+    child = load_candidate(request.candidate)
+    par = load_candidate(request.parent) if request.parent else None
+    dev = request.device
+    label = f"{Path(request.candidate).name} vs {Path(request.parent).name if request.parent else 'reference'}"
+    parent_measured = usable_measurements(run, prob.sha, dev, par.sha) if par is not None else []
+    if par is not None and not parent_measured:
+        raise PredictInputError(f"parent {request.parent} has no valid measurement against {request.problem} on {dev} in this "
+                                "run; measure it first, or omit parent to forecast against the problem's reference")
+    out = FileForecast(forecast=not_informative("none", NO_PROVIDER), problem_sha=prob.sha, candidate_sha=child.sha,
+                       parent_sha=par.sha if par else None, device=dev, label=label)
+    parent_speedup = 1.0  # an uninformative forecast is never scored, whatever the parent
+    if surrogate is not None:
+        done = usable_measurements(run, prob.sha, dev)
+        ref_times = [m.ref_runtime_ms for m in done if m.ref_runtime_ms]
+        ref_ms = statistics.median(ref_times) if ref_times else None
+        parent_speedup = (parent_measured[-1].speedup or 1.0) if par is not None else 1.0
+        best = max((m.speedup or 0.0 for m in done), default=0.0)
+        best = max(best, 1.0) if done else best  # the reference counts as the best so far, as in the search (graph.py)
+        out.forecast = surrogate.forecast(
+            child_source=child.source, parent_source=par.source if par is not None else prob.source,
+            parent_ms=ref_ms / parent_speedup if ref_ms else None, parent_speedup=parent_speedup,
+            incumbent_ratio=best / parent_speedup if best > 0 else None, device=dev,
+            sol=sol_text or "unknown (not computed; the sol_bounds tool gives it)",
+        )
+        out.raw_p_faster = getattr(surrogate, "last_raw_p_faster", None)
+    Archive(run).record_tool_forecast(prob.sha, child.sha, out.parent_sha, dev, parent_speedup, out.forecast.model_dump(), label)
+    return out
