@@ -52,16 +52,13 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print the forecast as one JSON object"),
     ) -> None:
         """Forecast a candidate's speedup over its parent without measuring it (needs an LLM provider to say anything)."""
-        from pathlib import Path
-
         from pydantic import ValidationError
 
         from kernelscout.agent.cli_errors import fail, validation_message
         from kernelscout.agent.llm_config import LLMConfig, LLMConfigError
         from kernelscout.sandbox.problem import InputFileError
-        from kernelscout.tools.measure import DEFAULT_RUN_DIR, resolve_device
-        from kernelscout.tools.predict_file import PredictFileRequest, PredictInputError, predict_file
-        from kernelscout.tools.rundir import RunDir, RunDirError
+        from kernelscout.tools.predict_file import PredictFileRequest, PredictInputError, llm_surrogate, predict_file
+        from kernelscout.tools.rundir import RunDirError
 
         device = search_config(as_json).pick("device", device)
         try:
@@ -75,15 +72,9 @@ def register(app: typer.Typer) -> None:
             chat_model = make_chat_model(flags if has_flags else None)
         except (LLMConfigError, ValueError) as exc:
             fail(str(exc), as_json)
-        folder = Path(run_dir or DEFAULT_RUN_DIR)
         try:
-            request = PredictFileRequest(problem=problem, candidate=candidate, parent=parent, device=resolve_device(device))
-            surrogate = None
-            if chat_model is not None:
-                from kernelscout.tools.surrogates.llm import LLMSurrogate
-
-                surrogate = LLMSurrogate(chat_model)
-            made = predict_file(request, RunDir(folder), surrogate)
+            request = PredictFileRequest(problem=problem, candidate=candidate, parent=parent, device=device, run_dir=run_dir)
+            made = predict_file(request, surrogate=llm_surrogate(chat_model))
         except (InputFileError, PredictInputError, RunDirError) as exc:
             fail(str(exc), as_json)
         if as_json:

@@ -12,6 +12,8 @@ notebook or a script::
 
     m = ks.measure(ks.MeasureRequest(problem="examples/softmax/problem.py",
                                      candidate="examples/softmax/fast.py", run_dir="runs/nb", budget=5))
+    f = ks.predict(ks.PredictFileRequest(problem="examples/softmax/problem.py", candidate="examples/softmax/fast.py",
+                                         run_dir="runs/nb"))  # an LLM's forecast, or one that says it has none
     result = ks.optimize("examples/softmax", budget=10)
     view = ks.show(result.run_dir)
 
@@ -30,6 +32,8 @@ _API = {
     "measure": ("kernelscout.tools.measure", "measure"),
     "MeasureRequest": ("kernelscout.tools.measure", "MeasureRequest"),
     "Measurement": ("kernelscout.tools.schema", "Measurement"),
+    "predict": ("kernelscout.tools.predict_file", "predict"),
+    "PredictFileRequest": ("kernelscout.tools.predict_file", "PredictFileRequest"),
     "sol_bounds": ("kernelscout.tools.sol", "sol_bounds"),
     "SolRequest": ("kernelscout.tools.sol", "SolRequest"),
     "Budget": ("kernelscout.tools.budget", "Budget"),

@@ -92,3 +92,12 @@ def test_a_parent_that_was_never_measured_is_refused_with_what_to_do(project, fa
 
     missing = runner.invoke(app, ["predict", "problem.py", "nope.py", "--device", "cpu"])
     assert missing.exit_code == 2 and "nope.py" in missing.output
+
+
+def test_the_python_face_takes_the_same_request(project):
+    import kernelscout as ks
+
+    request = ks.PredictFileRequest(problem="problem.py", candidate="fast.py", device="cpu", run_dir="nb")
+    forecast = ks.predict(request, chat_model=None)
+    assert forecast.informative is False and forecast.rationale.startswith("no forecast")
+    assert check_forecasts(Archive(RunDir(project / "nb"))).uninformative == 1  # recorded in the request's run directory

@@ -402,7 +402,7 @@ class KernelScoutMCP(MCPServer):
             sha = load_problem(problem).sha
             sol = next((b for (s, d, _), b in self._sol_cache.items() if s == sha and d in (dev, device or self.device)), None)
             sol_text = f"{sol.time_ms:.4g} ms ({sol.bound}-bound)" if sol else None
-        request = PredictFileRequest(problem=problem, candidate=candidate, parent=parent, device=dev)
+        request = PredictFileRequest(problem=problem, candidate=candidate, parent=parent, device=dev, run_dir=self.run_dir)
         try:
             with self._forecast_lock:
                 made = predict_file(request, self.run, surrogate, sol_text)

@@ -19,11 +19,13 @@ from pydantic import BaseModel, Field
 
 from kernelscout.sandbox.problem import load_candidate, load_problem
 from kernelscout.tools.archive import Archive
+from kernelscout.tools.measure import DEFAULT_RUN_DIR, resolve_device
 from kernelscout.tools.predict import Forecast, SurrogateCost
 from kernelscout.tools.rundir import RunDir
 from kernelscout.tools.schema import Measurement
 from kernelscout.tools.surrogates.distribution import DEFAULT_EDGES, bin_labels
 
+AUTO = "auto"
 NO_PROVIDER = ("no forecast: no LLM provider is configured, and the learned surrogate forecasts only tunable-parameter "
                "configurations of a search, not arbitrary files. Measure the candidate to know, or configure a provider "
                "(KSCOUT_PROVIDER=anthropic|openai|openai-compatible; see docs/llm.md) for LLM forecasts.")
@@ -34,7 +36,9 @@ class PredictFileRequest(BaseModel):
     candidate: str = Field(description="candidate module defining class ModelNew")
     parent: Optional[str] = Field(None, description="a candidate file already measured in this run; omitted: the problem's "
                                   "reference Model")
-    device: str = Field(description="the device the forecast is for, resolved (cpu, cuda:0, ...)")
+    device: str = Field("auto", description="auto, cpu, cuda or cuda:N: the device the forecast is for")
+    run_dir: Optional[str] = Field(None, description="run directory the forecast is recorded in (default runs/scratch, as "
+                                   "measure's), to be scored once the file is measured there")
 
 
 class PredictInputError(ValueError):
@@ -73,15 +77,38 @@ def not_informative(surrogate: str, reason: str) -> Forecast:
                     bin_probs=[1.0 / k] * k, p_faster=0.5, confidence=0.0, rationale=reason, cost=SurrogateCost(latency_ms=0.0))
 
 
-def predict_file(request: PredictFileRequest, run: RunDir, surrogate: Any = None, sol_text: Optional[str] = None) -> FileForecast:
-    """Forecast `request.candidate` against its parent and record the forecast in `run`.
+def predict(request: PredictFileRequest, chat_model: Any = AUTO) -> Forecast:
+    """The Python face (`ks.predict`): forecast with the configured LLM provider (or `chat_model`; None for none) and
+    record the forecast in the request's run directory."""
+    if isinstance(chat_model, str) and chat_model == AUTO:
+        from kernelscout.agent.llm import make_chat_model
 
-    `surrogate`: an LLMSurrogate (tools/surrogates/llm.py), or None when no provider is configured. `sol_text`: the
-    problem's speed of light on the device, in words, when the caller has computed it (it costs a child process)."""
+        chat_model = make_chat_model()
+    return predict_file(request, surrogate=llm_surrogate(chat_model)).forecast
+
+
+def llm_surrogate(chat_model: Any) -> Any:
+    """The LLM surrogate over a chat model, or None without one."""
+    if chat_model is None:
+        return None
+    from kernelscout.tools.surrogates.llm import LLMSurrogate
+
+    return LLMSurrogate(chat_model)
+
+
+def predict_file(request: PredictFileRequest, run: Optional[RunDir] = None, surrogate: Any = None,
+                 sol_text: Optional[str] = None) -> FileForecast:
+    """Forecast `request.candidate` against its parent and record the forecast in `run` (by default the request's).
+
+    `surrogate`: an LLMSurrogate (tools/surrogates/llm.py) kept by a caller that recalibrates it, or None when no
+    provider is configured. `sol_text`: the problem's speed of light on the device, in words, when the caller has
+    computed it (it costs a child process). Raises InputFileError for a bad file or device, PredictInputError for a
+    parent that was never measured: both before the LLM is asked or anything is recorded."""
     prob = load_problem(request.problem)
     child = load_candidate(request.candidate)
     par = load_candidate(request.parent) if request.parent else None
-    dev = request.device
+    dev = resolve_device(request.device)
+    run = run if run is not None else RunDir(Path(request.run_dir or DEFAULT_RUN_DIR))
     label = f"{Path(request.candidate).name} vs {Path(request.parent).name if request.parent else 'reference'}"
     parent_measured = usable_measurements(run, prob.sha, dev, par.sha) if par is not None else []
     if par is not None and not parent_measured:
