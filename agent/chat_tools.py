@@ -1,6 +1,6 @@
 """The chat agent's tools: the same tool functions the MCP server exposes, plus file helpers for a conversation.
 
-measure, predict, budget_status, sol_bounds, list_candidates and best_candidate are the MCP server's own
+measure, predict, budget_status, sol_bounds, list_candidates, best_candidate and forecast_check are the MCP server's own
 methods (`KernelScoutMCP`, used here without any transport), so a chat session and an IDE agent see the
 same pydantic results, the same recorded-is-free rule and the same budget ledger. What a conversation needs
 on top of that lives here: reading a file, diffing two candidates and writing a new candidate into the run
