@@ -40,7 +40,8 @@ SPACE_SUFFIXES = (".json.gz", ".json")
 GEOMEAN_NOTE = ("geometric mean over all problems; a problem without a verified kernel faster than its reference "
                 "(no improvement, failed or skipped) counts as 1.0, because the reference is what you keep")
 FAST_P_NOTE = ("fast_p: fraction of all problems (failed and skipped included) with a verified correct kernel "
-               "more than p times faster than the reference; fast_0 is the fraction with any correct kernel")
+               "more than p times faster than the reference; fast_0 is the fraction with any correct kernel; fast_1 counts "
+               "any speedup over 1, as KernelBench does, also one within the 1 % a search needs to replace the reference")
 
 
 class HeadlessError(Exception):
@@ -720,10 +721,16 @@ class HeadlessRun:
 # -- reports ------------------------------------------------------------------------------------
 
 def _fmt_speedup(s: Optional[float]) -> str:
-    """The best verified candidate's measured speedup; one at or below 1x is said to leave the reference standing."""
+    """The best verified candidate's measured speedup; one at or below 1x is said to leave the reference standing, and
+    one under the 1 % a search needs to replace the reference is said to be within it (`kscout show` says the
+    reference stands there; fast_1 still counts it, as KernelBench does)."""
+    from kernelscout.tools.archive import CLEAR_GAIN
+
     if s is None:
         return "-"
-    return f"{s:.3f}x" if s > 1.0 else f"{s:.3f}x (none faster)"
+    if s <= 1.0:
+        return f"{s:.3f}x (none faster)"
+    return f"{s:.3f}x" if s >= CLEAR_GAIN else f"{s:.3f}x (within {CLEAR_GAIN - 1:.0%}: the reference stands)"
 
 
 def _why(o: ProblemOutcome) -> str:

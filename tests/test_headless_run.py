@@ -602,10 +602,12 @@ def test_a_best_no_faster_than_the_reference_is_named_as_such_in_the_summary():
     from kernelscout.agent.headless import ProblemOutcome, RunSummary, summary_rows
 
     outcomes = [ProblemOutcome(name="slow", kind="space", path="s.json", run_dir="r/slow", status="finished", best_speedup=0.938),
-                ProblemOutcome(name="fast", kind="space", path="f.json", run_dir="r/fast", status="finished", best_speedup=1.2)]
+                ProblemOutcome(name="fast", kind="space", path="f.json", run_dir="r/fast", status="finished", best_speedup=1.2),
+                ProblemOutcome(name="level", kind="space", path="l.json", run_dir="r/level", status="finished", best_speedup=1.004)]
     summary = RunSummary(status="complete", run_dir="r", problems=outcomes, counts={"finished": 2}, fast_p={},
                          geomean_speedup=1.1, measurements_used=2, candidates_considered=2, wall_s=1.0)
-    assert [row[2] for row in summary_rows(summary)] == ["0.938x (none faster)", "1.200x"]
+    assert [row[2] for row in summary_rows(summary)] == ["0.938x (none faster)", "1.200x",
+                                                         "1.004x (within 1%: the reference stands)"]
 
 
 def test_a_stop_while_torch_loads_waits_for_the_import_to_finish(tmp_path, monkeypatch):
