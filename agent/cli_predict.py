@@ -56,6 +56,7 @@ def register(app: typer.Typer) -> None:
 
         from kernelscout.agent.cli_errors import fail, validation_message
         from kernelscout.agent.llm_config import LLMConfig, LLMConfigError
+        from kernelscout.agent.llm_pricing import BudgetExceeded
         from kernelscout.sandbox.problem import InputFileError
         from kernelscout.tools.predict_file import PredictFileRequest, PredictInputError, llm_surrogate, predict_file
         from kernelscout.tools.rundir import RunDirError
@@ -75,9 +76,14 @@ def register(app: typer.Typer) -> None:
         try:
             request = PredictFileRequest(problem=problem, candidate=candidate, parent=parent, device=device, run_dir=run_dir)
             made = predict_file(request, surrogate=llm_surrogate(chat_model))
-        except (InputFileError, PredictInputError, RunDirError) as exc:
+        except (InputFileError, PredictInputError, RunDirError, LLMConfigError, BudgetExceeded) as exc:
+            # a provider that refuses the call (401, 404, an unknown model) or a spending cap: what to fix, nothing recorded
             fail(str(exc), as_json)
         if as_json:
             print(made.forecast.model_dump_json())
-        else:
-            _out.print(escape(render_forecast(made.forecast)), soft_wrap=True)
+            return
+        _out.print(escape(render_forecast(made.forecast)), soft_wrap=True)
+        if made.measured_speedup is not None:
+            _out.print(escape(f"note: {candidate} was already measured in this run ({made.measured_speedup:.3f}x); a forecast "
+                              "is scored by a measurement after it, so this one is scored only if it is measured again "
+                              "(kscout measure --again)"), soft_wrap=True)

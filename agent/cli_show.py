@@ -213,8 +213,11 @@ def _render_check(out, fc, surrogate: Optional[str] = None) -> None:
         return
     if fc.scored == 0:
         why = f"; the surrogate's last abstention: {escape(fc.last_abstention)}" if fc.last_abstention else ""
-        out.print(f"forecasts: {fc.forecasts} for {fc.candidates_forecast} candidates; none informative and then measured, "
-                  f"so nothing to score yet{why}")
+        said = f"forecasts: {fc.forecasts} for {fc.candidates_forecast} candidate{'s' if fc.candidates_forecast != 1 else ''}"
+        if fc.candidates_forecast and fc.uninformative >= fc.candidates_forecast:  # none said anything: none ever will be scored
+            out.print(f"{said}; none informative, and a forecast that says nothing is never scored{why}", soft_wrap=True)
+        else:
+            out.print(f"{said}; none informative and then measured, so nothing to score yet{why}", soft_wrap=True)
         return
     score = Table(title=f"forecasts against measurements ({fc.scored} measured candidate{'s' if fc.scored != 1 else ''} scored"
                         + (f", {fc.audits} of them audits" if fc.audits else "")

@@ -232,19 +232,20 @@ def resolve_llm_config(
         if provider not in DEFAULT_MODELS:
             raise LLMConfigError(
                 f"provider {provider} needs a model name (the one the server serves): set {ENV_MODEL}, or model in the [llm] "
-                "section of kscout.toml (`kscout chat` also takes --model)"
+                "section of kscout.toml (`kscout chat` and `kscout predict` also take --model)"
             )
         model, where["model"] = DEFAULT_MODELS[provider], "default"
     if provider == "openai-compatible" and not base_url:
         raise LLMConfigError(
             f"provider openai-compatible needs the server's URL: set {ENV_BASE_URL}, or base_url in the [llm] section of "
-            "kscout.toml (`kscout chat` also takes --base-url),"
+            "kscout.toml (`kscout chat` and `kscout predict` also take --base-url),"
             " e.g. http://localhost:8000/v1 for vLLM or http://localhost:11434/v1 for Ollama"
         )
     if provider in ("anthropic", "openai") and api_key is None:
         raise LLMConfigError(
-            f"provider {provider} (from {where['provider']}) needs an API key: set {KEY_ENV[provider]},"
-            " put api_key in the [llm] section of kscout.toml, or choose another provider with KSCOUT_PROVIDER"
+            f"provider {provider} ({_said(where['provider'])}) needs an API key: set {KEY_ENV[provider]},"
+            " put api_key in the [llm] section of kscout.toml, or choose another provider with KSCOUT_PROVIDER (or the --provider"
+            " of kscout chat and kscout predict)"
         )
 
     prices: dict[str, ModelPrice] = {}
@@ -260,6 +261,11 @@ def resolve_llm_config(
         sources=where,
         **{k: v for k, v in scalars.items() if v is not None},
     )
+
+
+def _said(source: str) -> str:
+    """Where a setting came from, as a phrase: "inferred from model" stands alone, a source is "from" it."""
+    return source if source.startswith("inferred") else f"from {source}"
 
 
 def _pick_key(

@@ -2,6 +2,7 @@
 once the file is measured. The LLM path goes through the real OpenAI SDK against a local server."""
 
 import json
+import logging
 import sys
 import textwrap
 from pathlib import Path
@@ -20,7 +21,7 @@ from kernelscout.tools.surrogates.distribution import DEFAULT_EDGES
 from conftest import GOOD_CANDIDATE, SMALL_PROBLEM
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fake_llm_server import fake_llm_server, reply_text  # noqa: E402,F401 - fake_llm_server is a fixture
+from fake_llm_server import fake_llm_server, reply_text, unauthorized  # noqa: E402,F401 - fake_llm_server is a fixture
 
 runner = CliRunner()
 
@@ -28,6 +29,8 @@ runner = CliRunner()
 @pytest.fixture
 def project(tmp_path, monkeypatch):
     """A problem and a candidate in the current folder, and no LLM configured anywhere."""
+    # a server test in this process may have left the root logger writing to a stream pytest has since closed
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
     for key in ("KSCOUT_PROVIDER", "KSCOUT_BASE_URL", "KSCOUT_MODEL", "ANTHROPIC_API_KEY", "OPENAI_API_KEY"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
@@ -57,6 +60,8 @@ def test_without_a_provider_it_says_there_is_no_forecast_and_spends_nothing(proj
     check = check_forecasts(Archive(run))
     assert (check.candidates_forecast, check.uninformative, check.scored) == (1, 1, 0)  # asked twice, one file
     assert json.loads(runner.invoke(app, ["budget", str(run.path), "--json"]).output)["used"] == 1  # the measurement alone
+    shown = " ".join(runner.invoke(app, ["show", str(run.path)]).output.split())
+    assert "forecasts: 1 for 1 candidate; none informative, and a forecast that says nothing is never scored" in shown
 
 
 def test_a_forecast_from_a_local_server_is_recorded_and_scored_once_the_file_is_measured(project, fake_llm_server, monkeypatch):  # noqa: F811
@@ -67,11 +72,12 @@ def test_a_forecast_from_a_local_server_is_recorded_and_scored_once_the_file_is_
     answer = json.dumps({"probs": [0.0] * (k - 4) + [0.1, 0.2, 0.4, 0.3], "rationale": "fuses the two element-wise passes"})
     fake_llm_server.script(reply_text(answer), reply_text(answer))  # the forecast and its self-critique
 
-    done = runner.invoke(app, ["predict", "problem.py", "fast.py", "--device", "cpu", "--run-dir", "run"])
+    done = runner.invoke(app, ["predict", "problem.py", "fast.py", "--device", "cpu", "--run-dir", "run", "--json"])
     assert done.exit_code == 0, done.output
-    text = " ".join(done.output.split())
-    assert "P(faster)" in text and "(llm)" in text and "fuses the two element-wise passes" in text
-    assert "a forecast, not a measurement" in text
+    forecast = json.loads(done.output)
+    assert forecast["informative"] and forecast["surrogate"] == "llm" and forecast["p_faster"] > 0.5
+    assert forecast["rationale"].startswith("fuses the two element-wise passes")
+    assert (forecast["cost"]["tokens_in"], forecast["cost"]["tokens_out"]) == (22, 14)  # two calls, as the server billed them
 
     run = RunDir(project / "run")
     assert check_forecasts(Archive(run)).scored == 0  # nothing measured yet
@@ -79,6 +85,29 @@ def test_a_forecast_from_a_local_server_is_recorded_and_scored_once_the_file_is_
     check = check_forecasts(Archive(run))
     assert (check.from_tools, check.scored) == (1, 1)
     assert check.direction_accuracy == 1.0  # forecast faster, measured 1.4x
+    assert "files measured after their predict call" in check.note  # not the search's selection note
+
+    # asked again once measured: the answer says that only a new measurement scores it
+    fake_llm_server.script(reply_text(answer), reply_text(answer))
+    again = runner.invoke(app, ["predict", "problem.py", "fast.py", "--device", "cpu", "--run-dir", "run"])
+    text = " ".join(again.output.split())
+    assert again.exit_code == 0 and "P(faster)" in text and "a forecast, not a measurement" in text
+    assert "fast.py was already measured in this run (1.400x)" in text and "kscout measure --again" in text
+
+
+def test_a_provider_that_refuses_the_call_is_one_line_and_exit_2(project, fake_llm_server, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("KSCOUT_PROVIDER", "openai-compatible")
+    monkeypatch.setenv("KSCOUT_BASE_URL", fake_llm_server.openai_base_url)
+    monkeypatch.setenv("KSCOUT_MODEL", "local-coder")
+    fake_llm_server.script(unauthorized())
+    done = runner.invoke(app, ["predict", "problem.py", "fast.py", "--device", "cpu", "--run-dir", "run", "--json"])
+    assert done.exit_code == 2 and "Traceback" not in done.output
+    assert json.loads(done.output)["status"] == "failed" and "401" in json.loads(done.output)["message"]
+    assert check_forecasts(Archive(RunDir(project / "run"))).forecasts == 0  # nothing recorded
+
+    monkeypatch.setenv("KSCOUT_LLM_MAX_TOKENS", "10")  # a cap the first call could cross: refused before it is made
+    capped = runner.invoke(app, ["predict", "problem.py", "fast.py", "--device", "cpu"])
+    assert capped.exit_code == 2 and "token cap" in capped.output and "Traceback" not in capped.output
 
 
 def test_a_parent_that_was_never_measured_is_refused_with_what_to_do(project, fake_llm_server, monkeypatch):  # noqa: F811

@@ -332,12 +332,12 @@ class Archive:
             rows = db.execute("SELECT problem_sha, candidate_sha, parent_sha, device, parent_speedup, label, forecast_json, created"
                               " FROM tool_forecasts ORDER BY id").fetchall()
             latest: dict[tuple, dict] = {}
-            for i, (psha, csha, parent, device, parent_speedup, label, fc, created) in enumerate(rows):
+            for psha, csha, parent, device, parent_speedup, label, fc, created in rows:
                 later = db.execute("SELECT id, result_json FROM measurements WHERE problem_sha = ? AND candidate_sha = ? AND device = ?"
                                    " AND status = 'ok' AND created >= ? ORDER BY id", (psha, csha, device, created)).fetchall()
                 usable = [(mid, m) for mid, m in ((r[0], Measurement.model_validate_json(r[1])) for r in later) if m.usable]
                 answered_by = usable[0][0] if usable else None
-                key = (psha, csha, parent, device, answered_by) if answered_by is not None else (i,)
+                key = (psha, csha, parent, device, answered_by)  # unanswered ones too: asking again is one forecast
                 latest.pop(key, None)  # re-inserted last, so the dict keeps the order of the forecasts that count
                 latest[key] = {"label": label, "forecast": json.loads(fc), "parent_speedup": parent_speedup,
                                "measured_speedup": usable[0][1].speedup if usable else None}

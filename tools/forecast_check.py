@@ -25,6 +25,8 @@ from kernelscout.tools.surrogates import metrics
 
 SELECTION_NOTE = ("scored on measured candidates only, which the decision rule chose by their forecasts; "
                   "skipped candidates never reveal their speed")
+TOOLS_NOTE = ("scored on the files measured after their predict call (the last call before that measurement counts); "
+              "a file never measured is never scored")
 
 
 class ReliabilityBin(BaseModel):
@@ -135,7 +137,7 @@ def check_forecasts(archive: Archive, bins: int = 5, forecasts: Optional[list[di
     last_silent = archive.last_abstention() or {}
     check = ForecastCheck(forecasts=sum(1 + f.get("repeats", 0) for f in forecasts) + len(tool), candidates_forecast=len(deciding) + len(tool),
                           uninformative=uninformative, scored=n, audits=audits, from_tools=from_tools,
-                          last_abstention=last_silent.get("rationale") or None)
+                          last_abstention=last_silent.get("rationale") or None, note=TOOLS_NOTE if tool and not forecasts else SELECTION_NOTE)
     if n == 0:
         return check
     pa, fa = np.asarray(scores.p, dtype=float), np.asarray(scores.faster, dtype=float)

@@ -57,6 +57,7 @@ class FileForecast:
     device: str
     label: str
     raw_p_faster: Optional[float] = None
+    measured_speedup: Optional[float] = None  # the file's latest usable measurement in this run, if it has one
 
 
 def usable_measurements(run: RunDir, problem_sha: str, device: str, candidate_sha: Optional[str] = None) -> list[Measurement]:
@@ -114,8 +115,10 @@ def predict_file(request: PredictFileRequest, run: Optional[RunDir] = None, surr
     if par is not None and not parent_measured:
         raise PredictInputError(f"parent {request.parent} has no valid measurement against {request.problem} on {dev} in this "
                                 "run; measure it first, or omit parent to forecast against the problem's reference")
+    measured = usable_measurements(run, prob.sha, dev, child.sha)
     out = FileForecast(forecast=not_informative("none", NO_PROVIDER), problem_sha=prob.sha, candidate_sha=child.sha,
-                       parent_sha=par.sha if par else None, device=dev, label=label)
+                       parent_sha=par.sha if par else None, device=dev, label=label,
+                       measured_speedup=measured[-1].speedup if measured else None)
     parent_speedup = 1.0  # an uninformative forecast is never scored, whatever the parent
     if surrogate is not None:
         done = usable_measurements(run, prob.sha, dev)

@@ -79,6 +79,20 @@ class LLMSurrogate:
         self._calibrator = None
         self._answers: dict[tuple, tuple[BinAnswer, str]] = {}  # (parent, child, parent time) -> usable answer, note
 
+    def _tokens(self) -> tuple[int, int]:
+        """Tokens the chat model's meter has counted so far (0, 0 for a model without one, such as a scripted one)."""
+        meter = getattr(self.model, "meter", None)
+        if meter is None:
+            return 0, 0
+        state = meter.state
+        return state.input_tokens, state.output_tokens
+
+    def _cost(self, start: float, tokens_before: tuple[int, int]) -> SurrogateCost:
+        """What this forecast cost: its time and the tokens its calls used (a user paying per token reads them here)."""
+        now = self._tokens()
+        return SurrogateCost(latency_ms=(time.perf_counter() - start) * 1e3, tokens_in=now[0] - tokens_before[0],
+                             tokens_out=now[1] - tokens_before[1])
+
     def _ask(self, messages) -> tuple[Optional[BinAnswer], str]:
         from kernelscout.agent.llm import structured_outcome
 
@@ -93,12 +107,12 @@ class LLMSurrogate:
         child and parent as measured on other devices, one line each (`transfer_lines`)."""
         from kernelscout.agent.llm import Message
 
-        start = time.perf_counter()
+        start, tokens = time.perf_counter(), self._tokens()
         self.last_raw_p_faster = None
         key = (parent_source, child_source, parent_ms, device)
         if key in self._answers:  # a pending candidate forecast again: the answer stands, the calibration is today's
             answer, note = self._answers[key]
-            return self._from_answer(answer, note + " (the earlier answer for this parent and child)", incumbent_ratio, start)
+            return self._from_answer(answer, note + " (the earlier answer for this parent and child)", incumbent_ratio, start, tokens)
         n = len(self.edges) + 1
         prompt = load_prompt("forecast").format(
             device=device, parent_ms=f"{parent_ms:.4g} ms" if parent_ms else "not yet measured", parent_speedup=f"{parent_speedup:.3f}x",
@@ -109,15 +123,16 @@ class LLMSurrogate:
         messages = [Message.system("You forecast GPU kernel performance. Answer only with the JSON asked for."), Message.user(prompt)]
         first, why = self._ask(messages)
         if first is None:
-            return self._unsure(f"LLM forecast unusable ({why or 'no answer'}); deferring to a measurement", start)
+            return self._unsure(f"LLM forecast unusable ({why or 'no answer'}); deferring to a measurement", start, tokens)
         messages += [Message.assistant(first.model_dump_json()), Message.user(load_prompt("reflect").format(n_bins=n))]
         revised, why = self._ask(messages)
         answer = revised or first
         note = "" if revised else f" (revision unusable: {why}; first answer kept)"
         self._answers[key] = (answer, note)
-        return self._from_answer(answer, note, incumbent_ratio, start)
+        return self._from_answer(answer, note, incumbent_ratio, start, tokens)
 
-    def _from_answer(self, answer: BinAnswer, note: str, incumbent_ratio: Optional[float], start: float) -> Forecast:
+    def _from_answer(self, answer: BinAnswer, note: str, incumbent_ratio: Optional[float], start: float,
+                     tokens: tuple[int, int] = (0, 0)) -> Forecast:
         probs = np.asarray(answer.probs, dtype=float)
         probs = probs / probs.sum()
         raw_pf = p_speedup_above(probs, self.edges, 1.0)
@@ -132,14 +147,14 @@ class LLMSurrogate:
             p_faster=pf, p_beats_incumbent=pb, expected_speedup=expected, confidence=abs(2 * pf - 1),
             speedup_interval_80=(speedup_quantile(probs, self.edges, 0.1), speedup_quantile(probs, self.edges, 0.9)),
             rationale=(answer.rationale or "LLM forecast") + note + (f" [P(faster) recalibrated {raw_pf:.2f}->{pf:.2f}]" if pf != raw_pf else ""),
-            cost=SurrogateCost(latency_ms=(time.perf_counter() - start) * 1e3),
+            cost=self._cost(start, tokens),
         )
 
-    def _unsure(self, reason: str, start: float) -> Forecast:
+    def _unsure(self, reason: str, start: float, tokens: tuple[int, int] = (0, 0)) -> Forecast:
         n = len(self.edges) + 1
         return Forecast(surrogate=self.name, informative=False, bin_edges=self.edges, bin_labels=bin_labels(self.edges),
                         bin_probs=[1.0 / n] * n, p_faster=0.5, confidence=0.0, rationale=reason,
-                        cost=SurrogateCost(latency_ms=(time.perf_counter() - start) * 1e3))
+                        cost=self._cost(start, tokens))
 
     def _recalibrate(self, raw: float) -> float:
         outcomes = [o for _, o in self._history]
