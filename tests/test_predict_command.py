@@ -130,3 +130,21 @@ def test_the_python_face_takes_the_same_request(project):
     forecast = ks.predict(request, chat_model=None)
     assert forecast.informative is False and forecast.rationale.startswith("no forecast")
     assert check_forecasts(Archive(RunDir(project / "nb"))).uninformative == 1  # recorded in the request's run directory
+
+
+def test_a_later_predict_learns_from_what_the_run_measured_after_an_earlier_one(project, fake_llm_server, monkeypatch):  # noqa: F811
+    # each `kscout predict` is a new process: what it knows of earlier outcomes is what the run directory recorded
+    monkeypatch.setenv("KSCOUT_PROVIDER", "openai-compatible")
+    monkeypatch.setenv("KSCOUT_BASE_URL", fake_llm_server.openai_base_url)
+    monkeypatch.setenv("KSCOUT_MODEL", "local-coder")
+    k = len(DEFAULT_EDGES) + 1
+    answer = json.dumps({"probs": [0.0] * (k - 4) + [0.1, 0.2, 0.4, 0.3], "rationale": "fewer passes"})
+    (project / "other.py").write_text(textwrap.dedent(GOOD_CANDIDATE) + "\n# a variant\n")
+    fake_llm_server.script(*[reply_text(answer)] * 4)
+
+    assert runner.invoke(app, ["predict", "problem.py", "fast.py", "--device", "cpu", "--run-dir", "run"]).exit_code == 0
+    first_prompt = json.dumps(fake_llm_server.requests[0].body)
+    assert "measured 1.400x" not in first_prompt and "(none yet)" in first_prompt
+    _measured(RunDir(project / "run"), speedup=1.4)
+    assert runner.invoke(app, ["predict", "problem.py", "other.py", "--device", "cpu", "--run-dir", "run"]).exit_code == 0
+    assert "fast.py vs reference: measured 1.400x over its parent" in json.dumps(fake_llm_server.requests[2].body)

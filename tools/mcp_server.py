@@ -45,7 +45,7 @@ from kernelscout.tools.forecast_check import ForecastCheck, check_forecasts
 from kernelscout.tools.measure import DEFAULT_RUN_DIR, MeasureRequest, measured_files, open_run, refuse_if_searched, resolve_device
 from kernelscout.tools.measure import measure as run_measure
 from kernelscout.tools.predict import Forecast
-from kernelscout.tools.predict_file import PredictFileRequest, PredictInputError, predict_file, usable_measurements
+from kernelscout.tools.predict_file import PredictFileRequest, PredictInputError, llm_surrogate, predict_file, usable_measurements
 from kernelscout.tools.rundir import RunDir
 from kernelscout.tools.schema import BudgetStatus, Measurement, MeasureStatus
 from kernelscout.tools.sol import DEFAULT_TIMEOUT_S, SolBounds, SolRequest
@@ -415,10 +415,8 @@ class KernelScoutMCP(MCPServer):
 
     def _llm_surrogate(self, model: Any):
         with self._lock:
-            if self._surrogate is None:
-                from kernelscout.tools.surrogates.llm import LLMSurrogate
-
-                self._surrogate = LLMSurrogate(model)
+            if self._surrogate is None:  # taught what the run directory recorded before this server started
+                self._surrogate = llm_surrogate(model, self.run)
             return self._surrogate
 
     def _observe(self, m: Measurement) -> None:

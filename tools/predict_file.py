@@ -26,6 +26,7 @@ from kernelscout.tools.schema import Measurement
 from kernelscout.tools.surrogates.distribution import DEFAULT_EDGES, bin_labels
 
 AUTO = "auto"
+RAW_KEY = "raw_p_faster"  # stored beside a recorded forecast: the LLM's own P(faster), before recalibration
 NO_PROVIDER = ("no forecast: no LLM provider is configured, and the learned surrogate forecasts only tunable-parameter "
                "configurations of a search, not arbitrary files. Measure the candidate to know, or configure a provider "
                "(KSCOUT_PROVIDER=anthropic|openai|openai-compatible; see docs/llm.md) for LLM forecasts.")
@@ -85,16 +86,24 @@ def predict(request: PredictFileRequest, chat_model: Any = AUTO) -> Forecast:
         from kernelscout.agent.llm import make_chat_model
 
         chat_model = make_chat_model()
-    return predict_file(request, surrogate=llm_surrogate(chat_model)).forecast
+    run = RunDir(Path(request.run_dir or DEFAULT_RUN_DIR))
+    return predict_file(request, run, surrogate=llm_surrogate(chat_model, run)).forecast
 
 
-def llm_surrogate(chat_model: Any) -> Any:
-    """The LLM surrogate over a chat model, or None without one."""
+def llm_surrogate(chat_model: Any, run: Optional[RunDir] = None) -> Any:
+    """The LLM surrogate over a chat model (None without one), taught what `run` recorded: every earlier file forecast
+    that a measurement has since answered becomes a measured example in its prompt and a point of its recalibration,
+    so a one-shot `kscout predict`, or a server started again, learns from the run as a long-lived server does."""
     if chat_model is None:
         return None
     from kernelscout.tools.surrogates.llm import LLMSurrogate
 
-    return LLMSurrogate(chat_model)
+    surrogate = LLMSurrogate(chat_model)
+    if run is not None and run.db_path.exists():
+        for t in Archive(run).tool_forecasts():
+            if t["measured_speedup"] is not None and t["parent_speedup"] and t["forecast"].get("informative"):
+                surrogate.observe(t["forecast"].get(RAW_KEY), t["measured_speedup"] / t["parent_speedup"], label=t["label"])
+    return surrogate
 
 
 def predict_file(request: PredictFileRequest, run: Optional[RunDir] = None, surrogate: Any = None,
@@ -134,5 +143,6 @@ def predict_file(request: PredictFileRequest, run: Optional[RunDir] = None, surr
             sol=sol_text or "unknown (not computed; the sol_bounds tool gives it)",
         )
         out.raw_p_faster = getattr(surrogate, "last_raw_p_faster", None)
-    Archive(run).record_tool_forecast(prob.sha, child.sha, out.parent_sha, dev, parent_speedup, out.forecast.model_dump(), label)
+    stored = out.forecast.model_dump() | ({RAW_KEY: out.raw_p_faster} if out.raw_p_faster is not None else {})
+    Archive(run).record_tool_forecast(prob.sha, child.sha, out.parent_sha, dev, parent_speedup, stored, label)
     return out
