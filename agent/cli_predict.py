@@ -87,7 +87,7 @@ def register(app: typer.Typer) -> None:
             print(made.forecast.model_dump_json())
             return
         _out.print(escape(render_forecast(made.forecast)), soft_wrap=True)
-        if made.measured_speedup is not None:
+        if made.measured_speedup is not None and made.forecast.informative:  # one that says nothing is never scored anyway
             _out.print(escape(f"note: {candidate} was already measured in this run ({made.measured_speedup:.3f}x); a forecast "
                               "is scored by a measurement after it, so this one is scored only if it is measured again "
                               "(kscout measure --again)"), soft_wrap=True)
