@@ -40,6 +40,19 @@ def project(tmp_path, monkeypatch):
     return tmp_path
 
 
+def _use(server, monkeypatch) -> None:
+    """What a user of a local OpenAI-compatible server sets: provider, address and model, no key."""
+    monkeypatch.setenv("KSCOUT_PROVIDER", "openai-compatible")
+    monkeypatch.setenv("KSCOUT_BASE_URL", server.openai_base_url)
+    monkeypatch.setenv("KSCOUT_MODEL", "local-coder")
+
+
+def _answer(rationale: str) -> str:
+    """An answer the LLM surrogate takes: most probability on the faster bins."""
+    k = len(DEFAULT_EDGES) + 1
+    return json.dumps({"probs": [0.0] * (k - 4) + [0.1, 0.2, 0.4, 0.3], "rationale": rationale})
+
+
 def _measured(run: RunDir, speedup: float) -> None:
     """fast.py's measurement as `kscout measure` records it (the ledger's own function, without the minutes of timing)."""
     rec = MeasurementRecord(key="k", problem_sha=load_problem("problem.py").sha, candidate_sha=load_candidate("fast.py").sha,
@@ -65,11 +78,8 @@ def test_without_a_provider_it_says_there_is_no_forecast_and_spends_nothing(proj
 
 
 def test_a_forecast_from_a_local_server_is_recorded_and_scored_once_the_file_is_measured(project, fake_llm_server, monkeypatch):  # noqa: F811
-    monkeypatch.setenv("KSCOUT_PROVIDER", "openai-compatible")
-    monkeypatch.setenv("KSCOUT_BASE_URL", fake_llm_server.openai_base_url)
-    monkeypatch.setenv("KSCOUT_MODEL", "local-coder")
-    k = len(DEFAULT_EDGES) + 1
-    answer = json.dumps({"probs": [0.0] * (k - 4) + [0.1, 0.2, 0.4, 0.3], "rationale": "fuses the two element-wise passes"})
+    _use(fake_llm_server, monkeypatch)
+    answer = _answer("fuses the two element-wise passes")
     fake_llm_server.script(reply_text(answer), reply_text(answer))  # the forecast and its self-critique
 
     done = runner.invoke(app, ["predict", "problem.py", "fast.py", "--device", "cpu", "--run-dir", "run", "--json"])
@@ -96,9 +106,7 @@ def test_a_forecast_from_a_local_server_is_recorded_and_scored_once_the_file_is_
 
 
 def test_a_provider_that_refuses_the_call_is_one_line_and_exit_2(project, fake_llm_server, monkeypatch):  # noqa: F811
-    monkeypatch.setenv("KSCOUT_PROVIDER", "openai-compatible")
-    monkeypatch.setenv("KSCOUT_BASE_URL", fake_llm_server.openai_base_url)
-    monkeypatch.setenv("KSCOUT_MODEL", "local-coder")
+    _use(fake_llm_server, monkeypatch)
     fake_llm_server.script(unauthorized())
     done = runner.invoke(app, ["predict", "problem.py", "fast.py", "--device", "cpu", "--run-dir", "run", "--json"])
     assert done.exit_code == 2 and "Traceback" not in done.output
@@ -111,9 +119,7 @@ def test_a_provider_that_refuses_the_call_is_one_line_and_exit_2(project, fake_l
 
 
 def test_a_parent_that_was_never_measured_is_refused_with_what_to_do(project, fake_llm_server, monkeypatch):  # noqa: F811
-    monkeypatch.setenv("KSCOUT_PROVIDER", "openai-compatible")
-    monkeypatch.setenv("KSCOUT_BASE_URL", fake_llm_server.openai_base_url)
-    monkeypatch.setenv("KSCOUT_MODEL", "local-coder")
+    _use(fake_llm_server, monkeypatch)
     done = runner.invoke(app, ["predict", "problem.py", "fast.py", "--parent", "fast.py", "--device", "cpu"])
     assert done.exit_code == 2
     assert "has no valid measurement" in done.output and "measure it first" in done.output
@@ -134,11 +140,8 @@ def test_the_python_face_takes_the_same_request(project):
 
 def test_a_later_predict_learns_from_what_the_run_measured_after_an_earlier_one(project, fake_llm_server, monkeypatch):  # noqa: F811
     # each `kscout predict` is a new process: what it knows of earlier outcomes is what the run directory recorded
-    monkeypatch.setenv("KSCOUT_PROVIDER", "openai-compatible")
-    monkeypatch.setenv("KSCOUT_BASE_URL", fake_llm_server.openai_base_url)
-    monkeypatch.setenv("KSCOUT_MODEL", "local-coder")
-    k = len(DEFAULT_EDGES) + 1
-    answer = json.dumps({"probs": [0.0] * (k - 4) + [0.1, 0.2, 0.4, 0.3], "rationale": "fewer passes"})
+    _use(fake_llm_server, monkeypatch)
+    answer = _answer("fewer passes")
     (project / "other.py").write_text(textwrap.dedent(GOOD_CANDIDATE) + "\n# a variant\n")
     fake_llm_server.script(*[reply_text(answer)] * 4)
 
