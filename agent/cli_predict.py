@@ -52,17 +52,14 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print the forecast as one JSON object"),
     ) -> None:
         """Forecast a candidate's speedup over its parent without measuring it (needs an LLM provider to say anything)."""
-        from pathlib import Path
-
         from pydantic import ValidationError
 
         from kernelscout.agent.cli_errors import fail, validation_message
         from kernelscout.agent.llm_config import LLMConfig, LLMConfigError
         from kernelscout.agent.llm_pricing import BudgetExceeded
         from kernelscout.sandbox.problem import InputFileError
-        from kernelscout.tools.measure import DEFAULT_RUN_DIR
-        from kernelscout.tools.predict_file import PredictFileRequest, PredictInputError, llm_surrogate, predict_file
-        from kernelscout.tools.rundir import RunDir, RunDirError
+        from kernelscout.tools.predict_file import PredictFileRequest, PredictInputError, llm_surrogate, predict_file, request_run
+        from kernelscout.tools.rundir import RunDirError
 
         device = search_config(as_json).pick("device", device)
         try:
@@ -78,7 +75,7 @@ def register(app: typer.Typer) -> None:
             fail(str(exc), as_json)
         try:
             request = PredictFileRequest(problem=problem, candidate=candidate, parent=parent, device=device, run_dir=run_dir)
-            run = RunDir(Path(run_dir or DEFAULT_RUN_DIR))
+            run = request_run(request)
             made = predict_file(request, run, surrogate=llm_surrogate(chat_model, run))
         except (InputFileError, PredictInputError, RunDirError, LLMConfigError, BudgetExceeded) as exc:
             # a provider that refuses the call (401, 404, an unknown model) or a spending cap: what to fix, nothing recorded

@@ -94,12 +94,13 @@ def resolve_choices(policy: str, surrogate: str, space: bool = False) -> tuple[s
         raise OptimizeError(f"unknown surrogate {surrogate!r}; use {_or(surrogate_choices())}")
     from kernelscout.tools import plugins
 
-    for kind, group, name in _plugin_choices(policy, surrogate):  # an installed package's: say whose
+    chosen = _plugin_choices(policy, surrogate)
+    for kind, group, name in chosen:  # an installed package's: say whose
         ep = plugins.declared(group)[name]
         note.append(f"{kind}: {name} ({ep.value}, from {plugins.package_of(ep)})")
     for kind, group, name in (("policy", plugins.POLICIES, policy), ("surrogate", plugins.SURROGATES, surrogate)):
         ep = plugins.declared(group).get(name)
-        if ep is not None and (kind, group, name) not in _plugin_choices(policy, surrogate):
+        if ep is not None and (kind, group, name) not in chosen:
             # built-in names win (tools/plugins.py); a lab that named its plugin `learned` must hear it is not used
             note.append(f"{kind}: {name} is the built-in one; {plugins.package_of(ep)} declares a {kind} of that name "
                         f"({ep.value}), not used: give it a name of its own in {group} to choose it")

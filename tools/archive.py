@@ -339,8 +339,7 @@ class Archive:
                 answered_by = usable[0][0] if usable else None
                 key = (psha, csha, parent, device, answered_by)  # unanswered ones too: asking again is one forecast
                 latest.pop(key, None)  # re-inserted last, so the dict keeps the order of the forecasts that count
-                latest[key] = {"label": label, "forecast": json.loads(fc), "parent_speedup": parent_speedup, "problem_sha": psha,
-                               "device": device,
+                latest[key] = {"label": label, "forecast": json.loads(fc), "parent_speedup": parent_speedup,
                                "measured_speedup": usable[0][1].speedup if usable else None}
         return list(latest.values())
 

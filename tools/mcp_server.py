@@ -398,7 +398,7 @@ class KernelScoutMCP(MCPServer):
             model = self._model()
         surrogate = self._llm_surrogate(model) if model is not None else None
         sol_text = None
-        if surrogate is not None:
+        if surrogate is not None and self._sol_cache:  # the speed of light, if sol_bounds was asked for this problem
             sha = load_problem(problem).sha
             sol = next((b for (s, d, _), b in self._sol_cache.items() if s == sha and d in (dev, device or self.device)), None)
             sol_text = f"{sol.time_ms:.4g} ms ({sol.bound}-bound)" if sol else None

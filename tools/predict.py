@@ -98,10 +98,11 @@ class Forecast(BaseModel):
         return v
 
 
-def _uninformative(surrogate: Surrogate, reason: str, edges: Sequence[float], cost: SurrogateCost) -> Forecast:
+def uninformative_forecast(surrogate: str, reason: str, edges: Sequence[float], cost: SurrogateCost) -> Forecast:
+    """A forecast that says nothing: uniform bins, P(faster) 1/2, confidence 0, and why (never scored)."""
     k = len(edges) + 1
     return Forecast(
-        surrogate=surrogate.name,
+        surrogate=surrogate,
         informative=False,
         bin_edges=list(edges),
         bin_labels=bin_labels(edges),
@@ -131,7 +132,7 @@ def predict_many(
     if dist is None:
         reason = surrogate.status() if all(configs) else f"{surrogate.name} forecasts configurations only"
         cost = SurrogateCost(latency_ms=(time.perf_counter() - start) * 1e3 / len(candidates))
-        return [_uninformative(surrogate, reason, edges, cost) for _ in candidates]
+        return [uninformative_forecast(surrogate.name, reason, edges, cost) for _ in candidates]
     if context.sol_runtime_ms:
         dist.floor = np.full(len(dist), math.log(context.sol_runtime_ms))
     forecasts = _read_forecasts(dist, parent, context, surrogate, edges, p_fail)

@@ -20,10 +20,10 @@ from pydantic import BaseModel, Field
 from kernelscout.sandbox.problem import load_candidate, load_problem
 from kernelscout.tools.archive import Archive
 from kernelscout.tools.measure import DEFAULT_RUN_DIR, resolve_device
-from kernelscout.tools.predict import Forecast, SurrogateCost
+from kernelscout.tools.predict import Forecast, SurrogateCost, uninformative_forecast
 from kernelscout.tools.rundir import RunDir
 from kernelscout.tools.schema import Measurement
-from kernelscout.tools.surrogates.distribution import DEFAULT_EDGES, bin_labels
+from kernelscout.tools.surrogates.distribution import DEFAULT_EDGES
 
 AUTO = "auto"
 RAW_KEY = "raw_p_faster"  # stored beside a recorded forecast: the LLM's own P(faster), before recalibration
@@ -73,10 +73,9 @@ def usable_measurements(run: RunDir, problem_sha: str, device: str, candidate_sh
     return [m for m in (Measurement.model_validate(json.loads(r[0])) for r in rows) if m.usable]
 
 
-def not_informative(surrogate: str, reason: str) -> Forecast:
-    k = len(DEFAULT_EDGES) + 1
-    return Forecast(surrogate=surrogate, informative=False, bin_edges=list(DEFAULT_EDGES), bin_labels=bin_labels(DEFAULT_EDGES),
-                    bin_probs=[1.0 / k] * k, p_faster=0.5, confidence=0.0, rationale=reason, cost=SurrogateCost(latency_ms=0.0))
+def request_run(request: PredictFileRequest) -> RunDir:
+    """The run directory a request's forecast is recorded in: its own, else measure's default."""
+    return RunDir(Path(request.run_dir or DEFAULT_RUN_DIR))
 
 
 def predict(request: PredictFileRequest, chat_model: Any = AUTO) -> Forecast:
@@ -86,7 +85,7 @@ def predict(request: PredictFileRequest, chat_model: Any = AUTO) -> Forecast:
         from kernelscout.agent.llm import make_chat_model
 
         chat_model = make_chat_model()
-    run = RunDir(Path(request.run_dir or DEFAULT_RUN_DIR))
+    run = request_run(request)
     return predict_file(request, run, surrogate=llm_surrogate(chat_model, run)).forecast
 
 
@@ -118,14 +117,14 @@ def predict_file(request: PredictFileRequest, run: Optional[RunDir] = None, surr
     child = load_candidate(request.candidate)
     par = load_candidate(request.parent) if request.parent else None
     dev = resolve_device(request.device)
-    run = run if run is not None else RunDir(Path(request.run_dir or DEFAULT_RUN_DIR))
+    run = run if run is not None else request_run(request)
     label = f"{Path(request.candidate).name} vs {Path(request.parent).name if request.parent else 'reference'}"
     parent_measured = usable_measurements(run, prob.sha, dev, par.sha) if par is not None else []
     if par is not None and not parent_measured:
         raise PredictInputError(f"parent {request.parent} has no valid measurement against {request.problem} on {dev} in this "
                                 "run; measure it first, or omit parent to forecast against the problem's reference")
     measured = usable_measurements(run, prob.sha, dev, child.sha)
-    out = FileForecast(forecast=not_informative("none", NO_PROVIDER), problem_sha=prob.sha, candidate_sha=child.sha,
+    out = FileForecast(forecast=uninformative_forecast("none", NO_PROVIDER, DEFAULT_EDGES, SurrogateCost(latency_ms=0.0)), problem_sha=prob.sha, candidate_sha=child.sha,
                        parent_sha=par.sha if par else None, device=dev, label=label,
                        measured_speedup=measured[-1].speedup if measured else None)
     parent_speedup = 1.0  # an uninformative forecast is never scored, whatever the parent

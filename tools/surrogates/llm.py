@@ -18,7 +18,7 @@ import numpy as np
 from pydantic import BaseModel, Field, field_validator
 
 from kernelscout.prompts import load as load_prompt
-from kernelscout.tools.predict import Forecast, SurrogateCost
+from kernelscout.tools.predict import Forecast, SurrogateCost, uninformative_forecast
 from kernelscout.tools.surrogates.distribution import DEFAULT_EDGES, bin_labels
 
 
@@ -151,10 +151,7 @@ class LLMSurrogate:
         )
 
     def _unsure(self, reason: str, start: float, tokens: tuple[int, int] = (0, 0)) -> Forecast:
-        n = len(self.edges) + 1
-        return Forecast(surrogate=self.name, informative=False, bin_edges=self.edges, bin_labels=bin_labels(self.edges),
-                        bin_probs=[1.0 / n] * n, p_faster=0.5, confidence=0.0, rationale=reason,
-                        cost=self._cost(start, tokens))
+        return uninformative_forecast(self.name, reason, self.edges, self._cost(start, tokens))
 
     def _recalibrate(self, raw: float) -> float:
         outcomes = [o for _, o in self._history]
