@@ -129,19 +129,6 @@ def _problem_file(problem: str) -> Path:
     return path.resolve()
 
 
-def optimize(problem: Optional[str] = None, *, space: Optional[str] = None, budget: int = 10, **options: Any) -> OptimizeResult:
-    """`kscout optimize` from Python (`kernelscout.optimize`): a problem file or folder, or `space=` a recorded
-    space; the other options are start_search's keywords, named as the CLI names them (`run_dir`, `confirm`, ...).
-
-    kscout.toml's `[search]` table is not read here: a script states its settings, so the same call gives
-    the same search on any machine. `search_defaults().pick(name, None)` (kernelscout.agent.search_config) gives a file's value
-    where a script wants it."""
-    for name in ("start", "history", "warm_start", "rewrites"):  # one path (or name) given bare, as a script naturally writes it
-        if isinstance(options.get(name), (str, Path)):
-            options[name] = [str(options[name])]
-    return start_search(problem=problem, space=space, budget=budget, **options)
-
-
 def start_search(problem: Optional[str], space: Optional[str], budget: int, policy: str = "auto", surrogate: str = "auto",
                  device: str = "auto", run_dir: Optional[str] = None, seed: int = 0, proposals: int = 6, patience: int = 0,
                  max_wall: Optional[float] = None, warm_start: Optional[list[str]] = None, quiet: bool = False,

@@ -40,9 +40,9 @@ _API = {
     "RunDir": ("kernelscout.tools.rundir", "RunDir"),
     "open_run": ("kernelscout.agent.run_view", "open_run"),
     "Archive": ("kernelscout.tools.archive", "Archive"),
-    "check_forecasts": ("kernelscout.tools.forecast_check", "check_forecasts"),
-    "optimize": ("kernelscout.agent.runner", "optimize"),
-    "resume": ("kernelscout.agent.runner", "resume_search"),
+    "check_forecasts": ("kernelscout.agent.python_face", "check_forecasts"),
+    "optimize": ("kernelscout.agent.python_face", "optimize"),
+    "resume": ("kernelscout.agent.python_face", "resume"),
     "show": ("kernelscout.agent.run_view", "view_run"),
 }
 

@@ -2,12 +2,14 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from kernelscout.sandbox.replay import recorded_spaces_dir
 
 SPACE = recorded_spaces_dir() / "pnpoly_RTX_2080_Ti.json.gz"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 def test_importing_kernelscout_does_not_load_torch():
@@ -112,3 +114,34 @@ def test_reading_a_run_leaves_its_folder_as_it_was(tmp_path):
     assert writer.get_meta("note") == "written while a reader was open"
     writer.close()
     assert RunDir(run, read_only=True).get_meta("note") == "written while a reader was open"
+
+
+def test_a_bad_argument_from_python_names_the_keyword_not_the_cli_flag(tmp_path):
+    """A script gave `confirm=3, budget=3`: the error says so in its words, and a shell command in it stays a command."""
+    import kernelscout as ks
+    from kernelscout.agent.python_face import python_words
+
+    with pytest.raises(ks.optimize.__globals__["OptimizeError"]) as refused:
+        ks.optimize(str(EXAMPLES / "softmax"), budget=3, confirm=3, run_dir=str(tmp_path / "run"), quiet=True)
+    assert str(refused.value) == "confirm=3 leaves nothing of budget=3 for the search; give 0 to 2"
+    with pytest.raises(ks.optimize.__globals__["OptimizeError"], match="^max_device_s must be more than 0"):
+        ks.resume(tmp_path / "run", max_device_s=-1)
+    assert not (tmp_path / "run").exists()  # refused before a folder was made
+
+    assert python_words("--start gives a kernel file; leave --start out with --space") == \
+        "start gives a kernel file; leave start out with space"
+    assert python_words("--history /tmp/h: no such folder") == "history='/tmp/h': no such folder"
+    assert python_words("which --budget 7 does not change; `kscout budget r --set N` does") == \
+        "which budget=7 does not change; `kscout budget r --set N` does"
+
+
+@pytest.mark.skipif(not SPACE.exists(), reason="recorded spaces (shared/data/benchmark_hub) not found")
+def test_a_runs_forecasts_are_scored_from_its_path(tmp_path):
+    import kernelscout as ks
+
+    result = ks.optimize(space=str(SPACE), budget=12, run_dir=str(tmp_path / "run"), quiet=True)
+    from_path = ks.check_forecasts(result.run_dir)
+    assert from_path.scored > 0
+    assert from_path == ks.check_forecasts(ks.Archive(ks.open_run(result.run_dir)))
+    with pytest.raises(ks.show.__globals__["RunViewError"], match="does not exist"):
+        ks.check_forecasts(tmp_path / "rnu")
