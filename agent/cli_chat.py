@@ -313,7 +313,7 @@ class ChatREPL:
             c.print("  [red]error:[/red] " + _escape(r.error or ""), highlight=False)
             return
         v = r.result or {}
-        render = {"Measurement": _measurement, "Forecast": _forecast, "BudgetStatus": _budget, "SolBounds": _sol,
+        render = {"Measurement": _measurement, "CandidateForecast": _forecast, "BudgetStatus": _budget, "SolBounds": _sol,
                   "CandidateList": _candidates, "BestCandidate": _best, "DiffResult": _diff, "ForecastCheck": _forecast_check,
                   "FileText": lambda v: f"  read {v['path']} ({v['lines']} lines)",
                   "WrittenCandidate": lambda v: f"  wrote {v['path']} ({v['lines']} lines)"}.get(r.kind)
@@ -446,6 +446,8 @@ def _forecast(f: dict) -> str:
     line += f", confidence {f['confidence']:.2f}"
     if f.get("rationale"):
         line += f"\n  why: {f['rationale'][:300]}"
+    if f.get("note"):
+        line += f"\n  note: {f['note']}"
     return line
 
 
@@ -506,7 +508,7 @@ def _summary(r: ToolResult) -> str:
     if r.kind == "Measurement":
         speed = f", {v['speedup']:.3f}x measured" if v.get("speedup") is not None else ""
         return f"{v.get('status')}, correct={v.get('correct')}{speed}, charged={v.get('charged')}"
-    if r.kind == "Forecast":
+    if r.kind == "CandidateForecast":
         if not v.get("informative"):
             return "no informative forecast"
         return f"forecast P(faster)={v['p_faster']:.2f}, expected {v.get('expected_speedup') or 0:.2f}x"

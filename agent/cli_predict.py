@@ -81,10 +81,9 @@ def register(app: typer.Typer) -> None:
             # a provider that refuses the call (401, 404, an unknown model) or a spending cap: what to fix, nothing recorded
             fail(str(exc), as_json)
         if as_json:
-            print(made.forecast.model_dump_json())
+            print(made.reply().model_dump_json())
             return
         _out.print(escape(render_forecast(made.forecast)), soft_wrap=True)
-        if made.measured_speedup is not None and made.forecast.informative:  # one that says nothing is never scored anyway
-            _out.print(escape(f"note: {candidate} was already measured in this run ({made.measured_speedup:.3f}x); a forecast "
-                              "is scored by a measurement after it, so this one is scored only if it is measured again "
-                              "(kscout measure --again)"), soft_wrap=True)
+        reply = made.reply()
+        if reply.note:
+            _out.print(escape(f"note: {reply.note} (kscout measure --again)"), soft_wrap=True)

@@ -114,7 +114,7 @@ def test_predict_uses_the_llm_surrogate_when_one_is_configured(tmp_path, files):
     k = len(DEFAULT_EDGES) + 1
     probs = [0.0] * (k - 4) + [0.1, 0.2, 0.4, 0.3]  # mass on the faster bins
     reply = json.dumps({"probs": probs, "rationale": "fuses the two elementwise passes"})
-    model = ScriptedChatModel([reply, reply])
+    model = ScriptedChatModel([reply] * 4)  # two forecasts, each with its self-critique
     server = build_server(str(tmp_path / "run"), device="cpu", chat_model=model)
     forecasts = []
 
@@ -145,6 +145,15 @@ def test_predict_uses_the_llm_surrogate_when_one_is_configured(tmp_path, files):
     check = server.tool_forecast_check()
     assert (check.forecasts, check.scored, check.from_tools) == (1, 1, 1)
     assert check.brier_p_faster == pytest.approx((forecasts[0].p_faster - 1.0) ** 2)  # 1.4x: it was faster
+
+    # asked again about the measured file: the measured number comes beside the forecast, and why this one is not scored
+    async def again():
+        async with Client(server) as client:
+            return (await client.call_tool("predict", {"problem": files["problem"], "candidate": files["a"]})).structured_content
+
+    repeat = anyio.run(again)
+    assert repeat["informative"] and repeat["measured_speedup"] == pytest.approx(1.4)
+    assert "already measured in this run (1.400x)" in repeat["note"] and "measured again" in repeat["note"]
 
 
 def _serve_command() -> list[str]:

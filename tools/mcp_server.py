@@ -44,8 +44,7 @@ from kernelscout.tools.budget import Budget, CapBelowUsed
 from kernelscout.tools.forecast_check import ForecastCheck, check_forecasts
 from kernelscout.tools.measure import DEFAULT_RUN_DIR, MeasureRequest, measured_files, open_run, refuse_if_searched, resolve_device
 from kernelscout.tools.measure import measure as run_measure
-from kernelscout.tools.predict import Forecast
-from kernelscout.tools.predict_file import PredictFileRequest, PredictInputError, llm_surrogate, predict_file, usable_measurements
+from kernelscout.tools.predict_file import CandidateForecast, PredictFileRequest, PredictInputError, llm_surrogate, predict_file, usable_measurements
 from kernelscout.tools.rundir import RunDir
 from kernelscout.tools.schema import BudgetStatus, Measurement, MeasureStatus
 from kernelscout.tools.sol import DEFAULT_TIMEOUT_S, SolBounds, SolRequest
@@ -218,7 +217,8 @@ class KernelScoutMCP(MCPServer):
             "Forecast a candidate's speedup over its parent (another candidate file measured in this run, or by default the "
             "problem's reference) before spending a measurement: probabilities over speedup bins, P(faster), P(beats the best "
             "so far), expected speedup, confidence. Needs an LLM provider (KSCOUT_PROVIDER); without one the forecast is "
-            "marked informative=false and says so. Never a measurement."))
+            "marked informative=false and says so. Never a measurement; a file this run already measured comes back with its "
+            "measured_speedup beside the forecast."))
         self.add_tool(self.tool_list_candidates, name="list_candidates", annotations=reads, title="Candidates in the run", description=(
             "Candidates in the run directory, fastest measured first: the search archive (`kscout optimize`, with forecasts' "
             "outcomes) and files measured directly (this tool server, `kscout measure`; the latest measurement of each). "
@@ -272,7 +272,7 @@ class KernelScoutMCP(MCPServer):
 
     def tool_predict(self, problem: _Problem, candidate: _CandidatePath,
                      parent: Annotated[Optional[str], Field(description="a candidate file already measured in this run; omitted: the problem's reference Model")] = None,
-                     device: _Device = None) -> Forecast:
+                     device: _Device = None) -> CandidateForecast:
         with _tool_errors("predict"):
             return self._predict(problem, candidate, parent, device)
 
@@ -392,7 +392,7 @@ class KernelScoutMCP(MCPServer):
             log.info("predict: %s", "LLM surrogate" if self._chat_model is not None else "no LLM provider configured")
         return self._chat_model
 
-    def _predict(self, problem: str, candidate: str, parent: Optional[str], device: Optional[str]) -> Forecast:
+    def _predict(self, problem: str, candidate: str, parent: Optional[str], device: Optional[str]) -> CandidateForecast:
         dev = resolve_device(device or self.device)
         with self._lock:
             model = self._model()
@@ -411,7 +411,7 @@ class KernelScoutMCP(MCPServer):
         if made.forecast.informative:
             with self._lock:
                 self._pending[(made.problem_sha, made.candidate_sha, dev)] = (made.raw_p_faster, made.parent_sha, made.label)
-        return made.forecast
+        return made.reply()
 
     def _llm_surrogate(self, model: Any):
         with self._lock:

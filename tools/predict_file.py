@@ -42,6 +42,20 @@ class PredictFileRequest(BaseModel):
                                    "measure's), to be scored once the file is measured there")
 
 
+class CandidateForecast(Forecast):
+    """What every face of the predict tool answers: the forecast, and what the run already measured of this very file,
+    so a caller that asks about a measured file is told the measured number beside the forecast."""
+
+    measured_speedup: Optional[float] = Field(None, description="this file's latest verified speedup over the reference in "
+                                              "this run, when it was measured before this call: a measurement, not a forecast")
+    note: Optional[str] = Field(None, description="why this forecast will not be scored unless the file is measured again")
+
+
+def already_measured_note(candidate: str, speedup: float) -> str:
+    return (f"{Path(candidate).name} was already measured in this run ({speedup:.3f}x); a forecast is scored by a "
+            "measurement after it, so this one is scored only if the file is measured again")
+
+
 class PredictInputError(ValueError):
     """A request that cannot be forecast (its parent was never measured); the message says what to do."""
 
@@ -57,8 +71,16 @@ class FileForecast:
     parent_sha: Optional[str]
     device: str
     label: str
+    candidate: str  # the file as the caller named it
     raw_p_faster: Optional[float] = None
     measured_speedup: Optional[float] = None  # the file's latest usable measurement in this run, if it has one
+
+    def reply(self) -> CandidateForecast:
+        """The answer a caller sees; the note only beside a forecast that says something (one that says nothing is
+        never scored, measured again or not)."""
+        note = already_measured_note(self.candidate, self.measured_speedup) \
+            if self.measured_speedup is not None and self.forecast.informative else None
+        return CandidateForecast(**self.forecast.model_dump(), measured_speedup=self.measured_speedup, note=note)
 
 
 def usable_measurements(run: RunDir, problem_sha: str, device: str, candidate_sha: Optional[str] = None) -> list[Measurement]:
@@ -78,7 +100,7 @@ def request_run(request: PredictFileRequest) -> RunDir:
     return RunDir(Path(request.run_dir or DEFAULT_RUN_DIR))
 
 
-def predict(request: PredictFileRequest, chat_model: Any = AUTO) -> Forecast:
+def predict(request: PredictFileRequest, chat_model: Any = AUTO) -> CandidateForecast:
     """The Python face (`ks.predict`): forecast with the configured LLM provider (or `chat_model`; None for none) and
     record the forecast in the request's run directory."""
     if isinstance(chat_model, str) and chat_model == AUTO:
@@ -86,7 +108,7 @@ def predict(request: PredictFileRequest, chat_model: Any = AUTO) -> Forecast:
 
         chat_model = make_chat_model()
     run = request_run(request)
-    return predict_file(request, run, surrogate=llm_surrogate(chat_model, run)).forecast
+    return predict_file(request, run, surrogate=llm_surrogate(chat_model, run)).reply()
 
 
 def llm_surrogate(chat_model: Any, run: Optional[RunDir] = None) -> Any:
@@ -125,7 +147,7 @@ def predict_file(request: PredictFileRequest, run: Optional[RunDir] = None, surr
                                 "run; measure it first, or omit parent to forecast against the problem's reference")
     measured = usable_measurements(run, prob.sha, dev, child.sha)
     out = FileForecast(forecast=uninformative_forecast("none", NO_PROVIDER, DEFAULT_EDGES, SurrogateCost(latency_ms=0.0)), problem_sha=prob.sha, candidate_sha=child.sha,
-                       parent_sha=par.sha if par else None, device=dev, label=label,
+                       parent_sha=par.sha if par else None, device=dev, label=label, candidate=request.candidate,
                        measured_speedup=measured[-1].speedup if measured else None)
     parent_speedup = 1.0  # an uninformative forecast is never scored, whatever the parent
     if surrogate is not None:
