@@ -16,6 +16,7 @@ from kernelscout.tools.archive import CandidateRecord
 from kernelscout.tools.predict import Candidate, Forecast, Parent, PredictContext, make_surrogate, predict
 from kernelscout.tools.schema import Measurement, MeasureStatus
 from kernelscout.tools.surrogates.decision import Decision, RiskControlledGate
+from kernelscout.tools.surrogates.features import as_hashable
 from kernelscout.tools.surrogates.history import PRIOR_FEATURE
 
 
@@ -173,7 +174,8 @@ class _FitMemo:
         if isinstance(configs, np.ndarray):
             return [tuple(row) for row in configs]
         try:
-            return [tuple(c[n] for n in self.names) if isinstance(c, Mapping) else tuple(c) for c in configs]
+            return [tuple(as_hashable(c[n]) for n in self.names) if isinstance(c, Mapping) else tuple(map(as_hashable, c))
+                    for c in configs]
         except KeyError:
             return None
 

@@ -12,7 +12,11 @@ Decisions, so that callers can rely on them:
   that violates the restrictions, so no hardware time would have been spent on it.
 * ``CompilationFailedConfig`` maps to ``compile_error``, ``RuntimeFailedConfig`` (and any other
   unknown marker string, or a non-finite/1e20 time as older caches wrote) to ``runtime_error``; both
-  are charged. ``InvalidConfig`` records are treated as outside the space.
+  are charged. ``InvalidConfig`` records are treated as outside the space. A time of 0 or less cannot be
+  a kernel's and is replayed as a failure too, which the space's notes say.
+* A record without a numeric ``time`` but with numeric ``times`` (or a ``time`` written as a list of them)
+  is replayed from their mean, as Kernel Tuner computes ``time``.
+* A parameter whose values are lists (a shape) is read with tuples, so configurations can be keys.
 * ``runtime_ms`` is the median of a bootstrap resample of the recorded repeats, because a real harness
   reports the median of its own repeats; a single drawn repeat would be noisier than any real measure.
 * The device keeps no budget: the harness's ledger decides what may be measured.
@@ -34,6 +38,7 @@ from typing import Any, Optional
 import numpy as np
 
 from kernelscout.tools.schema import Measurement, MeasureStatus, TimingStats
+from kernelscout.tools.surrogates.features import as_hashable, value_text
 
 ParamValue = Any
 Config = Mapping[str, ParamValue]
@@ -46,8 +51,13 @@ _OUTSIDE_MARKERS = {"InvalidConfig"}
 _FAILED_TIME = 1e20  # what Kernel Tuner wrote for failures before it used marker strings
 
 
+CUT_KEY = "__kscout_cut_records__"  # set by read_cache_json: how many partly written last lines it dropped
+_MAX_CUT_LINES = 3
+
+
 def read_cache_json(path: Path) -> dict[str, Any]:
-    """Parse a cache, also one left unterminated by an interrupted Kernel Tuner run."""
+    """Parse a cache, also one left unterminated by an interrupted Kernel Tuner run, even one cut off in the
+    middle of its last record (which is then dropped, and counted under CUT_KEY)."""
     with open(path, "rb") as fh:
         gzipped = fh.read(2) == b"\x1f\x8b"  # by content: a gzip file named .json is still gzip
     opener = gzip.open if gzipped else open
@@ -55,9 +65,25 @@ def read_cache_json(path: Path) -> dict[str, Any]:
         text = fh.read()
     try:
         return json.loads(text)
-    except json.JSONDecodeError:
-        # Kernel Tuner appends records as it goes and only closes the braces at the end.
-        return json.loads(text.rstrip().rstrip(",") + "}}")
+    except json.JSONDecodeError as exc:
+        first_error = exc
+    # Kernel Tuner appends records as it goes, one per line, and only closes the braces at the end.
+    lines = text.rstrip().splitlines()
+    for cut in range(min(_MAX_CUT_LINES, len(lines) - 1) + 1):
+        kept = "\n".join(lines[: len(lines) - cut]).rstrip().rstrip(",")
+        try:
+            raw = json.loads(kept + "}}")
+        except json.JSONDecodeError:
+            continue
+        if cut and isinstance(raw, dict):
+            raw[CUT_KEY] = cut
+        return raw
+    raise first_error
+
+
+def _mean_of_numbers(values: Any) -> Optional[float]:
+    numbers = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)] if isinstance(values, list) else []
+    return sum(numbers) / len(numbers) if numbers else None
 
 
 def _number_or_marker(t: Any) -> Any:
@@ -69,10 +95,6 @@ def _number_or_marker(t: Any) -> Any:
         except ValueError:
             return t
     return t
-
-
-def _value_text(value: ParamValue) -> str:
-    return str(value)
 
 
 class CacheFileError(ValueError):
@@ -102,6 +124,8 @@ class ReplaySpace:
     problem_size: Any = None
     objective: str = "time"  # the header's; kernelscout minimises the recorded time whatever it says
     undeclared: tuple[str, ...] = ()  # "name=value" of record values missing from the header's tune_params
+    nonpositive: int = 0  # records whose time was 0 or less, replayed as failures
+    cut_records: int = 0  # partly written last lines of an interrupted run, dropped
     _index: dict[tuple[str, ...], int] = field(default_factory=dict, repr=False, compare=False)
     _memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -114,7 +138,7 @@ class ReplaySpace:
         compression, so a benchmark reruns to the same table on another machine."""
         if "sha" not in self._memo:
             h = hashlib.sha256()
-            h.update(json.dumps([list(self.param_names), [[_value_text(v) for v in c] for c in self.configs]]).encode())
+            h.update(json.dumps([list(self.param_names), [[value_text(v) for v in c] for c in self.configs]]).encode())
             h.update(np.ascontiguousarray(self.times, dtype=float).tobytes())
             for r in self.repeats:
                 h.update(np.ascontiguousarray(r, dtype=float).tobytes() + b"|")
@@ -132,6 +156,11 @@ class ReplaySpace:
             shown = ", ".join(self.undeclared[:3]) + (", ..." if len(self.undeclared) > 3 else "")
             out.append(f"{self.path.name}: records hold parameter values its tune_params do not list ({shown}); "
                        "they are searched as recorded")
+        if self.nonpositive:
+            out.append(f"{self.path.name}: {self.nonpositive} record(s) have a time of 0 or less, which no kernel takes; "
+                       "they are replayed as failed runs")
+        if self.cut_records:
+            out.append(f"{self.path.name}: the file ends in a partly written record (an interrupted run?), which was left out")
         return out
 
     @classmethod
@@ -151,15 +180,25 @@ class ReplaySpace:
         raw = read_cache_json(path)
         if not isinstance(raw, Mapping):
             raise ValueError(f"the file holds a JSON {type(raw).__name__}, where a cache is an object with tune_params and cache")
-        names = tuple(raw.get("tune_params_keys") or raw["tune_params"].keys())
-        values = {n: tuple(raw["tune_params"][n]) for n in names}
+        cut = int(raw.pop(CUT_KEY, 0))
+        params = raw["tune_params"]
+        if not isinstance(params, Mapping):
+            raise ValueError(f"tune_params is a JSON {type(params).__name__}, where a cache maps each parameter to its values")
+        names = tuple(raw.get("tune_params_keys") or params.keys())
+        for n in names:
+            if n not in params:
+                raise ValueError(f"tune_params_keys names {n!r}, which tune_params does not define")
+            if not isinstance(params[n], list):
+                raise ValueError(f"tune_params[{n!r}] is {params[n]!r}, where a cache lists each parameter's values")
+        values = {n: tuple(as_hashable(v) for v in params[n]) for n in names}
         # Keys in the file are the str() of each value joined by ","; map text back to the typed value.
-        by_text = [{_value_text(v): v for v in values[n]} for n in names]
+        by_text = [{value_text(v): v for v in values[n]} for n in names]
         configs: list[tuple[ParamValue, ...]] = []
         times: list[float] = []
         repeats: list[np.ndarray] = []
         failures: dict[int, MeasureStatus] = {}
         untimed = 0  # records with neither a time nor a failure marker
+        nonpositive = 0
         unreadable: list[str] = []  # keys whose configuration could not be read
         for key, record in raw["cache"].items():
             config = cls._parse_config(key, record, names, by_text)
@@ -170,7 +209,10 @@ class ReplaySpace:
             if isinstance(t, str) and t in _OUTSIDE_MARKERS:
                 continue
             t = _number_or_marker(t)
-            untimed += t is None or isinstance(t, (bool, list, dict))
+            if t is None or isinstance(t, list):  # Kernel Tuner's time is the mean of the repeats it recorded
+                t = _mean_of_numbers(t if isinstance(t, list) else record.get("times") if isinstance(record, Mapping) else None)
+            untimed += t is None or isinstance(t, (bool, dict))
+            nonpositive += isinstance(t, (int, float)) and not isinstance(t, bool) and t <= 0
             status = cls._failure_of(t)
             idx = len(configs)
             configs.append(config)
@@ -209,10 +251,12 @@ class ReplaySpace:
             failures=failures,
             problem_size=raw.get("problem_size"),
             objective=objective,
+            nonpositive=nonpositive,
+            cut_records=cut,
             undeclared=tuple(sorted({f"{n}={c[j]!r}" for c in configs for j, n in enumerate(names)
-                                     if _value_text(c[j]) not in by_text[j]})),
+                                     if value_text(c[j]) not in by_text[j]})),
         )
-        space._index.update({tuple(_value_text(v) for v in c): i for i, c in enumerate(configs)})
+        space._index.update({tuple(value_text(v) for v in c): i for i, c in enumerate(configs)})
         return space
 
     @staticmethod
@@ -220,7 +264,7 @@ class ReplaySpace:
         key: str, record: Any, names: Sequence[str], by_text: Sequence[dict[str, ParamValue]]
     ) -> Optional[tuple[ParamValue, ...]]:
         if isinstance(record, Mapping) and all(n in record for n in names):
-            return tuple(record[n] for n in names)
+            return tuple(as_hashable(record[n]) for n in names)
         parts = key.split(",")
         if len(parts) != len(names):
             return None
@@ -283,7 +327,7 @@ class ReplaySpace:
             values = list(config)
             if len(values) != len(self.param_names):
                 return None
-        return self._index.get(tuple(_value_text(v) for v in values))
+        return self._index.get(tuple(value_text(v) for v in values))
 
     def same_kernel(self, other: ReplaySpace) -> bool:
         """Whether two spaces tune the same kernel, so one can warm-start a model of the other."""

@@ -195,3 +195,57 @@ def test_the_reference_configuration_is_never_spent_as_a_candidate(tmp_path: Pat
     alone = start_search(None, str(one), budget=10, seed=3, surrogate=surrogate, run_dir=str(tmp_path / "run1"),
                          quiet=True, report=False)
     assert alone.measurements_used == 0
+
+
+def _cache(tmp_path: Path, name: str, tune_params: dict, records: dict, **header) -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps({"device_name": "GPU", "kernel_name": "k", "tune_params_keys": list(tune_params),
+                                "tune_params": tune_params, "objective": "time", "cache": records, **header}))
+    return path
+
+
+def test_a_shape_valued_parameter_is_searched_like_any_other(tmp_path: Path) -> None:
+    """A parameter whose values are lists (a tile shape) comes back from JSON as lists, in the cache and in the
+    run's archive; the space, the surrogate and the search know them all the same."""
+    from kernelscout.agent.runner import start_search
+
+    shapes = [[1, 2], [2, 2], [4, 1], [4, 4]]
+    records = {f"{s},{q}": {"shape": s, "q": q, "time": 1.0 + 0.3 * i + 0.05 * abs(q - 5)}
+               for i, s in enumerate(shapes) for q in range(1, 11)}
+    path = _cache(tmp_path, "shapes.json", {"shape": shapes, "q": list(range(1, 11))}, records)
+    space = ReplaySpace.load(path)
+    assert space.index_of({"shape": [4, 1], "q": 3}) == space.index_of({"shape": (4, 1), "q": 3}) is not None
+
+    result = start_search(None, str(path), budget=20, seed=1, run_dir=str(tmp_path / "run"), quiet=True, report=False)
+    assert result.measurements_used == 20  # past the cold start: the learned surrogate ranked the shapes
+    assert result.best_runtime_ms == pytest.approx(1.0, rel=0.05)  # shape [1, 2] with q = 5
+
+
+def test_what_a_cache_says_that_cannot_be_replayed_as_written_is_said(tmp_path: Path) -> None:
+    records = {str(bs): {"bs": bs, "time": 0.5 * bs} for bs in (1, 2, 4, 8)}
+    records["1"]["time"] = 0.0  # no kernel takes no time
+    records["4"] = {"bs": 4, "times": [2.0, 2.2]}  # time left out: Kernel Tuner's is the mean of the repeats
+    records["8"]["time"] = [3.9, 4.1]
+    space = ReplaySpace.load(_cache(tmp_path, "odd.json", {"bs": [1, 2, 4, 8]}, records))
+    assert space.failures == {0: MeasureStatus.runtime_error}
+    assert space.times[2] == pytest.approx(2.1) and space.times[3] == pytest.approx(4.0)
+    assert any("1 record(s) have a time of 0 or less" in n for n in space.notes)
+
+    # an interrupted run cut off in the middle of its last record: the complete ones load, and the note says so
+    text = _cache(tmp_path, "cut.json", {"bs": [1, 2, 4]}, {str(b): {"bs": b, "time": float(b)} for b in (1, 2, 4)}).read_text()
+    cut = tmp_path / "cut.json"
+    cut.write_text(text.replace(', "4": {"bs": 4, "time": 4.0}}}', ',\n"4": {"bs": 4, "ti').replace('"cache": {', '"cache": {\n')
+                   .replace(', "2"', ',\n"2"'))
+    partial = ReplaySpace.load(cut)
+    assert len(partial) == 2 and any("partly written record" in n for n in partial.notes)
+
+    # a header that is not a cache's: one line that names the fault
+    from kernelscout.sandbox.replay import CacheFileError
+
+    with pytest.raises(CacheFileError, match=r"tune_params\['bs'\] is 64, where a cache lists"):
+        ReplaySpace.load(_cache(tmp_path, "scalar.json", {"bs": 64}, {"64": {"bs": 64, "time": 1.0}}))
+    bad = json.loads(_cache(tmp_path, "keys.json", {"bs": [1]}, {"1": {"bs": 1, "time": 1.0}}).read_text())
+    bad["tune_params_keys"] = ["bs", "gone"]
+    (tmp_path / "keys.json").write_text(json.dumps(bad))
+    with pytest.raises(CacheFileError, match="tune_params_keys names 'gone', which tune_params does not define"):
+        ReplaySpace.load(tmp_path / "keys.json")

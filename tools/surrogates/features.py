@@ -42,6 +42,16 @@ LANE_WIDTHS = (32, 64)  # NVIDIA warp, AMD wavefront
 _VALUATION_CAP = 12.0
 
 
+def as_hashable(value: Any) -> Any:
+    """A parameter value as a configuration holds it: a list (a shape, as JSON reads one back) as a tuple."""
+    return tuple(as_hashable(v) for v in value) if isinstance(value, list) else value
+
+
+def value_text(value: Any) -> str:
+    """The text a categorical value is known by, the same for a list and the tuple a space holds."""
+    return str(as_hashable(value))
+
+
 def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, str)
 
@@ -107,7 +117,7 @@ class ConfigEncoder:
             )
         # A parameter with one value carries no information.
         self._params = [p for p in params if len(p.values) > 1]
-        self._cat_index = {p.name: {str(v): i for i, v in enumerate(p.values)} for p in self._params if p.categorical}
+        self._cat_index = {p.name: {value_text(v): i for i, v in enumerate(p.values)} for p in self._params if p.categorical}
         logs = [p for p in self._params if p.positive]
         ints = [p for p in self._params if p.integer]
         self._log_pairs = list(itertools.combinations([p.name for p in logs], 2))[:MAX_PAIRS]
@@ -136,7 +146,7 @@ class ConfigEncoder:
         return rules
 
     def _code(self, p: _Param, v: Any) -> float:
-        return float(self._cat_index[p.name][str(v)]) if p.categorical else float(v)
+        return float(self._cat_index[p.name][value_text(v)]) if p.categorical else float(v)
 
     @staticmethod
     def _thread_block(params: list[_Param]) -> tuple[list[str], float]:
@@ -164,7 +174,7 @@ class ConfigEncoder:
             col = cols[p.name]
             if p.categorical:
                 index = self._cat_index[p.name]
-                out[:, j] = [index.get(str(v), -1) for v in col]
+                out[:, j] = [index.get(value_text(v), -1) for v in col]
             else:
                 out[:, j] = np.asarray(col, dtype=float)
         return out
