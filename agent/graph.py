@@ -84,6 +84,7 @@ class SearchLoop:
         self.budget = Budget(run)
         self.on_event = on_event or (lambda kind, data: None)
         self._last_note: Optional[str] = None  # the policy's last reason for dropping an answer
+        self._ruled_out_while_dry: set[int] = set()  # candidates a forecast ruled out since the last one measured
         self._lay_dead_s = 0.0  # how long a killed search lay dead before this resume; `check` moves `started` by it
         self.workers = 1  # measurements in flight at once; see scale_out
         self._busy_streak = 0  # measurements in a row whose timing a busy machine voided (MACHINE_BUSY)
@@ -174,6 +175,8 @@ class SearchLoop:
                 action, reason = "defer", f"{reason}; kept for a later iteration (batch of {batch})"
             self.archive.record_forecast(cid, iteration, forecast.surrogate, forecast.model_dump(), action, reason)
         blind = [f for _, f, _ in judged if not f.informative]  # no forecast to go on: the log must not say one chose
+        ruled_out = {cid for cid, f, d in judged if f.informative and d.action == "skip"}
+        self._ruled_out_while_dry = set() if chosen else self._ruled_out_while_dry | ruled_out
         self._emit("predict", considered=len(judged), measure=chosen, total_considered=considered_count(self.archive),
                    uninformative=len(blind), why_uninformative=blind[0].rationale if blind else None)
         return {"to_measure": chosen}
@@ -305,6 +308,9 @@ class SearchLoop:
         dry = state.get("dry_iterations", 0) + 1 if not state.get("to_measure") else 0
         if reason is None and dry >= 3:
             reason = "the policy has nothing left worth measuring"
+            if self._ruled_out_while_dry:  # not a space used up: the surrogate ruled the candidates out
+                reason += (f": the surrogate judged the last {len(self._ruled_out_while_dry)} candidates proposed unlikely to beat "
+                           "the best (--surrogate none measures what the policy proposes)")
             if self._last_note:
                 reason += f"; last: {self._last_note}"
         if reason:

@@ -153,7 +153,8 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
     if confirm < 0:
         raise OptimizeError("--confirm must be 0 or more")
     if confirm >= budget:
-        raise OptimizeError(f"--confirm {confirm} leaves nothing of --budget {budget} for the search; give 0 to {budget - 1}")
+        raise OptimizeError(f"--confirm {confirm} leaves nothing of --budget {budget} for the search; give "
+                            + (f"0 to {budget - 1}" if budget > 1 else "--confirm 0, or a larger --budget"))
     scaling = Scaling(workers=workers, ray=ray, replay_delay_s=replay_delay_s)
     policy, surrogate, note = resolve_choices(policy, surrogate, space=space is not None)
     check_plugins(policy, surrogate)

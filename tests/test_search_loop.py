@@ -79,6 +79,40 @@ def test_candidates_shelved_for_want_of_room_come_back_when_the_ranking_returns_
     assert all(state[cid] == "shelved" for cid in shelved if history[cid][-1] == "shelve")
 
 
+@pytest.mark.parametrize("running", [5, 15])
+def test_a_space_where_few_configurations_run_is_searched_to_the_end_shelf_included(tmp_path, running):
+    """60 configurations, of which 5 (the surrogate never gets the 8 timings it needs) or 15 run. Most proposals
+    are shelved while the queue is full of failures; once nothing untried is left, the shelf is what is proposed,
+    so a budget larger than the space measures every configuration, the optimum included, before the search stops."""
+    rng = random.Random(5)
+    configs = [(a, b) for a in range(1, 13) for b in (1, 2, 4, 8, 16)]
+    runs = set(rng.sample(range(len(configs)), running))
+    cache = {f"{a},{b}": {"a": a, "b": b, "time": 1.0 + 0.1 * abs(a - 7) + 0.05 * abs(b - 4) if i in runs else "RuntimeFailedConfig"}
+             for i, (a, b) in enumerate(configs)}
+    space = tmp_path / "mostly_failing.json"
+    space.write_text(json.dumps({"device_name": "GPU", "kernel_name": "k", "tune_params_keys": ["a", "b"], "objective": "time",
+                                 "tune_params": {"a": list(range(1, 13)), "b": [1, 2, 4, 8, 16]}, "cache": cache}))
+    optimum = min(r["time"] for r in cache.values() if r["time"] != "RuntimeFailedConfig")
+    result = start_search(problem=None, space=str(space), budget=100, seed=0, run_dir=str(tmp_path / "run"), quiet=True, report=False)
+    assert result.measurements_used == len(configs) - 1  # all but the reference, which every session times
+    assert result.best_runtime_ms == pytest.approx(optimum)
+    assert result.stop_reason.endswith("every configuration of the space has been measured (the reference's is timed in every session)")
+
+
+def test_a_search_the_surrogate_stopped_says_so_and_how_to_measure_without_it(tmp_path):
+    """One parameter, a V-shaped time with its minimum at 333 of 1-500: on seed 0 the surrogate rules out the
+    configurations next to the best it measured (325), and the search stops with most of its budget left. The stop
+    says why, since "nothing left worth measuring" alone reads as if the space were used up."""
+    values = list(range(1, 501))
+    space = tmp_path / "v.json"
+    space.write_text(json.dumps({"device_name": "GPU", "kernel_name": "k", "tune_params_keys": ["bs"], "objective": "time",
+                                 "tune_params": {"bs": values}, "cache": {str(v): {"bs": v, "time": 1 + abs(v - 333) / 100} for v in values}}))
+    result = start_search(problem=None, space=str(space), budget=600, seed=0, run_dir=str(tmp_path / "run"), quiet=True, report=False)
+    assert result.measurements_used < 100
+    assert "the surrogate judged the last" in result.stop_reason and "unlikely to beat the best" in result.stop_reason
+    assert "--surrogate none" in result.stop_reason
+
+
 @needs_hub
 def test_surrogate_none_measures_everything_it_considers(tmp_path):
     result = start_search(problem=None, space=str(SPACE), budget=8, surrogate="none", run_dir=str(tmp_path / "run"), quiet=True)

@@ -41,6 +41,7 @@ from kernelscout.tools.surrogates.features import ConfigEncoder
 # 2026-12-03, against a pool of 4096: +0.010 / +0.007 / +0.005 of the optimum at 20 / 50 / 100 over 60 fresh
 # seeds, -0.049 / -0.023 / +0.009 on the published table's seeds 0-9, +0.001 / +0.003 / +0.005 over all 70)
 DESIGN_POOL = 512
+EXHAUSTED = "every configuration of the space has been measured (the reference's is timed in every session)"
 DESIGN_SIZE = 24  # at six proposals per iteration, the first four iterations; random configurations follow
 
 
@@ -93,6 +94,7 @@ class SpaceSearchPolicy:
         self._shas: Optional[list[str]] = None
         self._row_of: dict[str, int] = {}  # content key -> row, for the shelved keys the loop hands back
         self._design: Optional[list[int]] = None  # cold-start design, rows of the space
+        self.notes: list[str] = []  # read by the loop: said once, and named if the search stops for want of proposals
 
     def attach_forecaster(self, forecaster: Any) -> None:
         """The loop's forecaster, whose `screen` ranks the whole space (absent: model-free proposals)."""
@@ -192,13 +194,14 @@ class SpaceSearchPolicy:
         if self.forecaster is None or not hasattr(self.forecaster, "screen"):
             return None
         untried = self._untried(parent)
-        if untried.size == 0:
-            return []
-        pool = self._pool(untried, rng)
         # earlier proposals ride along (a few rows): the loop forecasts the pending ones again this
         # iteration, and then reads this pass instead of asking the surrogate a second time
         # (and shelved ones, which may be revived: see _revived; read from the loop, so after a resume too)
         shelved = {self._row_of[sha] for sha in parent.get("shelved", ()) if sha in self._row_of}
+        reference = self._row_of.get(parent.get("reference_sha", ""))
+        if untried.size - int(reference is not None and reference in untried) == 0:
+            return self._best_shelved(shelved, k)  # every configuration tried: what was shelved is all that is left
+        pool = self._pool(untried, rng)
         self._proposed |= shelved
         extra = np.asarray(sorted(self._proposed - set(pool.tolist())), dtype=int)
         rows = np.concatenate([pool, extra]).astype(int)
@@ -217,7 +220,6 @@ class SpaceSearchPolicy:
         self._ranked = pool[ranking[: max(self.carry, k)]].tolist()
         # the reference is timed in every session, never a candidate of its own; it is passed over here,
         # not left out of the pool, so that the pool (and its random part) is drawn as if it were not special
-        reference = self._row_of.get(parent.get("reference_sha", ""))
         top = ranking[pool[ranking] != reference][:k] if reference is not None else ranking[:k]
         unmeasured = untried.size - int(reference is not None and reference in untried)
         out = self._revived(shelved, rows, full, pool.size, top)
@@ -233,6 +235,21 @@ class SpaceSearchPolicy:
                            f"({screen.expected_improvement[j]:.3g} in log-time; P(fail) {screen.p_fail[j]:.2f})",
             ))
         return out
+
+    def _best_shelved(self, shelved: set[int], k: int) -> Optional[list[SpaceProposal]]:
+        """Once no configuration is left untried, the shelved ones the model ranks highest, `k` at a time (None
+        while the model cannot rank: the cold start's own order takes them back)."""
+        if not shelved:
+            return []
+        rows = np.asarray(sorted(shelved), dtype=int)
+        screened = self.forecaster.screen(self._values[rows])
+        if screened is None:
+            return None
+        ranking = np.lexsort((np.asarray(screened.mu), -np.asarray(screened.expected_improvement)))[:k]
+        return [SpaceProposal(origin="screened", params=self.space.config(int(rows[j])), features=self.space.config(int(rows[j])),
+                              hypothesis=f"shelved earlier; every configuration has been tried, and this one ranks {rank} "
+                                         f"of the {rows.size} shelved by expected improvement")
+                for rank, j in enumerate(ranking, start=1)]
 
     def _revived(self, shelved: set[int], rows: np.ndarray, full: Any, n_pool: int, top: np.ndarray) -> list[SpaceProposal]:
         """Shelved candidates (worth measuring, but they lost their place in the loop's queue) that the
@@ -256,6 +273,18 @@ class SpaceSearchPolicy:
         return out
 
     def propose(self, parent: dict[str, Any], k: int, rng: random.Random) -> list[SpaceProposal]:
+        out = self._propose(parent, k, rng)
+        if not out and not parent.get("shelved") and EXHAUSTED not in self.notes and \
+                all(sha in parent["tried"] or sha == parent.get("reference_sha") for sha in self._all_shas(parent)):
+            self.notes.append(EXHAUSTED)
+        return out
+
+    def _all_shas(self, parent: dict[str, Any]) -> list[str]:
+        if self._shas is None:
+            self._untried(parent)
+        return self._shas or []
+
+    def _propose(self, parent: dict[str, Any], k: int, rng: random.Random) -> list[SpaceProposal]:
         screened = self._screened(parent, k, rng)
         if screened is not None:
             return screened
@@ -263,5 +292,16 @@ class SpaceSearchPolicy:
         # is used up); no surrogate: local search
         cold = self.forecaster is not None and not getattr(self.forecaster, "measure_all", True)
         if cold:
-            return self._design_proposals(parent, k, rng) or self._local_and_random(parent, k, rng, random_only=True)
+            return (self._design_proposals(parent, k, rng) or self._local_and_random(parent, k, rng, random_only=True)
+                    or self._shelved_again(parent, k))
         return self._local_and_random(parent, k, rng, random_only=False)
+
+    def _shelved_again(self, parent: dict[str, Any], k: int) -> list[SpaceProposal]:
+        """The oldest shelved configurations, once nothing new is left to propose in a cold start: in a space where
+        few configurations run, the surrogate may never get the timings it needs to rank them, and a search that
+        stopped with them unmeasured would leave its budget unspent beside candidates it had called worth measuring."""
+        self._all_shas(parent)
+        rows = sorted(self._row_of[sha] for sha in parent.get("shelved", ()) if sha in self._row_of)
+        return [SpaceProposal(origin="design", params=self.space.config(i), features=self.space.config(i),
+                              hypothesis="shelved in the cold start, proposed again: nothing new is left to try")
+                for i in rows[:k]]
