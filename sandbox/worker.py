@@ -800,8 +800,13 @@ class Worker:
         # finalisers the other side's garbage carries
         integrity.gc_disable()
         integrity.pin_allocator()
-        window = self._reference_window() if side == "ref" else None
-        faults = integrity.page_faults() if side == "ref" else 0
+        # read on both sides, though only the reference's are judged: reading every thread's schedstat right
+        # before one side's call alone left that call's caches colder, and a candidate whose code is the
+        # reference's read 1.05-1.07x on calls of 20-40 microseconds (benchmarks/aa_bias.py)
+        window = self._reference_window()
+        faults = integrity.page_faults()
+        if side != "ref":
+            window, faults = None, 0
         try:
             out, timer_ms, host_ms = self.timer(run)
         except Exception as exc:
