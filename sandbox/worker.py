@@ -88,12 +88,14 @@ def _import_file(path: str, name: str):
 
 
 def _each_tensor(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
-    """`fn` applied to every tensor, also inside lists and tuples (an argument may be a list of
-    tensors); everything else is passed through."""
+    """`fn` applied to every tensor, also inside lists, tuples and dicts (an argument may be a list of
+    tensors, or a dict of state); everything else is passed through."""
     if isinstance(value, torch.Tensor):
         return fn(value)
     if type(value) in (list, tuple):  # not subclasses such as named tuples: those pass through whole
         return type(value)(_each_tensor(v, fn) for v in value)
+    if type(value) is dict:
+        return {k: _each_tensor(v, fn) for k, v in value.items()}
     return value
 
 
@@ -136,6 +138,8 @@ def _refill_one(old: Any, new: Any) -> Any:
         return old
     if type(old) in (list, tuple) and type(new) is type(old) and len(old) == len(new):
         return type(new)(_refill_one(o, n) for o, n in zip(old, new))
+    if type(old) is dict and type(new) is dict and list(old) == list(new):
+        return {k: _refill_one(old[k], new[k]) for k in new}
     return _each_tensor(new, torch.Tensor.clone)
 
 

@@ -718,6 +718,37 @@ def test_a_list_of_tensors_argument_is_measured_and_its_tensors_are_not_shared(m
     assert m.status == MeasureStatus.incorrect, m
 
 
+DICT_STATE_PROBLEM = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x, cache):
+        cache["acc"].add_(x)  # state handed in a dict, updated in place (a KV cache)
+        return cache["acc"] * 2.0
+
+def get_inputs():
+    return [torch.randn(64, 64), {"acc": torch.randn(64, 64)}]
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_a_dict_of_tensors_argument_is_each_sides_own(measure_source):
+    """The reference and the candidate each get their own copy of a dict's tensors, as of a list's: an honest
+    candidate that updates the state as the reference does is correct (it read the reference's update before), and
+    one that spoils the caller's tensor is caught as a write into an input, not blamed on its output."""
+    same = ("import torch\nimport torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, x, cache):\n"
+            "        cache['acc'].add_(x)\n        return cache['acc'] * 2.0\n")
+    m = measure_source(same, problem=DICT_STATE_PROBLEM)
+    assert m.status == MeasureStatus.ok and m.correct, m
+    spoils = ("import torch\nimport torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, x, cache):\n"
+              "        out = (cache['acc'] + x) * 2.0\n        cache['acc'].zero_()\n        return out\n")
+    m = measure_source(spoils, problem=DICT_STATE_PROBLEM, name="spoils.py")
+    assert m.status == MeasureStatus.incorrect and "wrote into input tensor 1" in m.message, m
+
+
 def test_writing_into_an_input_is_incorrect_even_with_the_right_output(measure_source):
     """Scratch space taken from the caller's tensor: the output is right, the caller's x is gone."""
     body = """        out = torch.relu(x * self.scale + y) + 0.5 * x
