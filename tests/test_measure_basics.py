@@ -94,7 +94,17 @@ def test_a_candidate_over_the_timeout_is_told_what_was_allowed_for_the_reference
     slow = FAST_CUMSUM.replace("return torch", "import time; time.sleep(1.2)\n        return torch")
     m = measure_source(slow, problem=SLOW_REFERENCE, config=QUICK.model_copy(update={"timeout_s": 3.0}))
     assert m.status == MeasureStatus.timeout and m.charged
-    assert "took longer than 3 s (besides" in m.message and "for the reference's own calls" in m.message
+    assert "took longer than 3 s (--timeout, besides" in m.message and "for the reference's own calls" in m.message
+
+
+def test_a_reference_that_hangs_is_the_problems_fault_under_the_limit_that_applies(measure_source):
+    """A problem whose forward never returns: the measurement says which limit stopped it (loading a problem runs
+    under --compile-timeout, not --timeout), blames the problem, and charges nothing."""
+    hangs = SLOW_REFERENCE.replace("class Model(nn.Module):", "class Model(nn.Module):\n    def __init__(self):\n"
+                                   "        super().__init__()\n        time.sleep(3600)\n")
+    m = measure_source(FAST_CUMSUM, problem=hangs, config=QUICK.model_copy(update={"compile_timeout_s": 3.0, "timeout_s": 60.0}))
+    assert m.status == MeasureStatus.invalid_problem and not m.charged, m
+    assert "loading the problem" in m.message and "took longer than 3 s (--compile-timeout)" in m.message
 
 
 def test_what_a_failing_candidate_printed_comes_with_its_error(measure_source):
