@@ -13,7 +13,9 @@ What is compared, and how, so that the numbers mean what they say:
   cannot shift the draws). bayes_opt decides when to refit its model by the wall clock; in simulation
   it reads a clock on which an evaluation takes longer than a prediction, as on a GPU (`_device_clock`).
 * **Budget** = unique configurations measured (failed ones included: they cost a compile and a run on
-  the hardware too). Kernel Tuner's simulation runner counts exactly that for `max_fevals`, except
+  the hardware too). kernelscout's reference configuration (drawn by the seed, and timed beside every
+  candidate without a charge, as a user's own kernel is) counts as the first of them: the search knows its
+  time, so at budget B it has B unique configurations, B - 1 of them charged, as Kernel Tuner has B. Kernel Tuner's simulation runner counts exactly that for `max_fevals`, except
   that dual_annealing also hands `max_fevals` to scipy as its call limit, which counts repeats and
   invalid points and stops it at about a third of the budget; it therefore gets more calls and is cut
   at the budget like the others.
@@ -222,12 +224,17 @@ def kernelscout_trace(space_path: str, surrogate: str, seed: int, budget: int, r
 
 
 def read_run(space: ReplaySpace, run_dir: str) -> tuple[list[float], list[Optional[int]]]:
-    """Recorded times of the charged measurements in order, and the candidates considered by then."""
+    """Recorded times of the configurations the run learned, in order: the reference's first (timed in every
+    session), then each charged measurement's; and the candidates considered by then."""
+    from kernelscout.agent.targets import REPLAY_REFERENCE_KEY
     from kernelscout.tools.rundir import reading
 
     with reading(Path(run_dir) / "run.db") as db:
         rows = db.execute("SELECT id, candidate_path FROM measurements WHERE charged = 1 ORDER BY id").fetchall()
-        times, considered = [], []
+        drawn = db.execute("SELECT value FROM meta WHERE key = ?", (REPLAY_REFERENCE_KEY,)).fetchone()
+        reference = space.index_of(json.loads(drawn[0])) if drawn else None
+        times: list[float] = [float(space.times[reference])] if reference is not None else []
+        considered: list[Optional[int]] = [None] * len(times)
         for mid, config_text in rows:
             idx = space.index_of(json.loads(config_text))
             times.append(float(space.times[idx]) if idx is not None else math.nan)

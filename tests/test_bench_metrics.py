@@ -133,7 +133,8 @@ def test_bench_runs_both_tools_on_the_same_space_and_prints_the_documented_json(
     # the kernelscout run is a normal run directory: its measurements are the trace
     run = tmp_path / "runs" / "runs" / "tiny_GPU-learned-seed0"
     times, considered = read_run(_space(str(tiny)), str(run))
-    assert len(times) == 4 and all(c is None or c >= i + 1 for i, c in enumerate(considered))
+    assert len(times) == 5  # the reference's configuration, then 4 charged measurements (budget 4)
+    assert considered[0] is None and all(c is None or c >= i for i, c in enumerate(considered[1:], start=1))
     json.dumps(data)
 
 
@@ -146,8 +147,22 @@ def test_a_run_does_not_depend_on_its_budget(tiny: Path, tmp_path: Path) -> None
     start_search(None, str(tiny), budget=6, policy="tuner", surrogate="none", run_dir=str(tmp_path / "b6"), seed=4, quiet=True)
     short, _ = read_run(space, str(tmp_path / "b3"))
     long, _ = read_run(space, str(tmp_path / "b6"))
-    assert len(short) == 3 and len(long) == 6
-    assert [str(t) for t in short] == [str(t) for t in long[:3]]  # same configurations, failures (nan) included
+    assert len(short) == 4 and len(long) == 7  # the reference's configuration first, then the charged ones
+    assert [str(t) for t in short] == [str(t) for t in long[:4]]  # same configurations, failures (nan) included
+
+
+def test_the_reference_configuration_counts_as_one_of_the_budgets_configurations(tiny: Path, tmp_path: Path) -> None:
+    """kernelscout knows its reference's time without a charge; the benchmark counts it, as Kernel Tuner counts every
+    configuration it evaluates: at budget B kernelscout has measured B configurations, the reference among them, and
+    a reference that is the optimum is found at budget 1."""
+    from kernelscout.agent.bench import kernelscout_trace
+    from kernelscout.agent.targets import drawn_reference
+
+    space = _space(str(tiny))
+    seed = next(s for s in range(100) if space.index_of(drawn_reference(space, s)) == space.best_index)
+    trace = kernelscout_trace(str(tiny), "none", seed, 2, str(tmp_path / "run"))
+    assert trace.times[0] == OPTIMUM and len(trace.times) == 3
+    assert frac_of_opt(OPTIMUM, best_after(trace.times, 1)) == 1.0
 
 
 # -- what keeps a benchmark run cheap (a run of 100 measurements costs seconds, not minutes) --------
