@@ -147,10 +147,11 @@ configurations a method measured within the budget, mean over seeds (1.000 is th
 candidates considered (forecast and decided on) per measurement, where a method reports it. After ±: the
 standard error of the mean over seeds (for the mean over spaces, of the mean of the per-space means). Each kernelscout
 run is `kscout optimize --space FILE --budget {budgets[-1]} --seed S` (learned surrogate, or `--surrogate none`), read
-after {', '.join(budgets)} measurements (the search never reads its budget, so this equals separate runs; a test
-checks it). Kernel Tuner {_kt_version()} runs in simulation mode on the same cache with each space's
-restrictions as strings; its budget is unique configurations measured (failures included), as for
-kernelscout; dual_annealing gets more scipy calls because scipy counts repeats and invalid points and
+after {', '.join(budgets)} configurations: its reference configuration, which the seed draws and every measurement
+times beside the candidate, counts as the first, so budget B is the reference and B - 1 charged measurements (the
+search never reads its budget, so this equals separate runs; a test checks it). Kernel Tuner {_kt_version()} runs in
+simulation mode on the same cache with each space's restrictions as strings; its budget is unique configurations
+measured (failures included), as for kernelscout; dual_annealing gets more scipy calls because scipy counts repeats and invalid points and
 would stop at about a third of the budget. "random search (exact expectation)" is computed, not sampled.
 
 Mean over spaces:
@@ -212,7 +213,7 @@ def main() -> None:
 
         def progress(done: int, total: int, trace) -> None:
             print(f"[{time.perf_counter() - t0:7.0f} s] {done}/{total} {trace.space} {trace.method} seed {trace.seed}: "
-                  f"{len(trace.times)} measured in {trace.wall_s:.1f} s", file=sys.stderr, flush=True)
+                  f"{len(trace.times)} configurations in {trace.wall_s:.1f} s", file=sys.stderr, flush=True)
 
         result = run_bench(BenchRequest(spaces=args.spaces, budgets=[int(b) for b in args.budgets.split(",")], seeds=args.seeds,
                                         jobs=args.jobs, out=args.out), progress=progress)
