@@ -718,6 +718,12 @@ def test_a_list_of_tensors_argument_is_measured_and_its_tensors_are_not_shared(m
     assert m.status == MeasureStatus.incorrect, m
 
 
+def _forward(args: str, *lines: str) -> str:
+    """A candidate module whose ModelNew.forward(self, `args`) runs `lines`."""
+    body = "".join(f"        {line}\n" for line in lines)
+    return f"import torch\nimport torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, {args}):\n{body}"
+
+
 DICT_STATE_PROBLEM = '''
 import torch
 import torch.nn as nn
@@ -739,12 +745,9 @@ def test_a_dict_of_tensors_argument_is_each_sides_own(measure_source):
     """The reference and the candidate each get their own copy of a dict's tensors, as of a list's: an honest
     candidate that updates the state as the reference does is correct (it read the reference's update before), and
     one that spoils the caller's tensor is caught as a write into an input, not blamed on its output."""
-    same = ("import torch\nimport torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, x, cache):\n"
-            "        cache['acc'].add_(x)\n        return cache['acc'] * 2.0\n")
-    m = measure_source(same, problem=DICT_STATE_PROBLEM)
+    m = measure_source(_forward("x, cache", "cache['acc'].add_(x)", "return cache['acc'] * 2.0"), problem=DICT_STATE_PROBLEM)
     assert m.status == MeasureStatus.ok and m.correct, m
-    spoils = ("import torch\nimport torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, x, cache):\n"
-              "        out = (cache['acc'] + x) * 2.0\n        cache['acc'].zero_()\n        return out\n")
+    spoils = _forward("x, cache", "out = (cache['acc'] + x) * 2.0", "cache['acc'].zero_()", "return out")
     m = measure_source(spoils, problem=DICT_STATE_PROBLEM, name="spoils.py")
     assert m.status == MeasureStatus.incorrect and "wrote into input tensor 1" in m.message, m
 
@@ -777,12 +780,9 @@ def get_init_inputs():
 
 
 def test_an_in_place_update_the_reference_makes_must_be_made_too(measure_source):
-    same = ("import torch\nimport torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, x):\n"
-            "        torch.relu_(x)\n        return x.sum(dim=1)\n")
-    m = measure_source(same, problem=IN_PLACE_PROBLEM)
+    m = measure_source(_forward("x", "torch.relu_(x)", "return x.sum(dim=1)"), problem=IN_PLACE_PROBLEM)
     assert m.status == MeasureStatus.ok and m.correct, m
-    skips = ("import torch\nimport torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, x):\n"
-             "        return x.clamp(min=0.0).sum(dim=1)\n")
+    skips = _forward("x", "return x.clamp(min=0.0).sum(dim=1)")
     m = measure_source(skips, problem=IN_PLACE_PROBLEM, name="skips.py")
     assert m.status == MeasureStatus.incorrect and "input tensor 0" in m.message, m
 
