@@ -14,6 +14,7 @@ import contextlib
 import gc
 import importlib.util
 import os
+import random
 import resource
 import sys
 import time
@@ -422,6 +423,11 @@ class Worker:
 
     def _make_inputs(self, module, seed: int, path: str) -> list[Any]:
         torch.manual_seed(seed)
+        # numpy's and Python's generators too: a get_inputs() that draws from them (np.random.randn) gives the same
+        # inputs for the same seed, else its reference could never be checked twice on the same inputs
+        random.seed(seed)
+        if (np := sys.modules.get("numpy")) is not None:
+            np.random.seed(seed % 2**32)
         inputs = self._call_problem(module.get_inputs, path, "get_inputs()")
         if not isinstance(inputs, (list, tuple)):
             raise Failure("invalid_problem", f"{path}: get_inputs() must return a list of tensors, got {type(inputs).__name__}")
@@ -777,7 +783,9 @@ class Worker:
                 pool.append(fresh)
             else:
                 pool[seed % len(pool)] = fresh
+            self.inputs_rescaled = False
             return fresh
+        self.inputs_rescaled = True
         gen = torch.Generator().manual_seed(seed)
         base = pool[int(torch.randint(len(pool), (1,), generator=gen))]
         return [_each_tensor(x, lambda t: _perturb(t, gen) if t.is_floating_point() else t) for x in base]
@@ -867,7 +875,10 @@ class Worker:
         try:
             correctness.compare(out["cand"], out["ref"])
         except CheckFailed as exc:
-            raise Failure("incorrect", f"a timed call's output was wrong on re-check: {exc}")
+            why = (" (this round's inputs were a kept set rescaled by factors just under 1, as get_inputs() takes over "
+                   f"{self.FRESH_MS:g} ms: a candidate must be right for any values of the inputs' shapes and dtypes, not "
+                   "only for the values get_inputs() draws, such as an exact 0/1 mask)") if getattr(self, "inputs_rescaled", False) else ""
+            raise Failure("incorrect", f"a timed call's output was wrong on re-check: {exc}{why}")
         return {"status": "ok", "rechecked": True}
 
     # -- the referee's side (sandbox/referee.py) ------------------------------------------------

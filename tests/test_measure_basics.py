@@ -107,6 +107,46 @@ def test_a_reference_that_hangs_is_the_problems_fault_under_the_limit_that_appli
     assert "loading the problem" in m.message and "took longer than 3 s (--compile-timeout)" in m.message
 
 
+SLOW_INPUTS_MASK = '''
+import time
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x, mask):
+        return x * mask
+
+def get_inputs():
+    time.sleep(0.01)  # slow enough that the timed rounds reuse a few input sets, rescaled
+    return [torch.randn(64, 64), (torch.rand(64, 64) > 0.5).float()]
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_a_candidate_that_relies_on_exact_input_values_is_told_the_inputs_were_rescaled(measure_source):
+    """`torch.where(mask != 0, x, 0)` equals `x * mask` only for a mask of exact zeros and ones; the timed rounds
+    rescale kept inputs when get_inputs() is slow, and the message says so rather than leaving a mystery."""
+    exact_only = ("import torch\nimport torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, x, mask):\n"
+                  "        return torch.where(mask != 0, x, torch.zeros_like(x))\n")
+    m = measure_source(exact_only, problem=SLOW_INPUTS_MASK)
+    assert m.status == MeasureStatus.incorrect, m
+    assert "wrong on re-check" in m.message and "rescaled" in m.message and "0/1 mask" in m.message
+
+
+def test_inputs_drawn_with_numpy_are_reproducible_under_the_harness_seed(measure_source):
+    """KernelBench-style problems sometimes draw inputs with numpy; the harness seeds numpy and Python's random with
+    torch, so the reference can be called twice on the same inputs and candidates get fresh ones each round."""
+    problem = ("import numpy as np\nimport torch\nimport torch.nn as nn\nclass Model(nn.Module):\n    def forward(self, x):\n"
+               "        return torch.tanh(x) * 3\ndef get_inputs():\n    return [torch.from_numpy(np.random.randn(64, 64).astype(np.float32))]\n"
+               "def get_init_inputs():\n    return []\n")
+    candidate = ("import torch\nimport torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, x):\n"
+                 "        return 3 * torch.tanh(x)\n")
+    m = measure_source(candidate, problem=problem)
+    assert m.status == MeasureStatus.ok and m.correct, m.message
+
+
 def test_what_a_failing_candidate_printed_comes_with_its_error(measure_source):
     m = measure_source(GOOD_CANDIDATE.replace("return torch.relu", "print('shapes', x.shape, y.shape)\n        raise ValueError('boom')\n        return torch.relu"))
     assert m.status == MeasureStatus.runtime_error
