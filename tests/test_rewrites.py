@@ -176,6 +176,11 @@ def test_jit_freeze_is_correct_on_a_convolution(measure_rewrite):
 def test_jit_freeze_binds_non_tensor_arguments(measure_rewrite):
     m, _ = measure_rewrite("jit_freeze", {"OPTIMIZE_FOR_INFERENCE": False}, problem=SCALED_PROBLEM)
     assert m.status == MeasureStatus.ok and m.correct, m.message
+    # None among them (an optional argument left out) is an argument like any other, not a tensor's place
+    with_none = SCALED_PROBLEM.replace("def forward(self, x, power):", "def forward(self, x, power, bias=None):").replace(
+        "return [torch.randn(64, 32), 3]", "return [torch.randn(64, 32), 3, None]")
+    m, _ = measure_rewrite("jit_freeze", {"OPTIMIZE_FOR_INFERENCE": False}, problem=with_none)
+    assert m.status == MeasureStatus.ok and m.correct, m.message
 
 
 def test_jit_freeze_refuses_at_run_time_to_put_batchnorm_in_eval_mode(measure_rewrite):

@@ -306,20 +306,21 @@ class _TensorArgs(nn.Module):
     def __init__(self, model, example):
         super().__init__()
         self.model = model
-        self.fixed = [None if isinstance(x, torch.Tensor) else x for x in example]
+        self.is_tensor = [isinstance(x, torch.Tensor) for x in example]  # not None as a mark: None may be an argument
+        self.fixed = [None if t else x for t, x in zip(self.is_tensor, example)]
 
     def split(self, args):
         """The tensor arguments, or None when a non-tensor argument differs from the example's."""
         if len(args) != len(self.fixed):
             return None
-        for a, f in zip(args, self.fixed):
-            if (f is None) != isinstance(a, torch.Tensor) or (f is not None and a != f):
+        for a, t, f in zip(args, self.is_tensor, self.fixed):
+            if t != isinstance(a, torch.Tensor) or (not t and a != f):
                 return None
         return [a for a in args if isinstance(a, torch.Tensor)]
 
     def forward(self, *tensors):
         it = iter(tensors)
-        return self.model(*[next(it) if f is None else f for f in self.fixed])
+        return self.model(*[next(it) if t else f for t, f in zip(self.is_tensor, self.fixed)])
 '''
 
 
