@@ -284,6 +284,8 @@ def _print_search(result) -> None:
     if result.best_path:
         table.add_row("best kernel", result.best_path)
     table.add_row("run directory", result.run_dir)
+    for note in result.notes:  # said at the start too; repeated here, where a long search's output ends
+        table.add_row("[yellow]note[/yellow]", escape(note))
     out.print(table)
     if result.continue_with:  # one line the terminal may wrap, so it can be copied whole
         out.print(f"to search on: {escape(result.continue_with)}", soft_wrap=True, highlight=False)

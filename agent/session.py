@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from pathlib import Path
@@ -35,6 +36,8 @@ class OptimizeResult(BaseModel):
     llm_tokens: int = Field(0, description="tokens the search's LLM calls used, prompts and replies (0 offline)")
     llm_usd: float = Field(0.0, description="what they cost at the configured prices")
     message: str = ""
+    notes: list[str] = Field(default_factory=list, description="what the input says that the search does not use as written "
+                             "(a recorded space's objective other than time, records it replays as failures, ...)")
     continue_with: Optional[str] = Field(None, description="the command that lets a search stopped by its budget or "
                                                            "a limit go on, with a value for it")
 
@@ -206,8 +209,28 @@ def summarise(run: RunDir, spec: SearchSpec, state: dict) -> OptimizeResult:
         measurements_used=used, candidates_considered=considered,
         considered_per_measurement=round(considered_per_measurement(archive, used), 3), run_dir=str(run.path),
         policy=spec.policy, surrogate=spec.surrogate, device=spec.device, message=message, **_llm_use(run),
+        notes=space_notes(spec.path) if spec.kind == "space" else [],
         continue_with=None if unusable else continue_command(run, state),
     )
+
+
+def space_notes(path: str) -> list[str]:
+    """A recorded space's notes, read once per file version in a process (a benchmark summarises hundreds of runs)."""
+    try:
+        stamp = Path(path).stat().st_mtime_ns
+    except OSError:
+        return []
+    return list(_space_notes(path, stamp))
+
+
+@functools.lru_cache(maxsize=16)
+def _space_notes(path: str, stamp: int) -> tuple[str, ...]:
+    from kernelscout.sandbox.replay import CacheFileError, ReplaySpace
+
+    try:
+        return tuple(ReplaySpace.load(path).notes)
+    except CacheFileError:
+        return ()
 
 
 def continue_command(run: RunDir, state: dict) -> Optional[str]:
