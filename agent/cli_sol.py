@@ -64,6 +64,8 @@ def register(app: typer.Typer) -> None:
         ),
         tf32: bool = typer.Option(False, "--tf32", help="allow TF32 for fp32 matmuls (the harness pins it off)"),
         timeout: float = typer.Option(180.0, help="seconds allowed for counting the problem's FLOPs"),
+        refresh_peaks: bool = typer.Option(False, "--refresh-peaks", help="on a CPU: measure its peak FLOP/s and bandwidth "
+                                           "again (they are measured once and cached; run this on an idle machine)"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     ) -> None:
         """Speed of light: the least time any kernel could take for PROBLEM on a device."""
@@ -72,6 +74,10 @@ def register(app: typer.Typer) -> None:
         from kernelscout.tools.sol import SolRequest, sol_bounds
 
         device = search_config(as_json).pick("device", device)
+        if refresh_peaks:
+            from kernelscout.tools.sol import forget_cpu_peaks
+
+            forget_cpu_peaks()  # measured again below if the bound is a CPU's (a GPU's come from its datasheet)
         try:
             bounds = sol_bounds(SolRequest(problem=problem, device=device, tf32=tf32, timeout_s=timeout))
         except (InputFileError, UnknownDeviceError) as exc:

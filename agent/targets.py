@@ -218,6 +218,10 @@ class CodeTarget:
         """The reference is trusted code; a time of its own below the floor shows the bound is wrong for this
         problem (bfloat16 or int8 units faster than the fp32 peak a CPU bound is measured at, a FLOP count
         that misses how the work is done), so no candidate is held to it and it steers nothing."""
+        if self.bounds is not None and self.bounds.device_key == "cpu":
+            from kernelscout.tools.sol import forget_cpu_peaks
+
+            forget_cpu_peaks()  # a measured peak the reference beats was measured low: the next bound measures it again
         self.bounds = None
         self.run.set_meta("sol_dropped", why)  # kept on resume; "sol_bounds" keeps the bound for the record
         self.run.event("sol_unavailable", reason=f"speed-of-light bound dropped: {why}")

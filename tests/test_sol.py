@@ -308,6 +308,32 @@ def test_cpu_peaks_are_measured_once_then_read_from_the_cache(tmp_path, monkeypa
     assert bounds_of(write("mm.py", matmul(256, 256, 256)), device="cpu").peak_flops == first.flops_per_s["fp32"]
 
 
+def test_a_cpu_peak_found_too_low_is_measured_again(tmp_path, monkeypatch, write):
+    """Peaks cached from a busy machine would hold every later bound too low; a search whose reference beats its own
+    floor forgets them, and `kscout sol --refresh-peaks` does so on request."""
+    from typer.testing import CliRunner
+
+    from kernelscout.agent.cli import app
+
+    monkeypatch.setenv("KSCOUT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(sol, "_sandbox_threads", lambda: 1)
+    rates = iter([1e11, 2e11, 3e11])
+
+    def measured(threads, **kw):
+        return sol.DevicePeaks(device="test CPU", key="cpu", kind="cpu", flops_per_s={"fp32": next(rates)}, bandwidth=2e10,
+                               cache_bytes=32 << 20, source="measured (test)")
+
+    monkeypatch.setattr(sol, "measure_cpu_peaks", measured)
+    assert cpu_peaks().flops_per_s["fp32"] == 1e11 == cpu_peaks().flops_per_s["fp32"]  # measured once, then cached
+    assert sol.forget_cpu_peaks() and not sol.forget_cpu_peaks()
+    assert cpu_peaks().flops_per_s["fp32"] == 2e11
+
+    problem = write("mm.py", matmul(256, 256, 256))
+    shown = CliRunner().invoke(app, ["sol", str(problem), "--device", "cpu", "--refresh-peaks", "--json"])
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.output)["peak_flops"] == 3e11
+
+
 # -- the command -----------------------------------------------------------------------------------------------
 
 
@@ -369,7 +395,7 @@ def test_the_documented_table_is_the_table_in_the_code():
         assert f"| {d.key} | " in doc and f" | {row} |" in doc, d.key
 
 
-def test_a_bound_the_reference_itself_beats_is_dropped_not_held_against_candidates(tmp_path):
+def test_a_bound_the_reference_itself_beats_is_dropped_not_held_against_candidates(tmp_path, monkeypatch):
     """bfloat16 on a CPU with bf16 units runs faster than the fp32 peak a CPU bound is measured at: the
     trusted reference then comes in under the floor, which shows the bound is wrong, not that every
     faster candidate skipped work."""
@@ -382,6 +408,14 @@ def test_a_bound_the_reference_itself_beats_is_dropped_not_held_against_candidat
                        input_bytes=10**6, output_bytes=0, param_bytes=0, peak_flops=1e11, peak_bandwidth=1e10,
                        ridge_intensity=10.0, compute_ms=10.0, memory_ms=0.1, time_ms=10.0, bound="compute",
                        cache_resident=False, floor_ms=10.0, counted_on="meta", peaks_source="measured")
+
+    monkeypatch.setenv("KSCOUT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(sol, "measure_cpu_peaks", lambda threads, **kw: sol.DevicePeaks(
+        device="test CPU", key="cpu", kind="cpu", flops_per_s={"fp32": 1e11}, bandwidth=1e10, cache_bytes=32 << 20, source="test"))
+    cpu_peaks()  # the cached rate the bound was made from
+
+    def cached() -> bool:
+        return bool(json.loads((tmp_path / "cache" / "cpu_peaks.json").read_text()))
 
     def target(name: str) -> CodeTarget:
         run = RunDir(tmp_path / name)
@@ -400,10 +434,11 @@ def test_a_bound_the_reference_itself_beats_is_dropped_not_held_against_candidat
     # under the floor that the referee's own timing alone does not confirm leaves the bound in force
     forged = target("c")
     assert "below the speed-of-light floor" in forged.below_speed_of_light(timed(2.0, 3.0, alone_ms=12.0))
-    assert forged.bounds is not None and not forged.run.get_meta("sol_dropped")
+    assert forged.bounds is not None and not forged.run.get_meta("sol_dropped") and cached()
 
     wrong = target("b")
     assert wrong.below_speed_of_light(timed(2.0, 3.0)) is None  # the reference itself at 3 ms, under the 10 ms floor
     assert wrong.bounds is None and wrong.headroom(None) is None
     assert "the reference itself" in wrong.run.get_meta("sol_dropped")
+    assert not cached()  # the CPU's cached peak was too low: the next bound measures it again
     assert CodeTarget(tmp_path / "p.py", "cpu", RunDir(tmp_path / "b")).bounds is None  # and after a resume

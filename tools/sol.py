@@ -375,6 +375,23 @@ def cpu_peaks(threads: Optional[int] = None, refresh: bool = False) -> DevicePea
     return peaks
 
 
+def forget_cpu_peaks(threads: Optional[int] = None) -> bool:
+    """Drop this CPU's cached peaks, so the next bound measures them again. For a cached rate that a trusted
+    reference has been seen to beat: peaks measured while the machine was busy are low (100 GFLOP/s cached
+    on a 2-core VM that does 205 idle), and every later bound, `kscout sol`'s included, would repeat them."""
+    path = cache_dir() / _CPU_CACHE_FILE
+    try:
+        cached = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    key = _cpu_key(threads or _sandbox_threads())
+    if not isinstance(cached, dict) or key not in cached:
+        return False
+    del cached[key]
+    write_text_atomic(path, json.dumps(cached, indent=1))
+    return True
+
+
 # -- the problem's cost (runs problem code) --------------------------------------------------------------
 
 
