@@ -96,7 +96,14 @@ def flatten_outputs(out: Any, who: str, materialised: bool = True) -> Outputs:
         if type(item) is not torch.Tensor:
             kind = type(item).__module__ + "." + type(item).__qualname__
             where = f"{who}'s return value" if flat.bare else f"{who} {_path_label(path)}"
-            hint = " (return a tuple of tensors instead)" if isinstance(item, dict) else ""
+            if isinstance(item, dict):
+                hint = " (return a tuple of tensors instead)"
+            elif isinstance(item, torch.nn.Parameter):
+                hint = " (return it detached, such as self.weight.detach(), or a copy)"
+            elif item is None and flat.bare:
+                hint = " (a forward that only updates its inputs in place should return them, such as `return param`)"
+            else:
+                hint = ""
             raise CheckFailed(f"{where} is a {kind}, not a plain torch.Tensor; outputs are tensors, or tuples or lists of "
                               f"them{hint}")
         if (item.is_meta and materialised) or item.layout != torch.strided:

@@ -255,6 +255,11 @@ def test_a_non_tensor_inside_a_nested_output_is_refused(lstm_output):
         flatten_outputs((out, (h, 3)), "candidate")
     with pytest.raises(CheckFailed, match=r"reference's return value is a builtins.dict, .* \(return a tuple of tensors instead\)"):
         flatten_outputs({"out": out}, "reference")
+    # what to return instead, for the two refusals a QA pass met in honest problems
+    with pytest.raises(CheckFailed, match=r"output 1 is a torch.nn.parameter.Parameter, .* \(return it detached"):
+        flatten_outputs((out, torch.nn.Parameter(h.clone())), "reference")
+    with pytest.raises(CheckFailed, match=r"return value is a builtins.NoneType, .* should return them, such as `return param`"):
+        flatten_outputs(None, "reference")
     loop = []
     loop.append(loop)
     with pytest.raises(CheckFailed, match="nested more than"):
