@@ -596,7 +596,7 @@ def _run(run: RunDir, spec: SearchSpec, resume: bool, quiet: bool, report: bool 
             raise SearchInterrupted(run.path, status.used, status.cap, status.reserved) from None
         except _llm_errors() as exc:  # a key rejected, a service down: the user's to fix, the run's to resume
             raise _paused(run, exc, "that is fixed") from None
-    result = summarise(run, spec, state)
+    result = summarise(run, spec, state, notes=loop.target.space.notes if spec.kind == "space" else ())
     if report:  # benchmarks skip it (agent/bench.py): thousands of runs, nobody reads their reports
         from kernelscout.agent.report import write_report
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Callable, Literal, Optional, Sequence
 
 from pydantic import BaseModel, Field
 
@@ -155,7 +154,8 @@ def _best_config_record(run: RunDir, archive: Archive, spec: SearchSpec, best: A
                      "the times are the recorded space's, replayed (no kernel ran)")}
 
 
-def summarise(run: RunDir, spec: SearchSpec, state: dict) -> OptimizeResult:
+def summarise(run: RunDir, spec: SearchSpec, state: dict, notes: Sequence[str] = ()) -> OptimizeResult:
+    """`notes`: what the input said that the search did not use as written (a recorded space's `notes`)."""
     archive = Archive(run)
     used = Budget(run).status().used
     considered = considered_count(archive)
@@ -209,28 +209,9 @@ def summarise(run: RunDir, spec: SearchSpec, state: dict) -> OptimizeResult:
         measurements_used=used, candidates_considered=considered,
         considered_per_measurement=round(considered_per_measurement(archive, used), 3), run_dir=str(run.path),
         policy=spec.policy, surrogate=spec.surrogate, device=spec.device, message=message, **_llm_use(run),
-        notes=space_notes(spec.path) if spec.kind == "space" else [],
+        notes=list(notes),
         continue_with=None if unusable else continue_command(run, state),
     )
-
-
-def space_notes(path: str) -> list[str]:
-    """A recorded space's notes, read once per file version in a process (a benchmark summarises hundreds of runs)."""
-    try:
-        stamp = Path(path).stat().st_mtime_ns
-    except OSError:
-        return []
-    return list(_space_notes(path, stamp))
-
-
-@functools.lru_cache(maxsize=16)
-def _space_notes(path: str, stamp: int) -> tuple[str, ...]:
-    from kernelscout.sandbox.replay import CacheFileError, ReplaySpace
-
-    try:
-        return tuple(ReplaySpace.load(path).notes)
-    except CacheFileError:
-        return ()
 
 
 def continue_command(run: RunDir, state: dict) -> Optional[str]:

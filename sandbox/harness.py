@@ -137,18 +137,21 @@ def _measure_once(pool: WorkerPool, problem: SourceFile, candidate: SourceFile,
             # of 1.4x-1.6x on honest candidates, once in a few full runs of the suite)
             healthy = False
     except WorkerTimedOut:
-        limit = {"start": START_TIMEOUT_S, "import": config.compile_timeout_s, "problem": config.compile_timeout_s}.get(phase.name, config.timeout_s)
-        what = {"start": "starting the sandbox worker", "import": "importing/building the candidate",
-                "problem": "loading the problem (its module, get_init_inputs, Model, get_inputs and a first call of the reference)"
-                }.get(phase.name, "running the candidate")
-        flag = {"import": "--compile-timeout", "problem": "--compile-timeout", "run": "--timeout", "time": "--timeout"}.get(phase.name)
+        # what was running when the limit ran out, the limit, and the flag that sets it (the run and time phases: --timeout)
+        what, limit, flag = {
+            "start": ("starting the sandbox worker", START_TIMEOUT_S, None),
+            "problem": ("loading the problem (its module, get_init_inputs, Model, get_inputs and a first call of the reference)",
+                        config.compile_timeout_s, "--compile-timeout"),
+            "import": ("importing/building the candidate", config.compile_timeout_s, "--compile-timeout"),
+        }.get(phase.name, ("running the candidate", config.timeout_s, "--timeout"))
         besides = f"besides {phase.reference_s:.0f} s for the reference's own calls" if phase.name in ("run", "time") and phase.reference_s >= 1 else ""
         said = ", ".join(x for x in (flag, besides) if x)
-        result = Measurement(status=MeasureStatus.timeout, message=f"{what} took longer than {limit:g} s{f' ({said})' if said else ''}; "
-                                                                   "the worker's process group was killed")
+        message = f"{what} took longer than {limit:g} s{f' ({said})' if said else ''}; the worker's process group was killed"
         if phase.name == "problem":  # the problem's own code hangs or is too slow: no candidate can be measured against it
-            result = Measurement(status=MeasureStatus.invalid_problem, message=result.message + "; the problem's code must finish "
-                                 "well within that, or give a longer --compile-timeout")
+            result = Measurement(status=MeasureStatus.invalid_problem,
+                                 message=message + "; the problem's code must finish well within that, or give a longer --compile-timeout")
+        else:
+            result = Measurement(status=MeasureStatus.timeout, message=message)
         if phase.name == "run" and _may_interpret(problem, candidate, config):
             result.message += "\n  hint: " + triton_interpreter.TIMEOUT_HINT
     except WorkerOutOfMemory as exc:

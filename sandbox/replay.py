@@ -209,8 +209,11 @@ class ReplaySpace:
             if isinstance(t, str) and t in _OUTSIDE_MARKERS:
                 continue
             t = _number_or_marker(t)
-            if t is None or isinstance(t, list):  # Kernel Tuner's time is the mean of the repeats it recorded
-                t = _mean_of_numbers(t if isinstance(t, list) else record.get("times") if isinstance(record, Mapping) else None)
+            # Kernel Tuner's time is the mean of the repeats it recorded: read from them where it is a list or missing
+            if isinstance(t, list):
+                t = _mean_of_numbers(t)
+            elif t is None and isinstance(record, Mapping):
+                t = _mean_of_numbers(record.get("times"))
             untimed += t is None or isinstance(t, (bool, dict))
             nonpositive += isinstance(t, (int, float)) and not isinstance(t, bool) and t <= 0
             status = cls._failure_of(t)

@@ -267,6 +267,7 @@ class Worker:
         self.children_cpu_at_timing: Optional[float] = None  # CPU seconds of reaped children when timing began
         self.settings_at_load: Optional[dict[str, Any]] = None  # integrity.shared_settings() once both models are built
         self.round: dict[str, Any] = {}
+        self.inputs_rescaled = False  # this round's inputs are a kept set rescaled (`_fresh_inputs`), not get_inputs()'s own
         self.gc_held: Optional[bool] = None  # whether automatic gc was on before the timing rounds switched it off
         self.built: Optional[tuple] = None  # (reference, candidate, timer) as load_candidate made them
         self.reference_print: tuple = ()  # _module_fingerprint of the reference as built: (structure, weights)
@@ -877,7 +878,7 @@ class Worker:
         except CheckFailed as exc:
             why = (" (this round's inputs were a kept set rescaled by factors just under 1, as get_inputs() takes over "
                    f"{self.FRESH_MS:g} ms: a candidate must be right for any values of the inputs' shapes and dtypes, not "
-                   "only for the values get_inputs() draws, such as an exact 0/1 mask)") if getattr(self, "inputs_rescaled", False) else ""
+                   "only for the values get_inputs() draws, such as an exact 0/1 mask)") if self.inputs_rescaled else ""
             raise Failure("incorrect", f"a timed call's output was wrong on re-check: {exc}{why}")
         return {"status": "ok", "rechecked": True}
 

@@ -349,6 +349,16 @@ def measure_cpu_peaks(threads: int, matmul_n: int = 2048, copy_bytes: int = 256 
     )
 
 
+def _cached_peaks() -> tuple[Path, dict[str, Any]]:
+    """The CPU peaks cache file and what it holds (empty when it is missing or unreadable)."""
+    path = cache_dir() / _CPU_CACHE_FILE
+    try:
+        cached = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return path, {}
+    return path, cached if isinstance(cached, dict) else {}
+
+
 def cpu_peaks(threads: Optional[int] = None, refresh: bool = False) -> DevicePeaks:
     """This CPU's peaks, measured on first use and then read from the cache.
 
@@ -356,13 +366,7 @@ def cpu_peaks(threads: Optional[int] = None, refresh: bool = False) -> DevicePea
     """
     threads = threads or _sandbox_threads()
     key = _cpu_key(threads)
-    path = cache_dir() / _CPU_CACHE_FILE
-    try:
-        cached = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cached = {}
-    if not isinstance(cached, dict):
-        cached = {}
+    path, cached = _cached_peaks()
     if key in cached and not refresh:
         try:
             return DevicePeaks.model_validate(cached[key])
@@ -379,13 +383,9 @@ def forget_cpu_peaks(threads: Optional[int] = None) -> bool:
     """Drop this CPU's cached peaks, so the next bound measures them again. For a cached rate that a trusted
     reference has been seen to beat: peaks measured while the machine was busy are low (100 GFLOP/s cached
     on a 2-core VM that does 205 idle), and every later bound, `kscout sol`'s included, would repeat them."""
-    path = cache_dir() / _CPU_CACHE_FILE
-    try:
-        cached = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return False
+    path, cached = _cached_peaks()
     key = _cpu_key(threads or _sandbox_threads())
-    if not isinstance(cached, dict) or key not in cached:
+    if key not in cached:
         return False
     del cached[key]
     write_text_atomic(path, json.dumps(cached, indent=1))

@@ -63,6 +63,11 @@ def maximin_design(features: np.ndarray, n: int, first: int = 0) -> list[int]:
     return chosen
 
 
+def _by_expected_improvement(screen: Any) -> np.ndarray:
+    """Indices of a screen's rows, highest expected improvement first; among equals the lower predicted time."""
+    return np.lexsort((np.asarray(screen.mu), -np.asarray(screen.expected_improvement)))
+
+
 def _not_candidates(parent: dict[str, Any]) -> set[str]:
     """What a proposal must not be: a configuration already tried, or the reference's, which is timed in every
     session. (The screen passes over the reference by its row instead, so that its pool is drawn as before.)"""
@@ -197,7 +202,7 @@ class SpaceSearchPolicy:
         # earlier proposals ride along (a few rows): the loop forecasts the pending ones again this
         # iteration, and then reads this pass instead of asking the surrogate a second time
         # (and shelved ones, which may be revived: see _revived; read from the loop, so after a resume too)
-        shelved = {self._row_of[sha] for sha in parent.get("shelved", ()) if sha in self._row_of}
+        shelved = self._shelved_rows(parent)
         reference = self._row_of.get(parent.get("reference_sha", ""))
         if untried.size - int(reference is not None and reference in untried) == 0:
             return self._best_shelved(shelved, k)  # every configuration tried: what was shelved is all that is left
@@ -215,8 +220,7 @@ class SpaceSearchPolicy:
             return None
         full = type(screened)(*(np.asarray(a) for a in screened))
         screen = type(screened)(*(a[: pool.size] for a in full))
-        # highest expected improvement first; among equals the lower predicted time
-        ranking = np.lexsort((screen.mu, -screen.expected_improvement))
+        ranking = _by_expected_improvement(screen)
         self._ranked = pool[ranking[: max(self.carry, k)]].tolist()
         # the reference is timed in every session, never a candidate of its own; it is passed over here,
         # not left out of the pool, so that the pool (and its random part) is drawn as if it were not special
@@ -245,7 +249,7 @@ class SpaceSearchPolicy:
         screened = self.forecaster.screen(self._values[rows])
         if screened is None:
             return None
-        ranking = np.lexsort((np.asarray(screened.mu), -np.asarray(screened.expected_improvement)))[:k]
+        ranking = _by_expected_improvement(screened)[:k]
         return [SpaceProposal(origin="screened", params=self.space.config(int(rows[j])), features=self.space.config(int(rows[j])),
                               hypothesis=f"shelved earlier; every configuration has been tried, and this one ranks {rank} "
                                          f"of the {rows.size} shelved by expected improvement")
@@ -284,6 +288,11 @@ class SpaceSearchPolicy:
             self._untried(parent)
         return self._shas or []
 
+    def _shelved_rows(self, parent: dict[str, Any]) -> set[int]:
+        """Rows of the configurations the loop shelved (it hands back their keys; read from run.db, so after a resume too)."""
+        self._all_shas(parent)
+        return {self._row_of[sha] for sha in parent.get("shelved", ()) if sha in self._row_of}
+
     def _propose(self, parent: dict[str, Any], k: int, rng: random.Random) -> list[SpaceProposal]:
         screened = self._screened(parent, k, rng)
         if screened is not None:
@@ -300,8 +309,7 @@ class SpaceSearchPolicy:
         """The oldest shelved configurations, once nothing new is left to propose in a cold start: in a space where
         few configurations run, the surrogate may never get the timings it needs to rank them, and a search that
         stopped with them unmeasured would leave its budget unspent beside candidates it had called worth measuring."""
-        self._all_shas(parent)
-        rows = sorted(self._row_of[sha] for sha in parent.get("shelved", ()) if sha in self._row_of)
+        rows = sorted(self._shelved_rows(parent))
         return [SpaceProposal(origin="design", params=self.space.config(i), features=self.space.config(i),
                               hypothesis="shelved in the cold start, proposed again: nothing new is left to try")
                 for i in rows[:k]]
