@@ -15,8 +15,9 @@ from typing import Any, Callable, Optional
 
 import torch
 
-# Relative tolerance by dtype. The absolute tolerance is this times the RMS of the reference
-# output, so an output of tiny magnitude does not pass by being close to zero.
+# Relative tolerance by dtype. The absolute tolerance is this times the reference output's typical
+# magnitude around each element (`_typical_magnitude`), so an output of tiny magnitude does not pass
+# by being close to zero.
 TOLERANCE: Mapping[torch.dtype, float] = MappingProxyType({  # read-only: candidate code shares the process
     torch.float64: 1e-7,
     torch.float32: 1e-4,
@@ -246,6 +247,48 @@ def _nonfinite_mismatches(c: torch.Tensor, r: torch.Tensor) -> list[str]:
     return found
 
 
+# A slice (all elements that share one index on one axis: a row, a column, a channel) of fewer
+# elements than this says little about the output's scale there: a few values near zero together
+# are a matter of chance, not of the output's layout.
+MIN_SLICE = 32
+# The rank-one estimate is taken this many times larger: the RMS of a slice of a few dozen ordinary
+# values can be half the whole's by chance, and a tolerance meant to forgive reordering error should
+# only tighten where the output really has quiet regions (outlier channels are 100 to 10^4 times apart).
+SLICE_SLACK = 4.0
+# The absolute tolerance is never scaled below this share of the whole output's RMS, so that a slice
+# that is near zero throughout (a masked row, a constant input row less its mean) does not demand
+# exact agreement from a kernel that sums in another order.
+SLICE_FLOOR = 0.01
+
+
+def _typical_magnitude(mag: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
+    """Each element's scale for the absolute tolerance: the whole output's RMS times, for every axis, the
+    RMS of the element's slice on that axis over the whole's (a rank-one model of the magnitudes: exact where
+    they are a product of a row's and a column's scale), SLICE_SLACK times that, kept between SLICE_FLOOR and
+    1 times the whole's RMS.
+
+    Why not the whole output's RMS alone: with a few outlier channels (LLM activations 10^4 times the rest)
+    it is above every ordinary element's value, so any error in the ordinary channels passed (a QA candidate
+    off by 0.1 everywhere but the outliers was judged correct). Why not the quietest slice alone: a matmul with
+    one outlier token row makes errors along that row that its columns, mostly ordinary rows, do not
+    reflect. Reordering error, what the absolute tolerance forgives, scales with the magnitudes an element is
+    computed from, which the product of its slices' scales follows in both cases. Capped at the whole's RMS,
+    no element's tolerance is looser than it was."""
+    overall = float(mag[whole].pow(2).mean().sqrt()) if bool(whole.any()) else 0.0
+    overall = max(overall, 1e-12)
+    square = mag.square()
+    scale = None
+    for axis, size in enumerate(mag.shape):
+        if size < 2 or mag.numel() // size < MIN_SLICE:
+            continue
+        others = [d for d in range(mag.dim()) if d != axis]
+        ratio = square.mean(dim=others, keepdim=True).sqrt() / overall
+        scale = ratio if scale is None else scale * ratio
+    if scale is None:
+        return torch.tensor(overall, dtype=mag.dtype)
+    return (SLICE_SLACK * scale * overall).clamp(min=SLICE_FLOOR * overall, max=overall)
+
+
 def _check_structure(cand: list, ref: list) -> None:
     cb, rb = getattr(cand, "bare", None), getattr(ref, "bare", None)
     if cb is not None and rb is not None and cb != rb:
@@ -297,8 +340,7 @@ def compare(cand: list[torch.Tensor], ref: list[torch.Tensor]) -> Comparison:
         mag = torch.linalg.vector_norm(r64, dim=-1)
         diff = torch.linalg.vector_norm(c64 - r64, dim=-1)
         del c64, r64
-        rms = float(mag[whole].pow(2).mean().sqrt()) if bool(whole.any()) else 0.0
-        atol = tol * max(rms, 1e-12)
+        atol = tol * _typical_magnitude(mag, whole)
         allowed = atol + tol * mag
         bad = diff > allowed
         if diff.numel():
@@ -306,9 +348,11 @@ def compare(cand: list[torch.Tensor], ref: list[torch.Tensor]) -> Comparison:
             result.max_rel_diff = max(result.max_rel_diff, float((diff / (mag + atol)).max()))
         if bool(bad.any()):
             n = int(bad.sum())
+            first = _first_index(bad)
             raise CheckFailed(
-                f"{name} differs from the reference in {n} of {diff.numel()} elements, first at index {_first_index(bad)} "
-                f"(max abs diff {float(diff.max()):.3g}, tolerance {tol:g} relative, {atol:.3g} absolute for {r.dtype})"
+                f"{name} differs from the reference in {n} of {diff.numel()} elements, first at index {first} "
+                f"(there {float(diff[first]):.3g} off a value of {float(mag[first]):.3g}; max abs diff {float(diff.max()):.3g}; "
+                f"tolerance {tol:g} relative, {float(atol.expand(mag.shape)[first]):.3g} absolute there for {r.dtype})"
             )
     return result
 

@@ -280,3 +280,60 @@ def test_indices_that_differ_only_over_ties_are_named_as_a_possible_cause():
     cand = ref.clone()
     cand[2], cand[3] = ref[3], ref[2]  # the two 3.0s the other way round
     assert_rejected([cand], [ref], "differs from the reference in 2 elements", "tied values must come out in the reference's order")
+
+
+# -- the absolute tolerance follows the output's scale around each element ---------------------------
+
+
+@pytest.fixture
+def outlier_channels():
+    """Per-channel scaling where 32 of 512 channels carry massive outliers, as LLM activations do."""
+    torch.manual_seed(0)
+    scale = torch.ones(512)
+    scale[::16] = 1.0e4
+    x = torch.randn(256, 512)
+    return x, scale, torch.relu(x) * scale
+
+
+def test_an_error_in_the_ordinary_channels_is_not_hidden_by_the_outliers(outlier_channels):
+    x, scale, ref = outlier_channels
+    sloppy = ref.clone()
+    sloppy[:, scale < 100] += 0.1  # every ordinary value off by 0.1: the whole output's RMS (about 1800) let it pass
+    assert_rejected([sloppy], [ref], "differs from the reference in", "absolute there")
+    skipped = torch.zeros_like(ref)
+    skipped[:, ::16] = ref[:, ::16]  # only the outlier channels computed
+    assert_rejected([skipped], [ref], "differs from the reference")
+
+
+def test_the_same_channels_computed_honestly_in_another_order_pass(outlier_channels):
+    x, scale, ref = outlier_channels
+    assert compare([torch.relu(x.double() * scale.double()).float()], [ref]).max_abs_diff < 1e-2
+
+
+@pytest.mark.parametrize("outlier_rows, outlier_columns", [(False, True), (True, False), (True, True)])
+def test_a_matmul_with_outlier_rows_or_columns_summed_in_another_order_passes(outlier_rows, outlier_columns):
+    """Split-K changes the float32 rounding of every element; near-zero elements of an outlier row carry
+    errors on the outlier row's scale, which a tolerance scaled by the quietest slice alone would refuse."""
+    torch.manual_seed(1)
+    a, b = torch.randn(2048, 1024), torch.randn(1024, 256)
+    if outlier_rows:
+        a[::512] *= 1.0e4
+    if outlier_columns:
+        b[:, ::16] *= 1.0e4
+    ref = a @ b
+    split_k = sum(a[:, k:k + 128] @ b[k:k + 128] for k in range(0, 1024, 128))
+    compare([split_k], [ref])
+    compare([(a.double() @ b.double()).float()], [ref])
+    wrong = ref.clone()
+    wrong[1, 1] += float(ref.abs().max()) * 1e-3  # one element off by a thousandth of the largest value
+    assert_rejected([wrong], [ref], "differs from the reference in 1 of")
+
+
+def test_a_row_that_is_zero_throughout_does_not_demand_exact_agreement():
+    torch.manual_seed(2)
+    x = torch.randn(64, 4096)
+    x[3] = 0.7  # a constant row: centred, it is zero in the reference and rounding noise in the candidate
+    ref = x - x.mean(-1, keepdim=True)
+    noisy = ref.clone()
+    noisy[3] += 1e-7
+    compare([noisy], [ref])
