@@ -118,6 +118,8 @@ def render(view: RunView) -> None:
         timed = f"; {_ms(view.reference_ms)} a call, the median over the run" if view.reference_ms else ""
         seeded = "; speedups are over it, so compare runs of other seeds by time" if view.kind == "space" else ""
         head.add_row("reference", escape(view.reference + timed + seeded))
+    for note in view.space_notes:
+        head.add_row("space note", escape(note))
     how = "replayed beside it (recorded times)" if view.kind == "space" else "timed beside it"
     beside = f" against the reference's {_ms(view.best_reference_ms)} {how}" if view.best_reference_ms else ""
     best = _best_line(view.best) + (f"; {_ms(view.best_runtime_ms)} a call{beside}" if view.best_runtime_ms else "") if view.best else None

@@ -206,6 +206,11 @@ def write_report(run_dir: Path | str, title: str = "kernelscout run") -> Path:
             recorded_on = f" on {html.escape(device.split(':', 1)[-1])}" if device.startswith("replay:") else ""
             over += (f" Every time here is a recorded timing{recorded_on}, replayed from {html.escape(Path(spec.path).name)}: "
                      "the search measured by looking it up.")
+            from kernelscout.agent.run_view import space_notes
+
+            notes = space_notes(run)
+            if notes:
+                over += " What the file holds that was not replayed: " + html.escape("; ".join(notes)) + "."
     body = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}} img{{margin:0.5em}} table{{border-collapse:collapse;font-size:13px}}
 td,th{{border-bottom:1px solid #ddd;padding:3px 8px;text-align:left}}</style></head><body>

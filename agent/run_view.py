@@ -87,6 +87,8 @@ class RunView(BaseModel):
     reference: Optional[str] = Field(None, description="what the speedups are over: the problem's Model, or the configuration "
                                      "of a recorded space that the run's seed drew")
     reference_ms: Optional[float] = Field(None, description="the reference's time, median over the run's measurements")
+    space_notes: list[str] = Field(default_factory=list, description="what the recorded space's file says that the search "
+                                   "did not replay (a GFLOP/s objective, records with no time), as the search found it")
     best_runtime_ms: Optional[float] = Field(None, description="the best's time (of its re-measurements, where it has any)")
     best_reference_ms: Optional[float] = Field(None, description="the reference's time in the best's own measurements (the "
                                                "same ones as best_runtime_ms): best_reference_ms / best_runtime_ms is its speedup")
@@ -175,6 +177,14 @@ def reference_of(run: RunDir, spec: Any) -> str:
     return f"the configuration --seed {spec.settings.seed} drew: {text}"
 
 
+def space_notes(run: RunDir) -> list[str]:
+    """The recorded space's notes as the search read them (kept in the run since 2026-12-05; none for an older run)."""
+    from kernelscout.agent.targets import SPACE_NOTES_KEY
+
+    saved = run.get_meta(SPACE_NOTES_KEY)
+    return list(json.loads(saved)) if saved else []
+
+
 def _here(finished: dict, path: Path) -> Optional[str]:
     """The finished search's command to go on, naming the folder as it is now: a run directory copied or
     renamed since would otherwise be told to resume the original."""
@@ -237,7 +247,8 @@ def _view(run: RunDir, top: int) -> RunView:
         states=archive.counts(), considered=considered, considered_per_measurement=round(considered / used, 2) if used else 0.0,
         best=_row(archive, best, deciding) if best else None, best_file=best_file if best else None, top=rows[:top],
         failed=failed, failures=[failure_row(run, rec, m) for rec, m in failures], measured_again=measured_again, remeasurements=remeasurements,
-        seed=spec.settings.seed, reference=reference, reference_ms=reference_ms(run, valid_only=True), best_runtime_ms=archive.reported_runtime_ms(best) if best else None,
+        seed=spec.settings.seed, reference=reference, reference_ms=reference_ms(run, valid_only=True), space_notes=space_notes(run),
+        best_runtime_ms=archive.reported_runtime_ms(best) if best else None,
         best_reference_ms=archive.reported_reference_ms(best) if best else None,
         forecast_check=check_forecasts(archive, forecasts=forecasts),
         report=str(run.path / "report.html") if (run.path / "report.html").is_file() else None,

@@ -29,6 +29,7 @@ def recorded_measurement(run: RunDir, measurement_id: Optional[int]) -> Optional
 
 
 REPLAY_REFERENCE_KEY = "replay_reference"  # run meta: the configuration a recorded space's speedups are over
+SPACE_NOTES_KEY = "space_notes"  # run meta: what the recorded space's file says that the search did not replay
 
 
 def drawn_reference(space: ReplaySpace, seed: int) -> dict[str, Any]:
@@ -68,6 +69,8 @@ class ReplayTarget:
         self.reference = drawn_reference(space, seed)
         if run.get_meta(REPLAY_REFERENCE_KEY) is None:  # what every speedup of the run is over, for `kscout show`
             run.set_meta(REPLAY_REFERENCE_KEY, json.dumps(self.reference, default=str))
+        if space.notes and run.get_meta(SPACE_NOTES_KEY) is None:  # said once at the start; `kscout show` says it again
+            run.set_meta(SPACE_NOTES_KEY, json.dumps(space.notes))
         self.name = space.name
         self.device = f"replay:{space.device_label}"
 

@@ -258,4 +258,16 @@ def test_a_search_result_carries_what_its_space_says_it_did_not_replay(tmp_path:
     records = {str(bs): {"bs": bs, "time": 1.0 + abs(bs - 4) / 4, "GFLOP/s": 100.0 / bs} for bs in (1, 2, 4, 8, 16)}
     path = _cache(tmp_path, "gflops.json", {"bs": [1, 2, 4, 8, 16]}, records, objective="GFLOP/s")
     result = start_search(None, str(path), budget=3, run_dir=str(tmp_path / "run"), quiet=True, report=False)
-    assert result.notes == ["gflops.json: its objective is 'GFLOP/s'; kernelscout minimises the recorded time instead"]
+    note = "gflops.json: its objective is 'GFLOP/s'; kernelscout minimises the recorded time instead"
+    assert result.notes == [note]
+    # and reading the run later says it again, in `kscout show` and in the report
+    from typer.testing import CliRunner
+
+    from kernelscout.agent.cli import app
+    from kernelscout.agent.report import write_report
+    from kernelscout.agent.run_view import view_run
+
+    assert view_run(tmp_path / "run").space_notes == [note]
+    shown = CliRunner().invoke(app, ["show", str(tmp_path / "run")], env={"COLUMNS": "300"})
+    assert "space note" in shown.output and "minimises the recorded time instead" in shown.output, shown.output
+    assert "minimises the recorded time instead" in write_report(tmp_path / "run").read_text()
