@@ -245,6 +245,7 @@ def _drive(pool: WorkerPool, worker: WorkerProcess, problem: SourceFile, candida
         m.checks = checks
         return _finish(worker, m)
     checks += ["plain-tensor outputs", "no output aliases an input", "TF32 pinned off on both sides", "NaN/Inf rejected"]
+    allowed = list(reply.get("notes") or [])  # what the check let pass and a user should know (integer outputs at ties)
     interpreted = _interpreted(reply.get("triton_launches") or {})
     beside: list[float] = []
     if interpreted:
@@ -258,6 +259,7 @@ def _drive(pool: WorkerPool, worker: WorkerProcess, problem: SourceFile, candida
         if reset:
             m.warnings.append("the candidate changed how many cores both sides compute on while it was imported or built ("
                               + ", ".join(reset) + "); put back, so the reference ran as the problem set it up")
+    m.warnings += allowed
     if m.status == MeasureStatus.ok and m.correct:
         m = referee.second_opinion(
             pool, worker, m, device=config.device, stage=lambda other: _stage(other, problem, "problem", phase),

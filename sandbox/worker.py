@@ -604,8 +604,9 @@ class Worker:
                 raise Failure("incorrect", f"trial with seed {seed}: {exc}{_strided_hint(str(exc), ref_inputs)}")
             worst.max_abs_diff = max(worst.max_abs_diff, cmp.max_abs_diff)
             worst.max_rel_diff = max(worst.max_rel_diff, cmp.max_rel_diff)
+            worst.notes += [f"trial with seed {seed}: {note}" for note in cmp.notes]
         return {"status": "ok", "trials": len(msg["seeds"]), "max_abs_diff": worst.max_abs_diff, "max_rel_diff": worst.max_rel_diff,
-                "triton_launches": dict(self.triton.counts)}
+                "triton_launches": dict(self.triton.counts), "notes": worst.notes}
 
     @contextlib.contextmanager
     def _side(self, side: str):

@@ -337,3 +337,37 @@ def test_a_row_that_is_zero_throughout_does_not_demand_exact_agreement():
     noisy = ref.clone()
     noisy[3] += 1e-7
     compare([noisy], [ref])
+
+
+# -- integer outputs of float math (quantisation) ------------------------------------------------------
+
+
+@pytest.fixture
+def quantised_matmul():
+    """An int8 inference kernel's output: a float32 matmul rounded to int8 at scale 1/8."""
+    torch.manual_seed(4)
+    a, b = torch.randn(128, 512) * 0.1, torch.randn(512, 128)
+    return a, b, torch.clamp(torch.round((a @ b) * 8.0), -128, 127).to(torch.int8)
+
+
+def test_a_quantised_output_one_step_apart_at_a_tie_passes_and_says_so(quantised_matmul):
+    a, b, ref = quantised_matmul
+    tie = ref.clone()
+    tie[5, 7] += 1  # what a split-K sum does in about 1 of 16,384 elements: the float lands on the other side of .5
+    result = compare([tie], [ref])
+    assert len(result.notes) == 1 and "differs from the reference by 1 in 1 of 16384 elements" in result.notes[0]
+    assert compare([ref.clone()], [ref]).notes == []
+
+
+def test_integer_outputs_further_apart_or_in_more_places_are_wrong(quantised_matmul):
+    a, b, ref = quantised_matmul
+    two_steps = ref.clone()
+    two_steps[5, 7] += 2
+    assert_rejected([two_steps], [ref], "differs from the reference in 1 elements")
+    many = ref.clone()
+    many[:1] += 1  # a whole row one step off: 128 elements, far more than ties
+    assert_rejected([many], [ref], "differs from the reference in 128 elements")
+    small = torch.arange(100, dtype=torch.int32)  # under 1000 elements: compared exactly
+    assert_rejected([small + (small == 3)], [small], "differs from the reference in 1 elements")
+    flags = torch.zeros(5000, dtype=torch.bool)
+    assert_rejected([flags | (torch.arange(5000) == 9)], [flags], "differs from the reference in 1 elements")

@@ -152,3 +152,42 @@ def test_what_a_failing_candidate_printed_comes_with_its_error(measure_source):
     assert m.status == MeasureStatus.runtime_error
     assert "ValueError: boom" in m.message
     assert "printed before the error" in m.message and "shapes torch.Size([256, 512]) torch.Size([256, 512])" in m.message
+
+
+QUANTISED_PROBLEM = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """A linear layer whose output is quantised to int8, as an int8 inference kernel emits it."""
+    def forward(self, a, b):
+        return torch.clamp(torch.round((a @ b) * 8.0), -128, 127).to(torch.int8)
+
+
+def get_inputs():
+    return [torch.randn(128, 512) * 0.1, torch.randn(512, 128)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+ONE_STEP_APART = '''
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    """The reference's math with one element landing one step away, as a tie rounded the other way does."""
+    def forward(self, a, b):
+        out = torch.clamp(torch.round((a @ b) * 8.0), -128, 127).to(torch.int8)
+        out[5, 7] += 1 if int(out[5, 7]) < 127 else -1
+        return out
+'''
+
+
+def test_a_quantised_output_one_step_apart_at_a_tie_is_correct_with_a_warning(measure_source):
+    m = measure_source(ONE_STEP_APART, problem=QUANTISED_PROBLEM)
+    assert m.status == MeasureStatus.ok and m.correct, m.message
+    assert any("differs from the reference by 1 in 1 of 16384 elements" in w for w in m.warnings), m.warnings
