@@ -162,10 +162,13 @@ class CodeTarget:
     def proposal_sha(self, proposal) -> str:
         return hashlib.sha256(proposal.source.encode()).hexdigest()
 
-    def _measure_path(self, path: str, again: bool = False, trials: Optional[int] = None, repeat: str = "") -> Measurement:
+    def _measure_path(self, path: str, again: bool = False, trials: Optional[int] = None, repeat: str = "",
+                      count_flops: bool = False) -> Measurement:
         from kernelscout.tools.measure import MeasureRequest, measure
 
         harness = self.harness if trials is None else self.harness.model_copy(update={"correctness_trials": trials})
+        if count_flops:
+            harness = harness.model_copy(update={"count_flops": True})
         return measure(MeasureRequest(problem=str(self.problem), candidate=path, device=self.device, run_dir=str(self.run.path),
                                       harness=harness, again=again, repeat=repeat), pool=self.pool,
                        execute=self.dispatcher.code if self.dispatcher else None)
@@ -174,15 +177,20 @@ class CodeTarget:
         m = self._measure_path(rec.path, again=again)
         if suspect := self.below_speed_of_light(m):
             self.run.event("suspect", candidate=rec.id, reason=suspect)
-            second = self._measure_path(rec.path, again=True, trials=max(10, 3 * self.harness.correctness_trials))
+            # more trials, and the candidate's own FLOPs: a time under the reference's bound may be less work, honestly
+            second = self._measure_path(rec.path, again=True, trials=max(10, 3 * self.harness.correctness_trials), count_flops=True)
             if second.status.value == "budget_exhausted":
                 return m
+            if less := self.less_work(second):
+                self.run.event("less_work", candidate=rec.id, reason=less)
+                second.warnings.append(less)
             return second
         return m
 
     def confirm(self, rec: CandidateRecord, label: str) -> Measurement:
-        """A fresh measurement of a chosen candidate, correctness included, under its own key."""
-        return self._measure_path(rec.path, repeat=label)
+        """A fresh measurement of a chosen candidate, correctness included, under its own key; with its FLOPs counted
+        where a bound holds, so that a best that does less work than the reference is judged on its own count again."""
+        return self._measure_path(rec.path, repeat=label, count_flops=self.bounds is not None)
 
     def recorded_measurement(self, rec: CandidateRecord) -> Optional[Measurement]:
         return recorded_measurement(self.run, rec.measurement_id)
@@ -215,7 +223,36 @@ class CodeTarget:
                 and alone and (wrong := suspicious(alone, self.bounds, margin=margin, cache_flushed=cache_flushed))):
             self._drop_bounds(f"the reference itself, timed alone in a worker that never loaded a candidate: {wrong}")
             return None
-        return suspicious(m.runtime_ms, self.bounds, margin=margin, cache_flushed=cache_flushed)
+        reason = suspicious(m.runtime_ms, self.bounds, margin=margin, cache_flushed=cache_flushed)
+        if reason and self._own_bounds(m) is not None:
+            own = suspicious(m.runtime_ms, self._own_bounds(m), margin=margin, cache_flushed=cache_flushed)
+            return None if own is None else f"even at the candidate's own FLOP count: {own}"
+        if reason and m.flops_uncounted:
+            reason += f"; its own FLOPs were not counted: {m.flops_uncounted}"
+        return reason
+
+    def _own_bounds(self, m: Measurement):
+        """The bound at the candidate's own FLOP count, where one was counted and is below the reference's."""
+        from kernelscout.tools.sol import with_flops
+
+        if self.bounds is None or m.candidate_flops is None or m.candidate_flops >= self.bounds.flops:
+            return None
+        return with_flops(self.bounds, m.candidate_flops)
+
+    def less_work(self, m: Measurement) -> Optional[str]:
+        """What to tell a user of a time under the reference's bound that the candidate's own FLOPs explain."""
+        from kernelscout.tools.sol import format_si
+
+        if not m.runtime_ms or self.below_speed_of_light(m) or (own := self._own_bounds(m)) is None:
+            return None
+        if not self.below_speed_of_light(m.model_copy(update={"candidate_flops": None})):
+            return None  # not under the reference's bound either: nothing to explain
+        counted = (f"the candidate's own ({own.floor_ms:.4g} ms for the {format_si(own.flops, 'FLOP')} torch counted in a "
+                   "checked call)" if own.flops else "the candidate's own count (torch's counter found no matmul, convolution "
+                   "or attention FLOPs in a checked call: its work is matrix-vector or elementwise)")
+        return (f"{m.runtime_ms:.4g} ms is under the reference's speed-of-light floor ({self.bounds.floor_ms:.4g} ms for "
+                f"{format_si(self.bounds.flops, 'FLOP')}), and not under {counted}: it does less work than the reference "
+                "(an algebraic simplification), so it counts")
 
     def _drop_bounds(self, why: str) -> None:
         """The reference is trusted code; a time of its own below the floor shows the bound is wrong for this

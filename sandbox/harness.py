@@ -37,6 +37,8 @@ class HarnessConfig(BaseModel):
     compile_timeout_s: float = Field(harness_defaults.COMPILE_TIMEOUT_S, gt=0, description="hard limit on importing and building it")
     warmup_rounds: int = Field(3, ge=0)
     min_rounds: int = Field(10, ge=3)
+    count_flops: bool = Field(False, description="count the candidate's FLOPs in one more fresh-input call, checked like a "
+                              "trial (a search asks when a time came in under the reference's speed-of-light bound)")
     max_rounds: int = Field(2000, ge=3)
     timing_budget_s: float = Field(harness_defaults.TIMING_BUDGET_S, gt=0, description="timed seconds to aim for, both sides together")
     recheck_fraction: float = Field(0.2, ge=0, le=1, description="share of early timed rounds whose outputs are re-checked")
@@ -196,6 +198,20 @@ def _loads_native(candidate: SourceFile) -> bool:
     return "cpp_extension" in candidate.source or bool(candidate.imports & {"cupy", "ctypes", "cffi"})
 
 
+def _uncountable(candidate: SourceFile) -> Optional[str]:
+    """Why torch's flop counter could not see all of the candidate's work, from its source: Triton kernels launch
+    and native or array-library code runs outside torch's dispatcher (the worker also refuses a call that ran
+    operators registered outside torch)."""
+    if candidate.uses_triton:
+        return "it launches Triton kernels, whose FLOPs torch's counter does not see"
+    if _loads_native(candidate):
+        return "it builds or loads native code, whose FLOPs torch's counter does not see"
+    others = sorted(candidate.imports & {"numpy", "scipy", "numba", "jax", "cupy", "tilelang", "cutlass", "cuda"})
+    if others:
+        return f"it imports {', '.join(others)}, whose work torch's counter does not see"
+    return None
+
+
 def _may_interpret(problem: SourceFile, candidate: SourceFile, config: HarnessConfig) -> bool:
     """Whether a worker that died or hung may have been running Triton's CPU interpreter (it can no
     longer say, so the files' imports decide whether the hint is worth giving)."""
@@ -227,8 +243,10 @@ def _drive(pool: WorkerPool, worker: WorkerProcess, problem: SourceFile, candida
     phase.log_offset = worker.log_size()
     worker.candidates_run += 1
     init_seed = _seed()
+    uncountable = _uncountable(candidate) if config.count_flops else None
+    count = config.count_flops and uncountable is None
     reply = worker.request("load_candidate", config.compile_timeout_s, path=_stage(worker, candidate, "candidate", phase),
-                           sha=candidate.sha, init_seed=init_seed, siblings=_siblings(candidate))
+                           sha=candidate.sha, init_seed=init_seed, siblings=_siblings(candidate), count_flops=count)
     if reply["status"] != "ok":
         worker.request("unload", 60.0)
         return _fail(reply), False
@@ -239,7 +257,8 @@ def _drive(pool: WorkerPool, worker: WorkerProcess, problem: SourceFile, candida
         return m, True
     deadline = time.monotonic() + config.timeout_s + phase.reference_s
     checks = [f"{config.correctness_trials} correctness trials with fresh seeds, candidate before reference"]
-    reply = worker.request_by("check", deadline, seeds=[_seed() for _ in range(config.correctness_trials)])
+    reply = worker.request_by("check", deadline, seeds=[_seed() for _ in range(config.correctness_trials)],
+                              count_seed=_seed() if count else None)
     if reply["status"] != "ok":
         m = _fail(reply)
         m.checks = checks
@@ -260,6 +279,9 @@ def _drive(pool: WorkerPool, worker: WorkerProcess, problem: SourceFile, candida
             m.warnings.append("the candidate changed how many cores both sides compute on while it was imported or built ("
                               + ", ".join(reset) + "); put back, so the reference ran as the problem set it up")
     m.warnings += allowed
+    if config.count_flops:
+        m.candidate_flops = reply.get("candidate_flops")
+        m.flops_uncounted = uncountable or reply.get("flops_uncounted")
     if m.status == MeasureStatus.ok and m.correct:
         m = referee.second_opinion(
             pool, worker, m, device=config.device, stage=lambda other: _stage(other, problem, "problem", phase),

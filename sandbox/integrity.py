@@ -74,6 +74,10 @@ def _watched() -> list[tuple[str, Any]]:
     base = getattr(torch._C, "TensorBase", None) or getattr(torch._C, "_TensorBase", None)
     if base is not None:
         spaces.append(("torch._C.TensorBase", base))  # what torch.Tensor inherits most methods from
+    flops = sys.modules.get("torch.utils.flop_counter")
+    if flops is not None:  # imported before a candidate whose FLOPs are counted (sandbox/flop_count.py)
+        spaces += [("torch.utils.flop_counter", flops)] + [(f"torch.utils.flop_counter.{name}", getattr(flops, name))
+                                                           for name in ("FlopCounterMode", "_FlopCounterMode") if hasattr(flops, name)]
     modules = sorted(sys.modules.items())
     main = sys.modules.get("__main__")
     if main is not None and hasattr(main, "Worker"):  # the worker runs as `python -m`, so it is __main__
@@ -131,8 +135,20 @@ _CUDA_STARTED = "\0cuda initialized"  # torch.cuda's entry: whether CUDA had bee
 _LAZY_CUDA_STATE = ("default_generators",)
 
 
+def _flop_formulas() -> dict[str, Any]:
+    """torch's flop registry, operator by formula: a candidate whose FLOPs are counted could make a GEMM count as
+    nothing by replacing its entry in place, which the namespaces' own entries do not show."""
+    flops = sys.modules.get("torch.utils.flop_counter")
+    registry = getattr(flops, "flop_registry", None) if flops is not None else None
+    if not isinstance(registry, dict):
+        return {}
+    return {str(op): (id(fn), id(getattr(fn, "__code__", None))) for op, fn in registry.items()}
+
+
 def snapshot() -> dict[str, dict[str, Any]]:
     snap = {label: _entries(label, obj) for label, obj in _watched()}
+    if formulas := _flop_formulas():
+        snap["torch.utils.flop_counter.flop_registry"] = formulas
     snap.setdefault("torch.cuda", {})[_CUDA_STARTED] = torch.cuda.is_initialized()
     return snap
 

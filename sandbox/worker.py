@@ -467,6 +467,8 @@ class Worker:
             raise Failure("crashed", "load_problem must come first")
         path = msg["path"]
         integrity.restore_settings(self.initial_settings)  # as the last candidate in this worker may have left them
+        if msg.get("count_flops"):  # before the snapshot, so that it covers torch's flop registry and the counter
+            from kernelscout.sandbox import flop_count  # noqa: F401
         self.snapshot = integrity.snapshot()
         self.global_hooks = _global_module_hooks()
         self.threads_before_candidate = {t.ident for t in integrity.list_threads()}
@@ -605,8 +607,40 @@ class Worker:
             worst.max_abs_diff = max(worst.max_abs_diff, cmp.max_abs_diff)
             worst.max_rel_diff = max(worst.max_rel_diff, cmp.max_rel_diff)
             worst.notes += [f"trial with seed {seed}: {note}" for note in cmp.notes]
+        counted = self._count_flops(msg["count_seed"]) if msg.get("count_seed") is not None else {}
         return {"status": "ok", "trials": len(msg["seeds"]), "max_abs_diff": worst.max_abs_diff, "max_rel_diff": worst.max_rel_diff,
-                "triton_launches": dict(self.triton.counts), "notes": worst.notes}
+                "triton_launches": dict(self.triton.counts), "notes": worst.notes, **counted}
+
+    def _count_flops(self, seed: int) -> dict:
+        """The candidate's FLOPs in one more call on fresh inputs, whose output is checked like a trial's: a candidate
+        that did less in the counted call than it needs would be wrong here. A call that fails only under the counter
+        (a compiled kernel that will not trace under a dispatch mode) is no verdict: the count is then missing."""
+        from kernelscout.sandbox.flop_count import DtypeFlopCounter
+
+        ref_inputs = self._make_inputs(self.problem, seed, self.problem_path)
+        cand_inputs = _clone(ref_inputs)
+        counter = DtypeFlopCounter()
+        launched = self.triton.counts.get("cand", 0)
+        try:
+            with self._side("cand"), counter:
+                cand_out = self._run_candidate(cand_inputs)
+                _sync(self.device)
+        except Failure as exc:
+            return {"candidate_flops": None, "flops_uncounted": f"its call under the flop counter failed: {exc}"}
+        with self._side("ref"):
+            ref_out = self._run_reference(ref_inputs)
+            _sync(self.device)
+        self._judge_intact()
+        try:
+            correctness.compare(cand_out, ref_out)
+        except CheckFailed as exc:
+            raise Failure("incorrect", f"the call counted for its FLOPs (seed {seed}): {exc}")
+        uncovered = counter.uncovered()
+        if self.triton.counts.get("cand", 0) > launched:
+            uncovered = "it launched Triton kernels, whose FLOPs torch's counter does not see"
+        if uncovered:
+            return {"candidate_flops": None, "flops_uncounted": uncovered}
+        return {"candidate_flops": int(counter.get_total_flops()), "flops_uncounted": None}
 
     @contextlib.contextmanager
     def _side(self, side: str):

@@ -110,15 +110,19 @@ def voided_by_the_referee(tmp_path: Path, source: str, attempts: int = 3):
     """Measure a cheat until the referee is the one that voids its timing. Every attempt must void it; on a
     loaded moment a check that runs before the referee (the wall clock against the per-call timer) can void
     it first, and the referee, which compares only timings still valid, then has nothing to judge: that
-    attempt says nothing about the referee, so the cheat is measured again (a fresh run folder each time)."""
+    attempt says nothing about the referee, so the cheat is measured again (a fresh run folder each time). So is
+    an attempt whose timing stands at no speedup: the cheat did not take hold (seen once in 2026-12-05's suite, 0.84x),
+    and a cheat that gains nothing is no fake speedup to void."""
     for attempt in range(attempts):
         with WorkerPool() as own:
             m = measured(tmp_path / f"attempt{attempt}", source, own)
         assert m.status == MeasureStatus.ok and m.correct, m.message
+        if m.timing_valid and m.speedup is not None and m.speedup < 1.0:
+            continue
         assert m.timing_valid is False, m.message
         if REFEREE_FINDING in m.timing_invalid_reason:
             return m
-    raise AssertionError(f"the referee never judged the cheat in {attempts} attempts; last: {m.timing_invalid_reason}")
+    raise AssertionError(f"the referee never judged the cheat in {attempts} attempts; last: {m.timing_invalid_reason or m.message}")
 
 
 HONEST = "torch.relu(x * self.scale + y) + 0.5 * x"

@@ -54,6 +54,11 @@ class Measurement(BaseModel):
     reference_timing: Optional[TimingStats] = None
     reference_alone_ms: Optional[float] = Field(None, description="median per-call time of the reference alone in a "
                                                 "second worker that never loaded the candidate (set when that worker timed it)")
+    candidate_flops: Optional[int] = Field(None, description="FLOPs of one candidate call, as torch's flop counter counts "
+                                           "the reference's for the speed-of-light bound; counted only when asked for (a time "
+                                           "under the reference's bound) and only where the count covers the call")
+    flops_uncounted: Optional[str] = Field(None, description="why candidate_flops was asked for and not counted (a Triton, "
+                                           "custom or native kernel does work the counter cannot see)")
     checks: list[str] = Field(default_factory=list, description="correctness and integrity checks that ran")
     warnings: list[str] = Field(default_factory=list)
     measurement_id: Optional[int] = None

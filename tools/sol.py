@@ -182,6 +182,19 @@ def bounds_for(cost: ProblemCost, peaks: DevicePeaks, tf32: bool = False, proble
     )
 
 
+def with_flops(bounds: SolBounds, flops: int) -> SolBounds:
+    """The same bound for a kernel that does `flops` FLOPs instead of the problem's (a candidate's own count, when
+    it found a way to do less work), at the reference's mix of precisions. The memory side stays: the inputs must
+    still be read and the outputs written."""
+    compute_ms = bounds.compute_ms * flops / bounds.flops if bounds.flops else 0.0
+    time_ms = max(compute_ms, bounds.memory_ms)
+    floor_ms = compute_ms if bounds.cache_resident and bounds.device_key == "cpu" else time_ms  # as bounds_for decides
+    return bounds.model_copy(update={
+        "flops": int(flops), "flops_by_dtype": {}, "compute_ms": compute_ms, "time_ms": time_ms, "floor_ms": floor_ms,
+        "bound": "compute" if compute_ms > bounds.memory_ms else "memory",
+        "arithmetic_intensity": flops / bounds.min_bytes if bounds.min_bytes else None})
+
+
 def headroom(measured_ms: float, bounds: SolBounds) -> float:
     """How many times slower than light a measured time is: 1.0 is perfect, 4.0 leaves 4x to gain.
 
@@ -422,25 +435,7 @@ def _short(exc: BaseException) -> str:
 
 
 def _counter():
-    """A FlopCounterMode that also splits the count by operand dtype (fp16 and fp32 FLOPs have different peaks)."""
-    from collections import Counter
-
-    from torch.utils.flop_counter import FlopCounterMode
-
-    class DtypeFlopCounter(FlopCounterMode):
-        def __init__(self) -> None:
-            super().__init__(display=False)
-            self.by_dtype: Counter[str] = Counter()
-
-        # A private hook; if a torch release drops it, by_dtype stays empty and the total still holds.
-        def _count_flops(self, func_packet, out, args, kwargs):
-            before = self.get_total_flops()
-            result = super()._count_flops(func_packet, out, args, kwargs)
-            added = self.get_total_flops() - before
-            if added:
-                dtypes = [t.dtype for t in _tensors(list(args)) if t.is_floating_point()]
-                self.by_dtype[str(dtypes[0]).removeprefix("torch.") if dtypes else "unknown"] += added
-            return result
+    from kernelscout.sandbox.flop_count import DtypeFlopCounter
 
     return DtypeFlopCounter()
 

@@ -1,0 +1,142 @@
+"""A time under the reference's speed-of-light bound that the candidate's own FLOPs explain.
+
+A GEMM followed by a sum over its columns is a matrix-vector product: a correct candidate that finds this is
+many times faster than the reference's FLOPs allow, honestly. The harness counts the candidate's own FLOPs
+when asked (in one more fresh-input call whose output is checked), and the search judges the time against
+that count; what the counter cannot see (Triton, custom, native or array-library kernels) keeps the
+reference's bound, and a candidate that tampers with the counter is caught.
+"""
+
+from typing import Optional
+
+import pytest
+
+from kernelscout.sandbox.harness import HarnessConfig
+from kernelscout.tools.schema import Measurement, MeasureStatus
+from conftest import QUICK, TEST_DEVICE
+
+COUNTED = QUICK.model_copy(update={"count_flops": True})
+
+GEMM_SUM = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, fin, fout):
+        super().__init__()
+        self.lin = nn.Linear(fin, fout)
+
+    def forward(self, x):
+        return self.lin(x).sum(dim=1, keepdim=True)
+
+
+def get_inputs():
+    return [torch.randn(64, 256)]
+
+
+def get_init_inputs():
+    return [256, 256]
+"""
+
+ALGEBRA = """
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    '''sum_j (x W^T + b)_j = x . (sum_j W_j) + sum_j b_j'''
+    def __init__(self, fin, fout):
+        super().__init__()
+        self.lin = nn.Linear(fin, fout)
+
+    def forward(self, x):
+        w = self.lin.weight.sum(0, keepdim=True)
+        return x @ w.t() + self.lin.bias.sum()
+"""
+
+SAME_WORK = ALGEBRA.replace("""        w = self.lin.weight.sum(0, keepdim=True)
+        return x @ w.t() + self.lin.bias.sum()""", """        return self.lin(x).sum(dim=1, keepdim=True)""")
+
+
+def test_a_candidate_that_does_less_work_has_its_own_flops_counted(measure_source):
+    less = measure_source(ALGEBRA, problem=GEMM_SUM, config=COUNTED)
+    same = measure_source(SAME_WORK, problem=GEMM_SUM, config=COUNTED)
+    assert less.status == MeasureStatus.ok and less.correct and same.correct, (less.message, same.message)
+    assert same.candidate_flops == 2 * 64 * 256 * 256  # the reference's own GEMM, as the bound counts it
+    assert less.candidate_flops == 2 * 64 * 256  # a (64 x 256) by (256 x 1) product
+    assert less.flops_uncounted is None and same.flops_uncounted is None
+    # not asked, not counted: an ordinary measurement pays nothing for it
+    plain = measure_source(ALGEBRA, problem=GEMM_SUM)
+    assert plain.candidate_flops is None and plain.flops_uncounted is None
+
+
+def test_work_out_of_the_counters_sight_is_not_counted(measure_source):
+    numpy_side = ALGEBRA.replace("import torch\n", "import numpy\nimport torch\n", 1)
+    m = measure_source(numpy_side, problem=GEMM_SUM, config=COUNTED)
+    assert m.correct and m.candidate_flops is None and "imports numpy" in m.flops_uncounted
+
+
+@pytest.mark.skipif(TEST_DEVICE != "cpu", reason="the custom operator is registered for the CPU")
+def test_a_custom_operator_is_work_the_count_does_not_cover(measure_source):
+    custom = ALGEBRA.replace("class ModelNew", '''
+_lib = torch.library.Library("kscout_test_flops", "DEF")
+_lib.define("rowdot(Tensor x, Tensor w) -> Tensor")
+_lib.impl("rowdot", lambda x, w: x @ w, "CPU")
+
+
+class ModelNew''', 1).replace("return x @ w.t()", "return torch.ops.kscout_test_flops.rowdot(x, w.t())")
+    m = measure_source(custom, problem=GEMM_SUM, config=COUNTED)
+    assert m.correct, m.message
+    assert m.candidate_flops is None and "operators from outside torch (kscout_test_flops::rowdot" in m.flops_uncounted
+
+
+def test_a_candidate_that_makes_its_gemm_count_as_nothing_is_caught(measure_source):
+    tamper = SAME_WORK.replace("class ModelNew", '''
+import torch.utils.flop_counter as _fc
+_fc.flop_registry[torch.ops.aten.addmm] = lambda *args, **kwargs: 0
+
+
+class ModelNew''', 1)
+    m = measure_source(tamper, problem=GEMM_SUM, config=COUNTED)
+    assert not m.usable, m
+    assert "flop_registry" in m.message, m.message
+
+
+# -- the search's judgement, on a bound given outright -------------------------------------------------------
+
+
+@pytest.fixture
+def target(tmp_path):
+    from kernelscout.agent.targets import CodeTarget
+    from kernelscout.tools.rundir import RunDir
+    from kernelscout.tools.sol import SolBounds
+
+    bounds = SolBounds(problem="p.py", device="cpu", device_key="cpu", precision="fp32", flops=10**9, min_bytes=10**6,
+                       input_bytes=10**6, output_bytes=0, param_bytes=0, peak_flops=1e11, peak_bandwidth=1e10,
+                       ridge_intensity=10.0, compute_ms=10.0, memory_ms=0.1, time_ms=10.0, bound="compute",
+                       cache_resident=False, floor_ms=10.0, counted_on="meta", peaks_source="measured")
+    run = RunDir(tmp_path / "run")
+    run.set_meta("sol_bounds", bounds.model_dump_json())
+    return CodeTarget(tmp_path / "p.py", "cpu", run)
+
+
+def timed(candidate_ms: float, flops: Optional[int] = None, uncounted: Optional[str] = None) -> Measurement:
+    return Measurement(status=MeasureStatus.ok, correct=True, timing_valid=True, runtime_ms=candidate_ms, ref_runtime_ms=20.0,
+                       speedup=20.0 / candidate_ms, reference_alone_ms=20.0, candidate_flops=flops, flops_uncounted=uncounted)
+
+
+def test_a_time_under_the_references_bound_counts_when_the_candidates_own_flops_explain_it(target):
+    assert "below the speed-of-light floor" in target.below_speed_of_light(timed(2.0))  # 1 GFLOP at 100 GFLOP/s is 10 ms
+    assert target.below_speed_of_light(timed(2.0, flops=10**8)) is None  # its own 0.1 GFLOP: 1 ms, and it took 2
+    assert "less work than the reference" in target.less_work(timed(2.0, flops=10**8))
+    # its own count does not excuse a time under its own floor, nor does a count it was never given
+    assert "even at the candidate's own FLOP count" in target.below_speed_of_light(timed(0.2, flops=10**8))
+    assert "not counted: it launches Triton kernels" in target.below_speed_of_light(
+        timed(2.0, uncounted="it launches Triton kernels, whose FLOPs torch's counter does not see"))
+    assert "below the speed-of-light floor" in target.below_speed_of_light(timed(2.0, flops=2 * 10**9))  # more work is no excuse
+    assert target.less_work(timed(12.0, flops=10**8)) is None  # above the reference's floor: nothing to explain
+
+
+def test_the_harness_setting_is_off_unless_a_search_asks():
+    assert HarnessConfig().count_flops is False
