@@ -251,8 +251,10 @@ class SearchLoop:
         used = ledger["used"]
         if m.speedup and m.timing_valid and m.correct and not suspect and m.speedup > progress["best_speedup"]:
             progress.update(best_speedup=m.speedup, last_improvement=used)
+        less_work = getattr(self.target, "less_work", None)  # code problems: a time under the reference's bound, explained
         self._emit("measure", candidate=rec.id, status=m.status.value, speedup=m.speedup, timing_valid=m.timing_valid, why=m.unusable_reason,
-                   suspect=suspect or None, **ledger, best=progress["best_speedup"])
+                   suspect=suspect or None, less_work=(less_work(m) if less_work and not suspect else None) or None,
+                   **ledger, best=progress["best_speedup"])
         return self._repair(rec, m, iteration)
 
     def _repair(self, rec: CandidateRecord, m: Measurement, iteration: int) -> Optional[int]:

@@ -76,6 +76,8 @@ class SearchProgress:
             flag = " (timing not valid)" if d["status"] == "ok" and not d.get("timing_valid") else ""
             if d.get("suspect"):  # it does not count as the best: say why here, not only in events.jsonl
                 flag += f" (suspect, not counted: {clip_line(d['suspect'])})"
+            elif d.get("less_work"):  # under the reference's bound, and its own FLOPs explain it
+                flag += " (under the reference's speed-of-light bound; its own FLOPs explain it: it does less work, counted)"
             # until something beats it, the best kernel is the reference itself: say so rather than print a bare 1.000x
             best = f"{self.best:.3f}x" if self.best > 1.0 else "still the reference"
             why = f" - {clip_line(d['why'])}" if d.get("why") else ""

@@ -181,8 +181,7 @@ class CodeTarget:
             second = self._measure_path(rec.path, again=True, trials=max(10, 3 * self.harness.correctness_trials), count_flops=True)
             if second.status.value == "budget_exhausted":
                 return m
-            if less := self.less_work(second):
-                self.run.event("less_work", candidate=rec.id, reason=less)
+            if less := self.less_work(second):  # the search's measure event says it too
                 second.warnings.append(less)
             return second
         return m

@@ -140,3 +140,12 @@ def test_a_time_under_the_references_bound_counts_when_the_candidates_own_flops_
 
 def test_the_harness_setting_is_off_unless_a_search_asks():
     assert HarnessConfig().count_flops is False
+
+
+def test_the_progress_line_says_a_time_under_the_bound_was_explained_by_less_work():
+    from kernelscout.agent.progress import SearchProgress
+
+    line = SearchProgress(4, "gemm_sum", live=False)._describe("measure", {
+        "candidate": 1, "status": "ok", "speedup": 14.7, "timing_valid": True, "used": 2, "cap": 4, "best": 14.7,
+        "less_work": "0.17 ms is under the reference's speed-of-light floor ..."})
+    assert "14.700x (under the reference's speed-of-light bound; its own FLOPs explain it: it does less work, counted)" in line
