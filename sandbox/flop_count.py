@@ -20,7 +20,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 # operators torch itself defines; anything else was registered by someone (a custom op may hide any amount of work)
-TORCH_NAMESPACES = frozenset({"aten", "prims", "prim"})
+TORCH_NAMESPACES = frozenset({"aten"})  # prims too is open to torch.library definitions
 
 
 def _tensors(x: Any) -> list[torch.Tensor]:
@@ -33,14 +33,94 @@ def _tensors(x: Any) -> list[torch.Tensor]:
     return []
 
 
+def _shape_formulas() -> dict:
+    """Products torch's counter has no formula for, in its formulas' form (operand shapes in, FLOPs out): without
+    them a matrix-vector product or an in-place GEMM would count as nothing in a strict count."""
+    aten = torch.ops.aten
+
+    def mv(mat, vec, *args, out_shape=None, **kwargs) -> int:
+        return 2 * mat[0] * mat[1]
+
+    def addmv(self, mat, vec, *args, out_shape=None, **kwargs) -> int:
+        return 2 * mat[0] * mat[1]
+
+    def dot(a, b, *args, out_shape=None, **kwargs) -> int:
+        return 2 * a[0]
+
+    def addmm(self, a, b, *args, out_shape=None, **kwargs) -> int:
+        return 2 * a[0] * a[1] * b[1]
+
+    def batched(self, a, b, *args, out_shape=None, **kwargs) -> int:
+        return 2 * a[0] * a[1] * a[2] * b[2]
+
+    def addr(self, a, b, *args, out_shape=None, **kwargs) -> int:
+        return 2 * a[0] * b[0]
+
+    table = {"mv": mv, "addmv": addmv, "addmv_": addmv, "dot": dot, "vdot": dot, "addmm_": addmm, "addbmm": batched,
+             "addbmm_": batched, "baddbmm_": batched, "addr": addr, "addr_": addr, "outer": lambda a, b, *r, **k: a[0] * b[0],
+             "ger": lambda a, b, *r, **k: a[0] * b[0]}
+    return {getattr(aten, name): fn for name, fn in table.items() if hasattr(aten, name)}
+
+
+# Operators a strict count prices by their first input's elements times this: fused normalisations and scans
+# that torch runs as one kernel (none of them can hide a product's FLOPs).
+_PER_ELEMENT = {"_softmax": 5, "_log_softmax": 5, "native_layer_norm": 8, "native_group_norm": 8, "native_batch_norm": 8,
+                "_native_batch_norm_legit": 8, "_native_batch_norm_legit_no_training": 4, "cumsum": 1, "cumprod": 1,
+                "logsumexp": 3, "_safe_softmax": 5, "linalg_vector_norm": 2, "norm": 2}
+# Operators that move or make data and compute nothing (views are told by their schema).
+_MOVEMENT = frozenset({
+    "copy_", "_to_copy", "clone", "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like",
+    "new_zeros", "ones", "ones_like", "new_ones", "full", "full_like", "new_full", "fill_", "zero_", "scalar_tensor", "arange",
+    "cat", "stack", "index", "index_select", "gather", "scatter", "scatter_", "index_put", "index_put_", "index_copy",
+    "constant_pad_nd", "repeat", "flip", "roll", "tril", "triu", "embedding", "masked_select", "nonzero", "slice_scatter",
+    "select_scatter", "_local_scalar_dense", "lift_fresh", "lift_fresh_copy", "resize_", "set_", "_unsafe_view",
+    "contiguous", "masked_scatter", "diag_embed", "diagonal_scatter", "as_strided_scatter", "_reshape_copy",
+})
+
+
+def _overloads(func_packet: Any) -> list[Any]:
+    """The packet's overloads: the counter is handed the packet, whose `default` may be a scalar overload
+    (aten::add.default adds two numbers), so a tag or schema is read from all of them."""
+    names = func_packet.overloads() if hasattr(func_packet, "overloads") else []
+    return [o for o in (getattr(func_packet, n, None) for n in names) if o is not None]
+
+
+def _tagged(overloads: list[Any], tag: Any) -> bool:
+    return any(tag in o.tags for o in overloads)
+
+
+def _is_view(overloads: list[Any]) -> bool:
+    """Every overload that returns tensors returns aliases it does not write: a view."""
+    seen = False
+    for o in overloads:
+        returns = [r for r in o._schema.returns if "Tensor" in str(r.type)]
+        if not returns:
+            continue
+        seen = True
+        if not all(r.alias_info is not None and not r.alias_info.is_write for r in returns):
+            return False
+    return seen
+
+
+def _numel(x: Any) -> int:
+    return sum(t.numel() for t in _tensors(x if isinstance(x, (list, tuple)) else [x]))
+
+
 class DtypeFlopCounter(FlopCounterMode):
     """A FlopCounterMode that also splits the count by operand dtype (fp16 and fp32 FLOPs have different peaks)
     and names the operators it saw from outside torch (`foreign`)."""
 
-    def __init__(self) -> None:
-        super().__init__(display=False)
+    def __init__(self, strict: bool = False) -> None:
+        """strict: a candidate's count. Elementwise work and reductions count too (an element each, the
+        normalisations a few), and an operator the count cannot price makes it uncovered: a GEMM run as a
+        broadcast multiply and a sum, or through an in-place product, still counts as a GEMM's work. The
+        reference's count, which the speed-of-light bound has always used, counts only products."""
+        super().__init__(display=False, custom_mapping=_shape_formulas() if strict else {})
+        self.strict = strict
         self.by_dtype: Counter[str] = Counter()
         self.foreign: set[str] = set()
+        self.unpriced: set[str] = set()
+        self.elementwise = 0
 
     # A private hook, called with every operator the mode runs; if a torch release drops it, by_dtype stays
     # empty and the total still holds, but `foreign` sees nothing, so `covers_call` then says no.
@@ -52,15 +132,38 @@ class DtypeFlopCounter(FlopCounterMode):
         before = self.get_total_flops()
         result = super()._count_flops(func_packet, out, args, kwargs)
         added = self.get_total_flops() - before
+        if self.strict and func_packet not in self.flop_registry:
+            self.elementwise += self._priced(func_packet, name, out, args)
         if added:
             dtypes = [t.dtype for t in _tensors(list(args)) if t.is_floating_point()]
             self.by_dtype[str(dtypes[0]).removeprefix("torch.") if dtypes else "unknown"] += added
         return result
 
+    def _priced(self, func_packet: Any, name: str, out: Any, args: Any) -> int:
+        overloads = _overloads(func_packet)
+        short = name.split("::")[-1]
+        if _tagged(overloads, torch.Tag.pointwise):
+            return _numel(out)
+        if _tagged(overloads, torch.Tag.reduction):
+            return _numel(_tensors(list(args))[:1])
+        if short in _PER_ELEMENT:
+            return _PER_ELEMENT[short] * _numel(_tensors(list(args))[:1])
+        if short in _MOVEMENT or _is_view(overloads):
+            return 0
+        self.unpriced.add(name or type(func_packet).__name__)
+        return 0
+
+    def total(self) -> int:
+        """Products by their formulas, and in a strict count the elementwise work too."""
+        return int(self.get_total_flops()) + self.elementwise
+
     def uncovered(self) -> str | None:
         """Why the count may miss work the call did, or None when every operator it ran was torch's own."""
         if self.foreign:
             return "it ran operators from outside torch (" + ", ".join(sorted(self.foreign)[:3]) + ")"
+        if self.unpriced:
+            return ("it ran operators the count has no price for (" + ", ".join(sorted(self.unpriced)[:3])
+                    + "), which could hide a product's work")
         if not getattr(self, "_hooked", False):  # work done outside torch entirely (numpy, say), or a torch without the hook
             return "the flop counter saw no torch operator run"
         return None

@@ -619,7 +619,7 @@ class Worker:
 
         ref_inputs = self._make_inputs(self.problem, seed, self.problem_path)
         cand_inputs = _clone(ref_inputs)
-        counter = DtypeFlopCounter()
+        counter = DtypeFlopCounter(strict=True)
         launched = self.triton.counts.get("cand", 0)
         try:
             with self._side("cand"), counter:
@@ -640,7 +640,7 @@ class Worker:
             uncovered = "it launched Triton kernels, whose FLOPs torch's counter does not see"
         if uncovered:
             return {"candidate_flops": None, "flops_uncounted": uncovered}
-        return {"candidate_flops": int(counter.get_total_flops()), "flops_uncounted": None}
+        return {"candidate_flops": counter.total(), "flops_uncounted": None}
 
     @contextlib.contextmanager
     def _side(self, side: str):

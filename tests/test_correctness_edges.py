@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from kernelscout.sandbox.correctness import (
     CheckFailed,
+    check_inputs_kept,
     compare,
     finite_input_scale,
     flatten_outputs,
@@ -371,3 +372,20 @@ def test_integer_outputs_further_apart_or_in_more_places_are_wrong(quantised_mat
     assert_rejected([small + (small == 3)], [small], "differs from the reference in 1 elements")
     flags = torch.zeros(5000, dtype=torch.bool)
     assert_rejected([flags | (torch.arange(5000) == 9)], [flags], "differs from the reference in 1 elements")
+
+
+def test_indices_counts_and_integer_inputs_get_no_step_of_slack():
+    torch.manual_seed(5)
+    scores = torch.randn(2000, 16)
+    argmax = scores.argmax(1)  # int64 indices: a neighbouring index is simply wrong
+    neighbour = argmax.clone()
+    neighbour[7] = (neighbour[7] + 1) % 16
+    assert_rejected([neighbour], [argmax], "differs from the reference in 1 elements")
+    counts = torch.zeros(4096, dtype=torch.int32)  # rare events counted: mostly 0, not a rounded float
+    counts[[3, 900, 2000]] = 1  # as few as the 1-in-1000 allowance, one step each
+    assert_rejected([torch.zeros_like(counts)], [counts], "differs from the reference in 3 elements")
+    tokens = torch.randint(0, 32000, (4096,))
+    bumped = tokens.clone()
+    bumped[11] += 1  # a candidate that wrote into its token ids
+    with pytest.raises(CheckFailed, match="wrote into input tensor 0"):
+        check_inputs_kept([bumped], [tokens.clone()])
