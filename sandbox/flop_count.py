@@ -23,13 +23,14 @@ from torch.utils.flop_counter import FlopCounterMode
 TORCH_NAMESPACES = frozenset({"aten"})  # prims too is open to torch.library definitions
 
 
-def _tensors(x: Any) -> list[torch.Tensor]:
+def tensors_of(x: Any) -> list[torch.Tensor]:
+    """Every tensor in a value, depth first through lists, tuples and dicts (an operator's arguments, a model's outputs)."""
     if isinstance(x, torch.Tensor):
         return [x]
     if isinstance(x, (list, tuple)):
-        return [t for item in x for t in _tensors(item)]
+        return [t for item in x for t in tensors_of(item)]
     if isinstance(x, dict):
-        return [t for item in x.values() for t in _tensors(item)]
+        return [t for item in x.values() for t in tensors_of(item)]
     return []
 
 
@@ -103,7 +104,7 @@ def _is_view(overloads: list[Any]) -> bool:
 
 
 def _numel(x: Any) -> int:
-    return sum(t.numel() for t in _tensors(x if isinstance(x, (list, tuple)) else [x]))
+    return sum(t.numel() for t in tensors_of(x if isinstance(x, (list, tuple)) else [x]))
 
 
 class DtypeFlopCounter(FlopCounterMode):
@@ -135,7 +136,7 @@ class DtypeFlopCounter(FlopCounterMode):
         if self.strict and func_packet not in self.flop_registry:
             self.elementwise += self._priced(func_packet, name, out, args)
         if added:
-            dtypes = [t.dtype for t in _tensors(list(args)) if t.is_floating_point()]
+            dtypes = [t.dtype for t in tensors_of(list(args)) if t.is_floating_point()]
             self.by_dtype[str(dtypes[0]).removeprefix("torch.") if dtypes else "unknown"] += added
         return result
 
@@ -145,9 +146,9 @@ class DtypeFlopCounter(FlopCounterMode):
         if _tagged(overloads, torch.Tag.pointwise):
             return _numel(out)
         if _tagged(overloads, torch.Tag.reduction):
-            return _numel(_tensors(list(args))[:1])
+            return _numel(tensors_of(list(args))[:1])
         if short in _PER_ELEMENT:
-            return _PER_ELEMENT[short] * _numel(_tensors(list(args))[:1])
+            return _PER_ELEMENT[short] * _numel(tensors_of(list(args))[:1])
         if short in _MOVEMENT or _is_view(overloads):
             return 0
         self.unpriced.add(name or type(func_packet).__name__)

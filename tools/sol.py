@@ -408,18 +408,6 @@ def forget_cpu_peaks(threads: Optional[int] = None) -> bool:
 # -- the problem's cost (runs problem code) --------------------------------------------------------------
 
 
-def _tensors(value: Any) -> list[Any]:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    return []
-
-
 def _unique(tensors: list[Any]) -> list[Any]:
     """The same tensor passed twice is still read once."""
     return list({id(t): t for t in tensors}.values())
@@ -443,6 +431,8 @@ def _counter():
 def _count(module: Any, device: Literal["meta", "cpu", "cuda"]) -> ProblemCost:
     import torch
 
+    from kernelscout.sandbox.flop_count import tensors_of
+
     with torch.device(device):
         init_inputs = module.get_init_inputs()
         torch.manual_seed(0)
@@ -452,10 +442,10 @@ def _count(module: Any, device: Literal["meta", "cpu", "cuda"]) -> ProblemCost:
         with torch.no_grad(), counter:
             out = model(*inputs)
     flatten_outputs(out, "reference", materialised=False)  # outputs the harness refuses: no bounds either
-    in_tensors = _unique(_tensors(list(inputs)))
+    in_tensors = _unique(tensors_of(list(inputs)))
     in_ids = {id(t) for t in in_tensors}
     # An output that is an input (or a view of one) needs no write of its own.
-    out_tensors = [t for t in _unique(_tensors(out)) if id(t) not in in_ids and id(t._base) not in in_ids]
+    out_tensors = [t for t in _unique(tensors_of(out)) if id(t) not in in_ids and id(t._base) not in in_ids]
     params = list(model.parameters()) + list(model.buffers()) if isinstance(model, torch.nn.Module) else []
     flops = int(counter.get_total_flops())
     by_dtype = {k: int(v) for k, v in counter.by_dtype.items()}
