@@ -57,7 +57,13 @@ def _shape_formulas() -> dict:
     def addr(self, a, b, *args, out_shape=None, **kwargs) -> int:
         return 2 * a[0] * b[0]
 
-    table = {"mv": mv, "addmv": addmv, "addmv_": addmv, "dot": dot, "vdot": dot, "addmm_": addmm, "addbmm": batched,
+    def attention(q, k, v, *args, out_shape=None, **kwargs) -> int:  # torch prices the GPU kernels, not the CPU one
+        batch = 1
+        for d in q[:-2]:
+            batch *= d
+        return 2 * batch * q[-2] * k[-2] * (q[-1] + v[-1])
+
+    table = {"_scaled_dot_product_flash_attention_for_cpu": attention, "mv": mv, "addmv": addmv, "addmv_": addmv, "dot": dot, "vdot": dot, "addmm_": addmm, "addbmm": batched,
              "addbmm_": batched, "baddbmm_": batched, "addr": addr, "addr_": addr, "outer": lambda a, b, *r, **k: a[0] * b[0],
              "ger": lambda a, b, *r, **k: a[0] * b[0]}
     return {getattr(aten, name): fn for name, fn in table.items() if hasattr(aten, name)}
@@ -67,7 +73,11 @@ def _shape_formulas() -> dict:
 # that torch runs as one kernel (none of them can hide a product's FLOPs).
 _PER_ELEMENT = {"_softmax": 5, "_log_softmax": 5, "native_layer_norm": 8, "native_group_norm": 8, "native_batch_norm": 8,
                 "_native_batch_norm_legit": 8, "_native_batch_norm_legit_no_training": 4, "cumsum": 1, "cumprod": 1,
-                "logsumexp": 3, "_safe_softmax": 5, "linalg_vector_norm": 2, "norm": 2}
+                "logsumexp": 3, "_safe_softmax": 5, "linalg_vector_norm": 2, "norm": 2,
+                # windowed and selecting reductions: at least an element of input each
+                "max_pool2d_with_indices": 1, "max_pool3d_with_indices": 1, "avg_pool2d": 1, "avg_pool3d": 1,
+                "adaptive_max_pool2d": 1, "adaptive_max_pool3d": 1, "_adaptive_avg_pool2d": 1, "_adaptive_avg_pool3d": 1,
+                "topk": 1, "sort": 1, "kthvalue": 1, "median": 1, "mode": 1, "cummax": 1, "cummin": 1}
 # Operators that move or make data and compute nothing (views are told by their schema).
 _MOVEMENT = frozenset({
     "copy_", "_to_copy", "clone", "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like",
@@ -76,6 +86,8 @@ _MOVEMENT = frozenset({
     "constant_pad_nd", "repeat", "flip", "roll", "tril", "triu", "embedding", "masked_select", "nonzero", "slice_scatter",
     "select_scatter", "_local_scalar_dense", "lift_fresh", "lift_fresh_copy", "resize_", "set_", "_unsafe_view",
     "contiguous", "masked_scatter", "diag_embed", "diagonal_scatter", "as_strided_scatter", "_reshape_copy",
+    "_unsafe_index", "randn", "rand", "randint", "randperm", "normal", "normal_", "uniform_", "bernoulli_", "random_",
+    "exponential_", "randn_like", "rand_like", "randint_like",
 })
 
 
