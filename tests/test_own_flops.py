@@ -9,6 +9,8 @@ reference's bound, and a candidate that tampers with the counter is caught.
 
 from typing import Optional
 
+import torch
+
 import pytest
 
 from kernelscout.sandbox.harness import HarnessConfig
@@ -168,3 +170,20 @@ def test_the_progress_line_says_a_time_under_the_bound_was_explained_by_less_wor
         "candidate": 1, "status": "ok", "speedup": 14.7, "timing_valid": True, "used": 2, "cap": 4, "best": 14.7,
         "less_work": "0.17 ms is under the reference's speed-of-light floor ..."})
     assert "14.700x (under the reference's speed-of-light bound; its own FLOPs explain it: it does less work, counted)" in line
+
+
+@pytest.mark.parametrize("work, covered", [
+    (lambda x, w: torch.nn.functional.max_pool2d(torch.relu(torch.nn.functional.conv2d(x, w)), 2), True),
+    (lambda x, w: torch.nn.functional.layer_norm(x, x.shape[-1:]).softmax(-1).topk(2, -1).values, True),
+    (lambda x, w: torch.nn.functional.scaled_dot_product_attention(x, x, x), True),
+    (lambda x, w: torch.linalg.solve(x[0, 0, :4, :4] + 4 * torch.eye(4), x[0, 0, :4, :1]), False),  # no price: uncovered
+])
+def test_the_strict_count_prices_common_torch_work_and_names_what_it_cannot(work, covered):
+    from kernelscout.sandbox.flop_count import DtypeFlopCounter
+
+    x, w = torch.randn(2, 4, 16, 16), torch.randn(8, 4, 3, 3)
+    counter = DtypeFlopCounter(strict=True)
+    with torch.no_grad(), counter:
+        work(x, w)
+    assert (counter.uncovered() is None) == covered, counter.uncovered()
+    assert counter.total() > 0
