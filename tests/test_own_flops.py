@@ -9,9 +9,8 @@ reference's bound, and a candidate that tampers with the counter is caught.
 
 from typing import Optional
 
-import torch
-
 import pytest
+import torch
 
 from kernelscout.sandbox.harness import HarnessConfig
 from kernelscout.tools.schema import Measurement, MeasureStatus
