@@ -37,8 +37,8 @@ class HarnessConfig(BaseModel):
     compile_timeout_s: float = Field(harness_defaults.COMPILE_TIMEOUT_S, gt=0, description="hard limit on importing and building it")
     warmup_rounds: int = Field(3, ge=0)
     min_rounds: int = Field(10, ge=3)
-    count_flops: bool = Field(False, description="count the candidate's FLOPs in one more fresh-input call, checked like a "
-                              "trial (a search asks when a time came in under the reference's speed-of-light bound)")
+    count_flops: bool = Field(False, description="count the candidate's FLOPs in one more fresh-input call after the timed rounds, "
+                              "checked like a trial (a search asks when a time came in under the reference's speed-of-light bound)")
     max_rounds: int = Field(2000, ge=3)
     timing_budget_s: float = Field(harness_defaults.TIMING_BUDGET_S, gt=0, description="timed seconds to aim for, both sides together")
     recheck_fraction: float = Field(0.2, ge=0, le=1, description="share of early timed rounds whose outputs are re-checked")
@@ -257,8 +257,7 @@ def _drive(pool: WorkerPool, worker: WorkerProcess, problem: SourceFile, candida
         return m, True
     deadline = time.monotonic() + config.timeout_s + phase.reference_s
     checks = [f"{config.correctness_trials} correctness trials with fresh seeds, candidate before reference"]
-    reply = worker.request_by("check", deadline, seeds=[_seed() for _ in range(config.correctness_trials)],
-                              count_seed=_seed() if count else None)
+    reply = worker.request_by("check", deadline, seeds=[_seed() for _ in range(config.correctness_trials)])
     if reply["status"] != "ok":
         m = _fail(reply)
         m.checks = checks
@@ -279,9 +278,15 @@ def _drive(pool: WorkerPool, worker: WorkerProcess, problem: SourceFile, candida
             m.warnings.append("the candidate changed how many cores both sides compute on while it was imported or built ("
                               + ", ".join(reset) + "); put back, so the reference ran as the problem set it up")
     m.warnings += allowed
-    if config.count_flops:
-        m.candidate_flops = reply.get("candidate_flops")
-        m.flops_uncounted = uncountable or reply.get("flops_uncounted")
+    if config.count_flops and m.status == MeasureStatus.ok and m.correct:
+        # after the timed rounds: a compiled forward run under the counter's dispatch mode is slow from then on
+        counted = worker.request_by("count_flops", deadline, seed=_seed()) if count else {"status": "ok"}
+        if counted["status"] != "ok":
+            m = _fail(counted)
+            m.checks = checks
+            return _finish(worker, m)
+        m.candidate_flops = counted.get("candidate_flops")
+        m.flops_uncounted = uncountable or counted.get("flops_uncounted")
     if m.status == MeasureStatus.ok and m.correct:
         m = referee.second_opinion(
             pool, worker, m, device=config.device, stage=lambda other: _stage(other, problem, "problem", phase),
