@@ -120,8 +120,8 @@ def _numel(x: Any) -> int:
 
 
 class DtypeFlopCounter(FlopCounterMode):
-    """A FlopCounterMode that also splits the count by operand dtype (fp16 and fp32 FLOPs have different peaks)
-    and names the operators it saw from outside torch (`foreign`)."""
+    """A FlopCounterMode that also splits the count by operand dtype (fp16 and fp32 FLOPs have different peaks),
+    names the operators it saw from outside aten (`foreign`) and, when strict, those it could not price."""
 
     def __init__(self, strict: bool = False) -> None:
         """strict: a candidate's count. Elementwise work and reductions count too (an element each, the
@@ -134,9 +134,10 @@ class DtypeFlopCounter(FlopCounterMode):
         self.foreign: set[str] = set()
         self.unpriced: set[str] = set()
         self.elementwise = 0
+        self._hooked = False
 
     # A private hook, called with every operator the mode runs; if a torch release drops it, by_dtype stays
-    # empty and the total still holds, but `foreign` sees nothing, so `covers_call` then says no.
+    # empty and the total still holds, but nothing is seen run, so `uncovered` then says the count is not whole.
     def _count_flops(self, func_packet, out, args, kwargs):
         self._hooked = True
         name = str(getattr(func_packet, "_qualified_op_name", "") or "")
@@ -177,6 +178,6 @@ class DtypeFlopCounter(FlopCounterMode):
         if self.unpriced:
             return ("it ran operators the count has no price for (" + ", ".join(sorted(self.unpriced)[:3])
                     + "), which could hide a product's work")
-        if not getattr(self, "_hooked", False):  # work done outside torch entirely (numpy, say), or a torch without the hook
+        if not self._hooked:  # work done outside torch entirely (numpy, say), or a torch without the hook
             return "the flop counter saw no torch operator run"
         return None
