@@ -208,27 +208,35 @@ class CodeTarget:
         return ms / floor if (ms and floor and floor > 0) else None
 
     def below_speed_of_light(self, m: Measurement) -> Optional[str]:
-        from kernelscout.tools.sol import suspicious
-
-        if self.bounds is None or not m.runtime_ms or not m.timing_valid:
-            return None
-        # measured CPU peaks can be low on a busy machine, so only a time far below them is suspect
-        margin = 0.1 if self.bound_is_datasheet else 0.5
-        cache_flushed = self.device.startswith("cuda")
-        # the reference's time as the candidate's worker reported it, the candidate could have written; the bound
-        # is dropped only when the referee's own timing of the reference alone confirms it
-        alone = m.reference_alone_ms
-        if (m.ref_runtime_ms and suspicious(m.ref_runtime_ms, self.bounds, margin=margin, cache_flushed=cache_flushed)
-                and alone and (wrong := suspicious(alone, self.bounds, margin=margin, cache_flushed=cache_flushed))):
-            self._drop_bounds(f"the reference itself, timed alone in a worker that never loaded a candidate: {wrong}")
-            return None
-        reason = suspicious(m.runtime_ms, self.bounds, margin=margin, cache_flushed=cache_flushed)
-        if reason and self._own_bounds(m) is not None:
-            own = suspicious(m.runtime_ms, self._own_bounds(m), margin=margin, cache_flushed=cache_flushed)
-            return None if own is None else f"even at the candidate's own FLOP count: {own}"
+        """Why a time is suspect: under the reference's bound, and (where the candidate's own FLOPs were counted and
+        are fewer) under the bound at its own count too; None when it can be believed."""
+        reason = self._under_reference_bound(m)
+        if reason and (own := self._own_bounds(m)) is not None:
+            own_reason = self._under(m.runtime_ms, own)
+            return None if own_reason is None else f"even at the candidate's own FLOP count: {own_reason}"
         if reason and m.flops_uncounted:
             reason += f"; its own FLOPs were not counted: {m.flops_uncounted}"
         return reason
+
+    def _under(self, ms: float, bounds) -> Optional[str]:
+        """Why a time of `ms` is under `bounds` by more than the margin, or None."""
+        from kernelscout.tools.sol import suspicious
+
+        # measured CPU peaks can be low on a busy machine, so only a time far below them is suspect
+        margin = 0.1 if self.bound_is_datasheet else 0.5
+        return suspicious(ms, bounds, margin=margin, cache_flushed=self.device.startswith("cuda"))
+
+    def _under_reference_bound(self, m: Measurement) -> Optional[str]:
+        """The time against the reference's bound, which is dropped instead where the reference itself beats it."""
+        if self.bounds is None or not m.runtime_ms or not m.timing_valid:
+            return None
+        # the reference's time as the candidate's worker reported it, the candidate could have written; the bound
+        # is dropped only when the referee's own timing of the reference alone confirms it
+        alone = m.reference_alone_ms
+        if m.ref_runtime_ms and self._under(m.ref_runtime_ms, self.bounds) and alone and (wrong := self._under(alone, self.bounds)):
+            self._drop_bounds(f"the reference itself, timed alone in a worker that never loaded a candidate: {wrong}")
+            return None
+        return self._under(m.runtime_ms, self.bounds)
 
     def _own_bounds(self, m: Measurement):
         """The bound at the candidate's own FLOP count, where one was counted and is below the reference's."""
@@ -242,10 +250,8 @@ class CodeTarget:
         """What to tell a user of a time under the reference's bound that the candidate's own FLOPs explain."""
         from kernelscout.tools.sol import format_si
 
-        if not m.runtime_ms or self.below_speed_of_light(m) or (own := self._own_bounds(m)) is None:
+        if (own := self._own_bounds(m)) is None or not self._under_reference_bound(m) or self._under(m.runtime_ms, own):
             return None
-        if not self.below_speed_of_light(m.model_copy(update={"candidate_flops": None})):
-            return None  # not under the reference's bound either: nothing to explain
         counted = (f"the candidate's own ({own.floor_ms:.4g} ms for the {format_si(own.flops, 'FLOP')} torch counted in a "
                    "checked call)" if own.flops else "the candidate's own count (torch's counter found no matmul, convolution "
                    "or attention FLOPs in a checked call: its work is matrix-vector or elementwise)")

@@ -354,16 +354,17 @@ def compare(cand: list[torch.Tensor], ref: list[torch.Tensor]) -> Comparison:
         if c.device != r.device:
             raise CheckFailed(f"{name} is on {c.device}, expected {r.device}")
         if not (c.is_floating_point() or c.is_complex()):
-            if not torch.equal(c, r) and (ties := _rounded_at_ties(c, r)) is not None:
-                result.notes.append(
-                    f"{name} ({c.dtype}) differs from the reference by 1 in {ties} of {c.numel()} elements, allowed for quantised "
-                    f"outputs in up to 1 element in {INTEGER_TIES}: a float result rounded to an integer (quantisation) comes out "
-                    "one step apart where the two sides' rounding differs at a tie")
+            if torch.equal(c, r):
                 continue
-            if not torch.equal(c, r):
+            ties = _rounded_at_ties(c, r)
+            if ties is None:
                 hint = (" (integer outputs are compared exactly: if these are indices from a sort, topk or argmax, tied values "
                         "must come out in the reference's order, e.g. stable=True only if the reference sorts stably)") if c.dtype == torch.int64 else ""
                 raise CheckFailed(f"{name} ({c.dtype}) differs from the reference in {int((c != r).sum())} elements{hint}")
+            result.notes.append(
+                f"{name} ({c.dtype}) differs from the reference by 1 in {ties} of {c.numel()} elements, allowed for quantised "
+                f"outputs in up to 1 element in {INTEGER_TIES}: a float result rounded to an integer (quantisation) comes out "
+                "one step apart where the two sides' rounding differs at a tie")
             continue
         c64, r64 = _components(c), _components(r)
         mismatches = _nonfinite_mismatches(c64, r64)

@@ -116,7 +116,7 @@ def _is_view(overloads: list[Any]) -> bool:
 
 
 def _numel(x: Any) -> int:
-    return sum(t.numel() for t in tensors_of(x if isinstance(x, (list, tuple)) else [x]))
+    return sum(t.numel() for t in tensors_of(x))
 
 
 class DtypeFlopCounter(FlopCounterMode):

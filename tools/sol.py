@@ -422,23 +422,17 @@ def _short(exc: BaseException) -> str:
     return text if len(text) <= 600 else text[:600] + " ..."
 
 
-def _counter():
-    from kernelscout.sandbox.flop_count import DtypeFlopCounter
-
-    return DtypeFlopCounter()
-
-
 def _count(module: Any, device: Literal["meta", "cpu", "cuda"]) -> ProblemCost:
     import torch
 
-    from kernelscout.sandbox.flop_count import tensors_of
+    from kernelscout.sandbox.flop_count import DtypeFlopCounter, tensors_of
 
     with torch.device(device):
         init_inputs = module.get_init_inputs()
         torch.manual_seed(0)
         model = module.Model(*init_inputs)
         inputs = module.get_inputs()
-        counter = _counter()
+        counter = DtypeFlopCounter()  # products only: the reference's count, as the bound has always used
         with torch.no_grad(), counter:
             out = model(*inputs)
     flatten_outputs(out, "reference", materialised=False)  # outputs the harness refuses: no bounds either
