@@ -11,6 +11,7 @@ result only writes to the log.
 from __future__ import annotations
 
 import contextlib
+import copy
 import gc
 import importlib.util
 import os
@@ -98,6 +99,13 @@ def _each_tensor(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     if type(value) is dict:
         return {k: _each_tensor(v, fn) for k, v in value.items()}
     return value
+
+
+def _in_float64(t: torch.Tensor) -> torch.Tensor:
+    """A copy of one input for the reference's float64 run: floats widened, everything else as it is."""
+    if t.is_complex():
+        return t.to(torch.complex128)
+    return t.double() if t.is_floating_point() else t.clone()
 
 
 def tensors_in(values: Any) -> list[torch.Tensor]:
@@ -582,6 +590,35 @@ class Worker:
             out = self.reference(*inputs)
         return correctness.flatten_outputs(out, "reference")
 
+    def _exact(self, inputs: Callable[[], list[Any]], on_cpu: bool = False) -> Callable[[], Optional[list[torch.Tensor]]]:
+        """What `correctness.judge` calls, only when a candidate fails: the reference run in float64, on a fresh copy of
+        the model (never one kept between calls, where a candidate could reach and change it) and float64 copies of
+        the inputs as they were before any call. None when the reference cannot run so (a model that does not copy,
+        or a forward that insists on its dtype): the first verdict then stands."""
+
+        def run() -> Optional[list[torch.Tensor]]:
+            hooked = self._hooks_changed()
+            if hooked:
+                raise Failure("incorrect", hooked)
+            self._judge_intact()
+            integrity.pin_precision()
+            try:
+                model = copy.deepcopy(self.reference).double()
+                args = [_each_tensor(x, _in_float64) for x in inputs()]
+                with self._side("ref"), torch.no_grad():
+                    out = model(*args)
+                _sync(self.device)
+                outputs = correctness.flatten_outputs(out, "reference")
+            except Exception:
+                return None
+            finally:
+                model = args = out = None
+            if on_cpu:  # the referee compares on the CPU
+                outputs = correctness.from_portable(correctness.portable(outputs), "reference")
+            return outputs
+
+        return run
+
     def check(self, msg: dict) -> dict:
         """Correctness trials: fresh seed and inputs each; the candidate runs first, on its own copy."""
         worst = correctness.Comparison()
@@ -599,7 +636,7 @@ class Worker:
                 _sync(self.device)
             self._judge_intact()
             try:
-                cmp = correctness.compare(cand_out, ref_out)
+                cmp = correctness.judge(cand_out, ref_out, self._exact(lambda seed=seed: self._make_inputs(self.problem, seed, self.problem_path)))
                 correctness.check_inputs_kept(tensors_in(cand_inputs), tensors_in(ref_inputs), lambda seed=seed: tensors_in(
                     self._make_inputs(self.problem, seed, self.problem_path)))
             except CheckFailed as exc:
@@ -633,7 +670,7 @@ class Worker:
             _sync(self.device)
         self._judge_intact()
         try:
-            correctness.compare(cand_out, ref_out)
+            correctness.judge(cand_out, ref_out, self._exact(lambda: self._make_inputs(self.problem, seed, self.problem_path)))
         except CheckFailed as exc:
             raise Failure("incorrect", f"the call counted for its FLOPs (seed {seed}): {exc}")
         uncovered = counter.uncovered()
@@ -696,6 +733,7 @@ class Worker:
             "ref": _refill(previous.get("ref"), fresh),
             "cand": _refill(previous.get("cand"), fresh),
             "out": {},
+            "inputs": fresh,  # as they were before either call, for a float64 run of the reference (verify)
         }
         self.round["ref_layout"], self.round["cand_layout"] = _layout(self.round["ref"]), _layout(self.round["cand"])
         _sync(self.device)
@@ -910,7 +948,7 @@ class Worker:
             raise Failure("incorrect", "the candidate tampered with the harness: " + "; ".join(tampered))
         self._judge_intact(deep=bool(msg.get("deep", True)))
         try:
-            correctness.compare(out["cand"], out["ref"])
+            correctness.judge(out["cand"], out["ref"], self._exact(lambda: self.round["inputs"]))
         except CheckFailed as exc:
             why = (" (this round's inputs were a kept set rescaled by factors just under 1, as get_inputs() takes over "
                    f"{self.FRESH_MS:g} ms: a candidate must be right for any values of the inputs' shapes and dtypes, not "
@@ -958,7 +996,8 @@ class Worker:
         ref_cpu = correctness.from_portable(correctness.portable(ref), "reference")
         try:  # from here on, anything that goes wrong comes from the candidate's file
             saved = torch.load(msg["path"], map_location="cpu", weights_only=True)
-            cmp = correctness.compare(correctness.from_portable(saved), ref_cpu)
+            exact = self._exact(lambda: self._make_inputs(self.problem, msg["seed"], self.problem_path), on_cpu=True)
+            cmp = correctness.judge(correctness.from_portable(saved), ref_cpu, exact)
         except CheckFailed as exc:
             raise Failure("incorrect", f"judged by a second worker that never loaded the candidate: {exc}")
         except Exception as exc:
