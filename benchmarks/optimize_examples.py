@@ -87,6 +87,7 @@ def main() -> None:
     lines = ["| problem | budget | best speedup | torch.compile of the reference (median of 3) | measurements | considered "
              "| per measurement | wall | best kernel |",
              "|---|---|---|---|---|---|---|---|---|"]
+    unconfirmed: list[str] = []  # why a row's best was not re-measured, from the run's own message
     with (contextlib.nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory()) as tmp:
         earlier: list[str] = []  # run directories of the problems already done, for --history
         for problem in problems:
@@ -108,14 +109,19 @@ def main() -> None:
                 best = f"{r.best_speedup:.2f}x" if r.best_speedup else "none"
                 if r.confirmed_speedups:  # the reported figure is the re-measurement; the search chose it at this
                     best += f" (chosen at {r.search_speedup:.2f}x)"
+                elif r.best_speedup and r.best_speedup > 1.0:  # measured once: the run's message says why, under the table
+                    best += f" (measured once: note {len(unconfirmed) + 1})"
+                    unconfirmed.append(f"{len(unconfirmed) + 1}. {problem.name} at {budget}: {r.message}")
                 stopped = f" (stopped early: {r.stop_reason})" if r.stop_reason and r.measurements_used < budget else ""
                 line = (f"| {problem.name} | {budget} | {best} | {baseline} | {r.measurements_used} | {r.candidates_considered} | "
                         f"{r.considered_per_measurement:.1f} | {wall / 60:.1f} min{stopped} | {describe_best(run_dir)} |")
                 lines.append(line)
                 print(line, flush=True)
                 if args.out:
-                    Path(args.out).write_text("\n".join(lines) + "\n")
+                    Path(args.out).write_text("\n".join(lines + ([""] + unconfirmed if unconfirmed else [])) + "\n")
             earlier += mine
+    for note in unconfirmed:
+        print(note, flush=True)
 
 
 if __name__ == "__main__":
