@@ -11,7 +11,6 @@ result only writes to the log.
 from __future__ import annotations
 
 import contextlib
-import copy
 import gc
 import importlib.util
 import os
@@ -38,7 +37,7 @@ apply_limits()
 
 import torch  # noqa: E402  (after the limits, so torch's own allocations count)
 
-from kernelscout.sandbox import build_errors, build_lock, correctness, integrity, triton_interpreter  # noqa: E402
+from kernelscout.sandbox import build_errors, build_lock, correctness, exact_reference, integrity, triton_interpreter  # noqa: E402
 from kernelscout.sandbox.correctness import CheckFailed  # noqa: E402
 from kernelscout.sandbox.timing import CallTimer  # noqa: E402
 
@@ -99,13 +98,6 @@ def _each_tensor(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     if type(value) is dict:
         return {k: _each_tensor(v, fn) for k, v in value.items()}
     return value
-
-
-def _in_float64(t: torch.Tensor) -> torch.Tensor:
-    """A copy of one input for the reference's float64 run: floats widened, everything else as it is."""
-    if t.is_complex():
-        return t.to(torch.complex128)
-    return t.double() if t.is_floating_point() else t.clone()
 
 
 def tensors_in(values: Any) -> list[torch.Tensor]:
@@ -592,9 +584,10 @@ class Worker:
 
     def _exact(self, inputs: Callable[[], list[Any]], on_cpu: bool = False) -> Callable[[], Optional[list[torch.Tensor]]]:
         """What `correctness.judge` calls, only when a candidate fails: the reference run in float64, on a fresh copy of
-        the model (never one kept between calls, where a candidate could reach and change it) and float64 copies of
-        the inputs as they were before any call. None when the reference cannot run so (a model that does not copy,
-        or a forward that insists on its dtype): the first verdict then stands."""
+        the model checked against the live one (sandbox/exact_reference.py; never a copy kept between calls, where a
+        candidate could reach and change it) and float64 copies of the inputs as they were before any call. None when
+        the reference cannot run so (a model that does not copy, or a forward that insists on its dtype): the first
+        verdict then stands. The checks that guard the reference's own call come first."""
 
         def run() -> Optional[list[torch.Tensor]]:
             hooked = self._hooks_changed()
@@ -603,8 +596,10 @@ class Worker:
             self._judge_intact()
             integrity.pin_precision()
             try:
-                model = copy.deepcopy(self.reference).double()
-                args = [_each_tensor(x, _in_float64) for x in inputs()]
+                model = exact_reference.widened(self.reference)
+                if model is None:
+                    return None
+                args = [_each_tensor(x, exact_reference.in_float64) for x in inputs()]
                 with self._side("ref"), torch.no_grad():
                     out = model(*args)
                 _sync(self.device)

@@ -5,10 +5,14 @@ of spread 10. The float32 reference's mean is off by eps x 1000, which is above 
 honest candidate (a float64 mean, or a float32 sum in another order) was judged wrong by the reference's error.
 """
 
-import torch
-import pytest
+import copy
 
+import pytest
+import torch
+
+from kernelscout.sandbox import correctness
 from kernelscout.sandbox.correctness import CheckFailed, compare, judge
+from kernelscout.sandbox.exact_reference import _same_model, widened
 from kernelscout.tools.schema import MeasureStatus
 
 
@@ -87,6 +91,21 @@ def test_nothing_runs_twice_when_the_first_comparison_passes_or_cannot_be_roundi
     assert calls == []
 
 
+def test_a_second_look_that_runs_out_of_memory_leaves_the_first_verdict(rows, monkeypatch):
+    x, reference, exact = rows
+    candidate = (x.double() - x.double().mean(1, keepdim=True)).float()
+    first_compare = correctness.compare
+
+    def out_of_memory_the_second_time(*args, **kw):
+        if kw.get("slack") is not None:
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory")
+        return first_compare(*args, **kw)
+
+    monkeypatch.setattr(correctness, "compare", out_of_memory_the_second_time)
+    with pytest.raises(CheckFailed, match="differs from the reference"):
+        judge([candidate], [reference], lambda: [exact])
+
+
 CENTRED_ROWS_PROBLEM = '''
 import torch
 import torch.nn as nn
@@ -125,5 +144,111 @@ def test_a_measurement_of_a_more_accurate_kernel_is_correct_with_a_warning(measu
 def test_a_measurement_of_a_wrong_kernel_on_the_same_problem_is_incorrect(measure_source):
     m = measure_source(FLOAT64_MEAN.replace("keepdim=True)).float()", "keepdim=True)).float() + 3e-4"),
                        problem=CENTRED_ROWS_PROBLEM)
+    assert m.status == MeasureStatus.incorrect
+    assert "differs from the reference" in m.message
+
+
+# -- the float64 copy is the reference's, whatever the candidate's code did to the process -------------------------
+
+
+class Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 4)
+        self.register_buffer("steps", torch.arange(4))
+        self.eps = 1e-5
+
+    def forward(self, x):
+        return self.linear(x) * (1 + self.eps) + self.steps
+
+
+def test_the_float64_copy_has_the_references_weights_widened_and_its_integers_as_they_were():
+    torch.manual_seed(0)
+    model = Scaled()
+    wide = widened(model)
+    assert wide is not None and type(wide) is Scaled
+    assert wide.linear.weight.dtype == torch.float64 and torch.equal(wide.linear.weight.float(), model.linear.weight)
+    assert wide.steps.dtype == torch.int64 and torch.equal(wide.steps, model.steps)
+    x = torch.randn(3, 8)
+    assert torch.allclose(wide(x.double()).float(), model(x), atol=1e-6)
+    assert model.linear.weight.dtype == torch.float32  # the reference itself is left alone
+
+
+def test_a_rebound_copy_deepcopy_does_not_make_the_float64_run(monkeypatch):
+    """copy.deepcopy is bound at import; nested copies still go through the module's name, and the copy that
+    comes out of them is then not the reference's: no float64 run (the first verdict stands), never the impostor."""
+    model = Scaled()
+    monkeypatch.setattr(copy, "deepcopy", lambda obj, memo=None: torch.nn.Identity())
+    wide = widened(model)
+    assert wide is None or (type(wide) is Scaled and torch.equal(wide.linear.weight.float(), model.linear.weight))
+
+
+def test_a_deepcopy_planted_on_the_reference_is_not_used():
+    model = Scaled()
+    model.__dict__["__deepcopy__"] = lambda memo: _plain_copy(model).double()
+    assert widened(model) is None
+
+
+class Impostor(torch.nn.Module):
+    def forward(self, x):
+        return torch.zeros(x.shape[0], 4, dtype=torch.float64)
+
+
+def altered_copy(model):
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        twin.linear.weight.mul_(1.001)
+    return twin
+
+
+def overridden_forward(model):
+    twin = copy.deepcopy(model)
+    twin.forward = lambda x: torch.zeros(x.shape[0], 4, dtype=torch.float64)
+    return twin
+
+
+def hooked(model):
+    twin = copy.deepcopy(model)
+    twin.linear.register_forward_hook(lambda module, args, out: out * 0)
+    return twin
+
+
+@pytest.mark.parametrize("twin", [lambda m: Impostor(), altered_copy, overridden_forward, hooked],
+                         ids=["another module", "other weights", "an instance forward", "a hook"])
+def test_a_copy_that_is_not_the_reference_is_not_run(twin):
+    """What a tampered copy could hand back instead of the reference's: each is told apart from it."""
+    model = Scaled()
+    assert _same_model(_plain_copy(model).double(), model)  # the honest copy is
+    assert not _same_model(twin(_plain_copy(model)).double(), model)
+
+
+def _plain_copy(model):
+    clone = Scaled()
+    clone.load_state_dict(model.state_dict())
+    return clone
+
+
+INSTANCE_DEEPCOPY_CHEAT = '''
+import gc
+import torch
+import torch.nn as nn
+
+
+class Answer(nn.Module):  # what the "float64 run" would compute: the candidate's own wrong answer
+    def forward(self, x):
+        return (x.float() - x.float().mean(1, keepdim=True) + 3e-4).double()
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        for obj in gc.get_objects():
+            if type(obj).__name__ == "Model" and type(obj).__module__.startswith("kscout_problem_"):
+                obj.__dict__["__deepcopy__"] = lambda memo: Answer()
+        return x - x.mean(1, keepdim=True) + 3e-4
+'''
+
+
+def test_a_candidate_that_makes_its_own_float64_run_is_incorrect(measure_source):
+    m = measure_source(INSTANCE_DEEPCOPY_CHEAT, problem=CENTRED_ROWS_PROBLEM)
     assert m.status == MeasureStatus.incorrect
     assert "differs from the reference" in m.message
