@@ -608,6 +608,7 @@ class Worker:
                 return None
             finally:
                 model = args = out = None
+            self._judge_intact()  # and after: what the float64 run went through must still be as the comparison found it
             if on_cpu:  # the referee compares on the CPU
                 outputs = correctness.from_portable(correctness.portable(outputs), "reference")
             return outputs
