@@ -381,10 +381,9 @@ def compare(cand: list[torch.Tensor], ref: list[torch.Tensor], slack: Optional[l
         diff = torch.linalg.vector_norm(c64 - r64, dim=-1)
         del c64, r64
         atol = tol * _typical_magnitude(mag, whole)
-        allowed = atol + tol * mag
         if slack is not None and slack[i]:
-            allowed = allowed + slack[i]
             atol = atol + slack[i]
+        allowed = atol + tol * mag
         bad = diff > allowed
         if diff.numel():
             result.max_abs_diff = max(result.max_abs_diff, float(diff.max()))

@@ -26,15 +26,13 @@ _PLAIN = (int, float, complex, str, bool, bytes, type(None), torch.dtype, torch.
 _SHARED = (types.FunctionType, types.BuiltinFunctionType, type)  # deepcopy hands these back as they are
 
 
-def in_float64(t: torch.Tensor) -> torch.Tensor:
-    """A copy of one tensor for the float64 run: floats widened, everything else as it is."""
-    if t.is_complex():
-        return t.to(torch.complex128)
-    return t.double() if t.is_floating_point() else t.clone()
-
-
 def _widen(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.complex128) if t.is_complex() else t.double() if t.is_floating_point() else t
+
+
+def in_float64(t: torch.Tensor) -> torch.Tensor:
+    """A copy of one tensor for the float64 run: floats widened, everything else as it is."""
+    return _widen(t) if t.is_floating_point() or t.is_complex() else t.clone()
 
 
 def widened(reference: torch.nn.Module) -> Optional[torch.nn.Module]:

@@ -582,6 +582,10 @@ class Worker:
             out = self.reference(*inputs)
         return correctness.flatten_outputs(out, "reference")
 
+    def _inputs_for(self, seed: int) -> Callable[[], list[Any]]:
+        """The problem's inputs for `seed`, made afresh on each call: as they were before either side's call."""
+        return lambda: self._make_inputs(self.problem, seed, self.problem_path)
+
     def _exact(self, inputs: Callable[[], list[Any]], on_cpu: bool = False) -> Callable[[], Optional[list[torch.Tensor]]]:
         """What `correctness.judge` calls, only when a candidate fails: the reference run in float64, on a fresh copy of
         the model checked against the live one (sandbox/exact_reference.py; never a copy kept between calls, where a
@@ -632,9 +636,9 @@ class Worker:
                 _sync(self.device)
             self._judge_intact()
             try:
-                cmp = correctness.judge(cand_out, ref_out, self._exact(lambda seed=seed: self._make_inputs(self.problem, seed, self.problem_path)))
-                correctness.check_inputs_kept(tensors_in(cand_inputs), tensors_in(ref_inputs), lambda seed=seed: tensors_in(
-                    self._make_inputs(self.problem, seed, self.problem_path)))
+                remake = self._inputs_for(seed)
+                cmp = correctness.judge(cand_out, ref_out, self._exact(remake))
+                correctness.check_inputs_kept(tensors_in(cand_inputs), tensors_in(ref_inputs), lambda: tensors_in(remake()))
             except CheckFailed as exc:
                 raise Failure("incorrect", f"trial with seed {seed}: {exc}{_strided_hint(str(exc), ref_inputs)}")
             worst.max_abs_diff = max(worst.max_abs_diff, cmp.max_abs_diff)
@@ -666,7 +670,7 @@ class Worker:
             _sync(self.device)
         self._judge_intact()
         try:
-            correctness.judge(cand_out, ref_out, self._exact(lambda: self._make_inputs(self.problem, seed, self.problem_path)))
+            correctness.judge(cand_out, ref_out, self._exact(self._inputs_for(seed)))
         except CheckFailed as exc:
             raise Failure("incorrect", f"the call counted for its FLOPs (seed {seed}): {exc}")
         uncovered = counter.uncovered()
@@ -992,8 +996,7 @@ class Worker:
         ref_cpu = correctness.from_portable(correctness.portable(ref), "reference")
         try:  # from here on, anything that goes wrong comes from the candidate's file
             saved = torch.load(msg["path"], map_location="cpu", weights_only=True)
-            exact = self._exact(lambda: self._make_inputs(self.problem, msg["seed"], self.problem_path), on_cpu=True)
-            cmp = correctness.judge(correctness.from_portable(saved), ref_cpu, exact)
+            cmp = correctness.judge(correctness.from_portable(saved), ref_cpu, self._exact(self._inputs_for(msg["seed"]), on_cpu=True))
         except CheckFailed as exc:
             raise Failure("incorrect", f"judged by a second worker that never loaded the candidate: {exc}")
         except Exception as exc:
