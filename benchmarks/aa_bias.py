@@ -13,6 +13,7 @@ measurements (`measure` with again=True, a new worker each), in one process, one
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import tempfile
 import time
@@ -56,23 +57,29 @@ def main() -> None:
             folder.mkdir()
             (folder / "problem.py").write_text(SOURCE.format(cls="Model", body=body, inputs=inputs))
             (folder / "same.py").write_text(SOURCE.format(cls="ModelNew", body=body, inputs=inputs))
-            speedups, ref_ms, valid = [], [], 0
+            speedups, ref_ms, valid, firsts, afters = [], [], 0, [], []
             for _ in range(args.repeats):
                 m = measure(MeasureRequest(problem=str(folder / "problem.py"), candidate=str(folder / "same.py"), device=args.device,
                                            run_dir=f"{tmp}/run", again=True), pool=pool)
                 if m.speedup is not None:
                     speedups.append(m.speedup)
                     ref_ms.append(m.ref_runtime_ms)
+                for check in m.checks:  # the harness's speedups from each call position (sandbox/stats.py)
+                    if found := re.match(r"speedup by call order: ([0-9.]+)x .*?, ([0-9.]+)x", check):
+                        firsts.append(float(found[1]))
+                        afters.append(float(found[2]))
                 valid += bool(m.timing_valid)
-            rows.append((name, statistics.median(ref_ms) if ref_ms else None, speedups, valid))
+            rows.append((name, statistics.median(ref_ms) if ref_ms else None, speedups, valid, firsts, afters))
             print(f"{name}: {' '.join(f'{s:.3f}' for s in speedups)}", flush=True)
     print(f"\n{started}, device {args.device}, {args.repeats} measurements per problem\n")
-    print("| problem | reference call (median) | speedups of the same code | median | timing valid |")
-    print("|---|---|---|---|---|")
-    for name, ms, speedups, valid in rows:
+    print("| problem | reference call (median) | speedups of the same code | median | timing valid "
+          "| median from calls first in their round / right after the other's |")
+    print("|---|---|---|---|---|---|")
+    for name, ms, speedups, valid, firsts, afters in rows:
         call = f"{ms * 1e3:.0f} µs" if ms is not None and ms < 1 else (f"{ms:.2f} ms" if ms is not None else "-")
         med = f"{statistics.median(speedups):.3f}x" if speedups else "-"
-        print(f"| {name} | {call} | {', '.join(f'{s:.3f}' for s in speedups)} | {med} | {valid} of {args.repeats} |")
+        positions = f"{statistics.median(firsts):.3f}x / {statistics.median(afters):.3f}x" if firsts else "-"
+        print(f"| {name} | {call} | {', '.join(f'{s:.3f}' for s in speedups)} | {med} | {valid} of {args.repeats} | {positions} |")
 
 
 if __name__ == "__main__":

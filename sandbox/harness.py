@@ -20,7 +20,7 @@ from kernelscout.sandbox.pool import WorkerDied, WorkerOutOfMemory, WorkerPool, 
 from kernelscout.sandbox import harness_defaults, referee, triton_interpreter
 from kernelscout.sandbox.problem import SourceFile
 from kernelscout.sandbox.stats import (after_the_other_ratio, busy_machine, crowded, disturbed_reference, heap_handed_back,
-                                      slowed_after_the_other, summarise, wall_clock_disagreement)
+                                      slowed_after_the_other, speedups_by_position, summarise, wall_clock_disagreement)
 from kernelscout.tools.schema import Measurement, MeasureStatus
 
 START_TIMEOUT_S = 120.0  # a fresh sandbox worker imports torch before it answers
@@ -449,7 +449,7 @@ def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float,
     if busy:  # too few quiet rounds to stand on their own: the numbers shown are every round's, and not valid
         for got in left_out:
             keep(got)
-    cand, ref = summarise(cand_t), summarise(ref_t)
+    cand, ref = summarise(cand_t, follows["cand"]), summarise(ref_t, follows["ref"])
     m = Measurement(
         status=MeasureStatus.ok,
         correct=True,
@@ -468,6 +468,10 @@ def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float,
     r_ref, r_cand = after_the_other_ratio(ref_t, follows["ref"]), after_the_other_ratio(cand_t, follows["cand"])
     if r_ref is not None and r_cand is not None:
         m.checks.append(f"each side right after the other's call, against first in its round: reference {r_ref:.2f}x, candidate {r_cand:.2f}x")
+    by_position = speedups_by_position(ref_t, cand_t, follows)
+    if by_position is not None:
+        m.checks.append(f"speedup by call order: {by_position[0]:.3f}x from the calls first in their round, {by_position[1]:.3f}x "
+                        "from those right after the other side's (the speedup shown is their geometric mean)")
     reason = (heap_handed_back(ref_faults, faults_at_load) or wall_clock_disagreement(ref_t, cand_t, ref_w, cand_w)
               or slowed_after_the_other(ref_t, cand_t, follows))
     ref_calls = len(ref_t) + (0 if busy else len(left_out))

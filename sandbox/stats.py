@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import resource
 import statistics
 from typing import Optional, Sequence
@@ -19,9 +20,43 @@ def quantile(values: Sequence[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def summarise(times_ms: Sequence[float]) -> TimingStats:
+def balanced_median(times_ms: Sequence[float], follows: Optional[Sequence[bool]] = None) -> float:
+    """A side's median per-call time, balanced over where its calls fell in their rounds.
+
+    Rounds alternate which side goes first, so each side is timed first in half of them and right after
+    the other side's call in the rest, and on calls of tens of microseconds the two positions differ by
+    5-15 % (what the call before, and the harness's work after it, left in the caches). Alternating cancels
+    that for a mean, not for a median of all the calls: they form two clusters, and the median falls
+    between them wherever the clusters' edges happen to lie (a candidate whose code is the reference's read
+    0.97x on a 19 us call, benchmarks/aa_bias.py, with the candidate first-in-round 5 % slower and second 4 %
+    faster). The geometric mean of the two positions' medians cancels any factor that goes with the position,
+    since both sides spend as many calls in each; with fewer than 3 calls in either, the plain median."""
+    medians = _by_position(times_ms, follows) if follows is not None and len(follows) == len(times_ms) else None
+    return statistics.median(times_ms) if medians is None else math.sqrt(medians[0] * medians[1])
+
+
+def _by_position(times_ms: Sequence[float], follows: Sequence[bool]) -> Optional[tuple[float, float]]:
+    first = [t for t, f in zip(times_ms, follows) if not f]
+    after = [t for t, f in zip(times_ms, follows) if f]
+    if len(first) < 3 or len(after) < 3:
+        return None
+    return statistics.median(first), statistics.median(after)
+
+
+def speedups_by_position(ref_ms: Sequence[float], cand_ms: Sequence[float], follows: dict[str, Sequence[bool]]) -> Optional[tuple[float, float]]:
+    """(speedup from the calls each side made first in its round, from those made right after the other's); the
+    speedup shown is their geometric mean. None with fewer than 3 calls of either kind on either side."""
+    ref, cand = _by_position(ref_ms, follows.get("ref", ())), _by_position(cand_ms, follows.get("cand", ()))
+    if ref is None or cand is None or min(cand) <= 0:
+        return None
+    return ref[0] / cand[0], ref[1] / cand[1]
+
+
+def summarise(times_ms: Sequence[float], follows: Optional[Sequence[bool]] = None) -> TimingStats:
+    """`follows`: per call, whether it came right after the other side's (its median is then balanced
+    over the two positions, `balanced_median`)."""
     return TimingStats(
-        median_ms=statistics.median(times_ms),
+        median_ms=balanced_median(times_ms, follows),
         iqr_ms=quantile(times_ms, 0.75) - quantile(times_ms, 0.25),
         mean_ms=statistics.fmean(times_ms),
         min_ms=min(times_ms),

@@ -2,8 +2,8 @@
 
 import random
 
-from kernelscout.sandbox.stats import (busy_machine, crowded, disturbed_reference, slowed_after_the_other, summarise,
-                                      wall_clock_disagreement)
+from kernelscout.sandbox.stats import (busy_machine, crowded, disturbed_reference, slowed_after_the_other, speedups_by_position,
+                                      summarise, wall_clock_disagreement)
 
 
 def _rounds(true_ref, true_cand, claimed_cand=None, n=40, overhead=0.3, jitter=0.02, seed=0):
@@ -103,3 +103,35 @@ def test_a_few_crowded_rounds_are_left_out_and_most_make_the_machine_busy():
     assert reason and "machine was busy" in reason and "27 of 27" in reason
     assert busy_machine(left_out=12, kept=10)  # more crowded rounds than quiet ones
     assert busy_machine(left_out=1, kept=2)  # too few quiet rounds to stand on
+
+
+def _same_code_timed_in_alternating_rounds(n=300, seed=0):
+    """Reference and candidate are the same 20 us code; a call is 10 % faster when the reference's call (and
+    the harness's work after it) came just before it than when the candidate's did, whichever side it is,
+    as the A/A check saw on this CPU (benchmarks/aa_bias.py)."""
+    rng = random.Random(seed)
+    times = {"ref": [], "cand": []}
+    follows = {"ref": [], "cand": []}
+    last = "cand"
+    for k in range(n):
+        for position, side in enumerate(("ref", "cand") if k % 2 == 0 else ("cand", "ref")):
+            warm = 0.9 if last == "ref" else 1.0
+            times[side].append(0.020 * warm * rng.uniform(0.97, 1.03))
+            follows[side].append(position == 1)
+            last = side
+    return times, follows
+
+
+def test_a_same_code_pair_reads_one_when_the_call_order_favours_one_side_s_follower():
+    times, follows = _same_code_timed_in_alternating_rounds()
+    plain = summarise(times["ref"]).median_ms / summarise(times["cand"]).median_ms
+    balanced = summarise(times["ref"], follows["ref"]).median_ms / summarise(times["cand"], follows["cand"]).median_ms
+    assert abs(plain - 1) > 0.02  # the pooled median lands between the clusters
+    assert abs(balanced - 1) < 0.01
+    first, after = speedups_by_position(times["ref"], times["cand"], follows)
+    assert first < 0.93 and after > 1.07  # what the measurement's checks show of it
+
+
+def test_a_balanced_median_needs_calls_in_both_positions():
+    assert summarise([1.0, 2.0, 3.0, 4.0], [False, False, False, True]).median_ms == 2.5
+    assert summarise([1.0, 1.0, 1.0, 4.0, 4.0, 4.0], [False] * 3 + [True] * 3).median_ms == 2.0

@@ -29,7 +29,8 @@ class MeasureStatus(str, Enum):
 class TimingStats(BaseModel):
     """Per-call times of one side (reference or candidate), in milliseconds."""
 
-    median_ms: float
+    median_ms: float = Field(description="median per-call time, balanced over the call order: the geometric mean of the "
+                             "medians of the calls made first in their round and of those made right after the other side's")
     iqr_ms: float
     mean_ms: float
     min_ms: float
