@@ -555,13 +555,25 @@ class Worker:
     def _validate_candidate_output(self, out: Any, inputs: list[Any]) -> list[torch.Tensor]:
         try:
             outputs = correctness.flatten_outputs(out, "candidate")
-            correctness.check_no_alias(outputs, tensors_in(inputs), self.reference_aliases)
         except CheckFailed as exc:
             raise Failure("incorrect", str(exc))
+        problem = self._aliases_and_flags(outputs, inputs)
+        if problem:
+            raise Failure("incorrect", problem)
+        return outputs
+
+    def _aliases_and_flags(self, outputs: list[torch.Tensor], inputs: list[Any]) -> Optional[str]:
+        """What is wrong with a candidate's outputs beyond their values: one that is an input the reference does
+        not return, or precision flags its call changed (also run after the reference's timed calls, whose
+        answer is not used, so that both sides' calls are followed by the same work)."""
+        try:
+            correctness.check_no_alias(outputs, tensors_in(inputs), self.reference_aliases)
+        except CheckFailed as exc:
+            return str(exc)
         if integrity.precision_flags() != self._pinned_flags():
             integrity.pin_precision()
-            raise Failure("incorrect", "the candidate changed the TF32/reduced-precision flags (a precision downgrade)")
-        return outputs
+            return "the candidate changed the TF32/reduced-precision flags (a precision downgrade)"
+        return None
 
     @staticmethod
     def _pinned_flags() -> dict:
@@ -866,17 +878,25 @@ class Worker:
         return [_each_tensor(x, lambda t: _perturb(t, gen) if t.is_floating_point() else t) for x in base]
 
     def call(self, msg: dict) -> dict:
+        """One timed call of one side.
+
+        The worker does the same work before and after both sides' calls and keeps only what each side's
+        verdict needs: work done around one side's calls alone (the reference's settings put back before it,
+        the reference's CPU-wait and page-fault reads after it, the candidate's output and thread checks after
+        it) changes how warm the caches are for whichever call comes next, and a candidate that is the
+        reference's own code read 0.95x in the rounds it opened and 1.05x in those where it came second, on a
+        19 us call (benchmarks/aa_bias.py; 1.05-1.07x overall when only the reference's calls were preceded by
+        the schedstat reads)."""
         side = msg["side"]
         inputs = self.round[side]
+        model = self.reference if side == "ref" else self.candidate
         py_threads = integrity.thread_count()
-        if side == "ref":
-            integrity.pin_precision()
-            if self.settings_at_load is not None:
-                integrity.restore_settings(self.settings_at_load)
-            integrity.clear_trace_hooks()
-            model = self.reference
-        else:
-            model = self.candidate
+        # for the reference these put back what it was set up under; for the candidate, what it had when it was
+        # built (TF32 off on both sides), which its own call would have to change again, and be seen changing
+        integrity.pin_precision()
+        if self.settings_at_load is not None:
+            integrity.restore_settings(self.settings_at_load)
+        integrity.clear_trace_hooks()
 
         def run():
             with torch.no_grad():
@@ -887,13 +907,8 @@ class Worker:
         # finalisers the other side's garbage carries
         integrity.gc_disable()
         integrity.pin_allocator()
-        # read on both sides, though only the reference's are judged: reading every thread's schedstat right
-        # before one side's call alone left that call's caches colder, and a candidate whose code is the
-        # reference's read 1.05-1.07x on calls of 20-40 microseconds (benchmarks/aa_bias.py)
         window = self._reference_window()
         faults = integrity.page_faults()
-        if side != "ref":
-            window, faults = None, 0
         try:
             out, timer_ms, host_ms = self.timer(run)
         except Exception as exc:
@@ -903,18 +918,25 @@ class Worker:
         finally:
             if collecting:
                 integrity.gc_enable()
+        closed = self._reference_window()  # read at once: the window is the call
+        faults = integrity.page_faults() - faults
+        disturbed = self._disturbed(window, closed, host_ms)
+        python_threads = integrity.thread_count() - py_threads
         reply: dict[str, Any] = {"status": "ok", "timer_ms": timer_ms, "host_ms": host_ms}
-        disturbed = None
-        if window is not None:
-            closed = self._reference_window()  # read at once: the window is the call
-            disturbed = self._disturbed(window, closed, host_ms)
+        if side == "ref":
             # the reference's threads kept off a CPU during its call: another process on the worker's cores
             reply["queued_ms"] = (sum(stat[1] for stat in closed[0].values()) - sum(stat[1] for stat in window[0].values())) / 1e6
             # memory the reference had to fault in again: the heap handed back to the OS between calls
-            reply["faults"] = integrity.page_faults() - faults
-        if side == "cand":
-            if integrity.thread_count() > py_threads:
-                reply["thread_leak"] = f"{integrity.thread_count() - py_threads} Python thread(s) still running after the call returned"
+            reply["faults"] = faults
+            if disturbed:
+                reply["disturbed"] = disturbed
+            integrity.os_thread_count()  # the read the candidate's settle makes when no thread is exiting
+            outputs = correctness.flatten_outputs(out, "reference")
+            self._aliases_and_flags(outputs, inputs)
+            self._settings_changed()
+        else:
+            if python_threads > 0:
+                reply["thread_leak"] = f"{python_threads} Python thread(s) still running after the call returned"
             elif self.thread_baseline is not None:
                 extra, waited_ms = integrity.settle_os_threads(self.thread_baseline)
                 if extra:
@@ -927,10 +949,6 @@ class Worker:
             if self.thread_cpu_at_timing is not None:
                 self.timed_candidate_ms += reply["timer_ms"]
             outputs = self._validate_candidate_output(out, inputs)
-        else:
-            outputs = correctness.flatten_outputs(out, "reference")
-        if disturbed:
-            reply["disturbed"] = disturbed
         unfair = self._process_leak() or self._hooks_changed() or (self._settings_changed() if side == "cand" else None)
         if unfair:
             reply["unfair"] = unfair
