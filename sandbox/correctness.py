@@ -266,7 +266,7 @@ SLICE_SLACK = 16.0
 SLICE_FLOOR = 0.01
 
 
-def _typical_magnitude(mag: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
+def _typical_magnitude(mag: torch.Tensor, whole: Optional[torch.Tensor]) -> torch.Tensor:
     """Each element's scale for the absolute tolerance: the whole output's RMS times, for every axis, the
     RMS of the element's slice on that axis over the whole's (a rank-one model of the magnitudes: exact where
     they are a product of a row's and a column's scale), SLICE_SLACK times that, kept between SLICE_FLOOR and
@@ -279,9 +279,12 @@ def _typical_magnitude(mag: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
     reflect. Reordering error, what the absolute tolerance forgives, scales with the magnitudes an element is
     computed from, which the product of its slices' scales follows in both cases. Capped at the whole's RMS,
     no element's tolerance is looser than it was."""
-    overall = float(mag[whole].pow(2).mean().sqrt()) if bool(whole.any()) else 0.0
-    overall = max(overall, 1e-12)
     square = mag.square()
+    if whole is None:  # finite everywhere
+        overall = float(square.mean().sqrt())
+    else:
+        overall = float(square[whole].mean().sqrt()) if bool(whole.any()) else 0.0
+    overall = max(overall, 1e-12)
     scale = None
     for axis, size in enumerate(mag.shape):
         if size < 2 or mag.numel() // size < MIN_SLICE:
@@ -291,7 +294,7 @@ def _typical_magnitude(mag: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
         scale = ratio if scale is None else scale * ratio
     if scale is None:
         return torch.tensor(overall, dtype=mag.dtype)
-    return (SLICE_SLACK * scale * overall).clamp(min=SLICE_FLOOR * overall, max=overall)
+    return (scale * (SLICE_SLACK * overall)).clamp_(min=SLICE_FLOOR * overall, max=overall)
 
 
 # A quantised output may differ from the reference by exactly 1 in at most one element in this many (none
@@ -319,6 +322,31 @@ def _rounded_at_ties(c: torch.Tensor, r: torch.Tensor) -> Optional[int]:
     if not bool(((c[apart].long() - r[apart].long()).abs() == 1).all()):  # 32 bits at most: no wrap in int64
         return None
     return count
+
+
+def _magnitude_and_error(name: str, c: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """(|reference|, |candidate - reference|, where the reference is finite: None for everywhere), in float64.
+
+    A real output that is finite on both sides, nearly every output, takes a shorter way than the general one
+    (complex components, non-finite values matched in kind): on a 16M-element float32 output the check took
+    1.6 s on this CPU, and a measurement makes it in every trial and every re-checked round."""
+    if not r.is_complex() and r.numel():
+        r64 = r.double()
+        diff = c.double().sub_(r64).abs_()
+        mag = r64.abs_()
+        if math.isfinite(float(mag.max()) + float(diff.max())):  # a NaN anywhere carries through max
+            return mag, diff, None
+        del r64, diff, mag
+    c64, r64 = _components(c), _components(r)
+    mismatches = _nonfinite_mismatches(c64, r64)
+    if mismatches:
+        raise CheckFailed(f"{name} has NaN/Inf where the reference does not agree: " + "; ".join(mismatches))
+    whole = torch.isfinite(r64).all(-1)
+    # Non-finite values match in kind by now (and the candidate's are only where the
+    # reference's are): they drop out of the numeric comparison as zeros on both sides.
+    r64 = r64.nan_to_num(0.0, 0.0, 0.0)
+    c64 = c64.nan_to_num(0.0, 0.0, 0.0)
+    return torch.linalg.vector_norm(r64, dim=-1), torch.linalg.vector_norm(c64 - r64, dim=-1), whole
 
 
 def _check_structure(cand: list, ref: list) -> None:
@@ -367,23 +395,12 @@ def compare(cand: list[torch.Tensor], ref: list[torch.Tensor], slack: Optional[l
                 f"outputs in up to 1 element in {INTEGER_TIES}: a float result rounded to an integer (quantisation) comes out "
                 "one step apart where the two sides' rounding differs at a tie")
             continue
-        c64, r64 = _components(c), _components(r)
-        mismatches = _nonfinite_mismatches(c64, r64)
-        if mismatches:
-            raise CheckFailed(f"{name} has NaN/Inf where the reference does not agree: " + "; ".join(mismatches))
         tol = tolerance(r.dtype)
-        whole = torch.isfinite(r64).all(-1)
-        # Non-finite values match in kind by now (and the candidate's are only where the
-        # reference's are): they drop out of the numeric comparison as zeros on both sides.
-        r64 = r64.nan_to_num(0.0, 0.0, 0.0)
-        c64 = c64.nan_to_num(0.0, 0.0, 0.0)
-        mag = torch.linalg.vector_norm(r64, dim=-1)
-        diff = torch.linalg.vector_norm(c64 - r64, dim=-1)
-        del c64, r64
-        atol = tol * _typical_magnitude(mag, whole)
+        mag, diff, whole = _magnitude_and_error(name, c, r)
+        atol = _typical_magnitude(mag, whole).mul_(tol)
         if slack is not None and slack[i]:
             atol = atol + slack[i]
-        allowed = atol + tol * mag
+        allowed = torch.add(atol, mag, alpha=tol)
         bad = diff > allowed
         if diff.numel():
             result.max_abs_diff = max(result.max_abs_diff, float(diff.max()))

@@ -5,6 +5,7 @@ Each example is the kind of output a real problem produces; no worker processes 
 """
 
 import math
+import re
 
 import pytest
 import torch
@@ -389,3 +390,22 @@ def test_indices_counts_and_integer_inputs_get_no_step_of_slack():
     bumped[11] += 1  # a candidate that wrote into its token ids
     with pytest.raises(CheckFailed, match="wrote into input tensor 0"):
         check_inputs_kept([bumped], [tokens.clone()])
+
+
+def test_a_finite_output_is_judged_as_it_would_be_beside_a_matching_nan():
+    """Finite real outputs take a shorter way through the check than outputs with NaN or Inf; the verdict and the
+    figures it reports must not depend on which."""
+    gen = torch.Generator().manual_seed(3)
+    ref = torch.randn(64, 96, generator=gen) * torch.logspace(-3, 3, 96)  # columns of very different scale
+    for off in (3e-5, 3e-4):  # within float32's tolerance, then ten times outside it
+        cand = ref * (1 + off * torch.randn(64, 96, generator=gen))
+        with_nan_r, with_nan_c = torch.cat([ref, torch.full((1, 96), math.nan)]), torch.cat([cand, torch.full((1, 96), math.nan)])
+        verdicts = []
+        for c, r in ((cand, ref), (with_nan_c, with_nan_r)):
+            try:
+                verdicts.append(("pass", round(compare([c], [r]).max_abs_diff, 9)))
+            except CheckFailed as exc:  # "... differs from the reference in N of M elements, first at index I (there ..."
+                found = re.search(r"in (\d+) of \d+ elements, first at index (\(.*?\))", str(exc))
+                verdicts.append(("fail", found.groups()))
+        assert verdicts[0] == verdicts[1]
+        assert verdicts[0][0] == ("pass" if off < 1e-4 else "fail")
