@@ -20,7 +20,8 @@ from kernelscout.sandbox.pool import WorkerDied, WorkerOutOfMemory, WorkerPool, 
 from kernelscout.sandbox import harness_defaults, referee, triton_interpreter
 from kernelscout.sandbox.problem import SourceFile
 from kernelscout.sandbox.stats import (after_the_other_ratio, busy_machine, crowded, disturbed_reference, heap_handed_back,
-                                      slowed_after_the_other, speedups_by_position, summarise, wall_clock_disagreement)
+                                      same_sample, slowed_after_the_other, speedups_by_position, summarise,
+                                      wall_clock_disagreement)
 from kernelscout.tools.schema import Measurement, MeasureStatus
 
 START_TIMEOUT_S = 120.0  # a fresh sandbox worker imports torch before it answers
@@ -218,6 +219,13 @@ def _may_interpret(problem: SourceFile, candidate: SourceFile, config: HarnessCo
     return config.device.startswith("cpu") and (candidate.uses_triton or problem.uses_triton)
 
 
+_WHO = {"ref": "reference", "cand": "candidate"}
+
+
+def _tampered(why: str) -> Measurement:
+    return _fail({"status": "incorrect", "message": "the candidate tampered with the harness: " + why})
+
+
 def _fail(reply: dict) -> Measurement:
     return Measurement(status=MeasureStatus(reply["status"]), message=reply.get("message", ""))
 
@@ -401,18 +409,25 @@ def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float,
             strays = worker.stray_processes()
             if strays:
                 leaks.append(f"the candidate had {len(strays)} process(es) running when timing began ({', '.join(sorted(set(strays)))})")
-        reply = worker.request_by("prep", deadline, seed=_seed(), baseline_threads=(rounds == config.warmup_rounds))
+        # one key per side and round, sent with that side's call only (`worker.sample`)
+        keys = {"ref": secrets.randbits(63), "cand": secrets.randbits(63)}
+        reply = worker.request_by("prep", deadline, seed=_seed(), baseline_threads=(rounds == config.warmup_rounds), keys=keys)
         if reply["status"] != "ok":
             return _fail(reply), []
+        refilled, returned = reply.get("inputs") or {}, {}
         order = ("ref", "cand") if rounds % 2 == 0 else ("cand", "ref")
         got: dict[str, tuple[float, float, bool]] = {}  # side -> (timer ms, wall ms, came right after the other's call)
         queued_ms, faults = 0.0, 0
         for position, side in enumerate(order):
             w0 = time.perf_counter()
-            reply = worker.request_by("call", deadline, side=side)
+            reply = worker.request_by("call", deadline, side=side, key=keys[side])
             wall_ms = (time.perf_counter() - w0) * 1e3
             if reply["status"] != "ok":
                 return _fail(reply), []
+            if not same_sample(reply.get("inputs_sample"), refilled.get(side)):
+                return _tampered(f"the {_WHO[side]}'s input tensors held other values when its timed call began than the "
+                                 "harness's refill had put there: code the candidate ran wrote into them"), []
+            returned[side] = reply.get("outputs_sample")
             if warm:
                 continue
             got[side] = (reply["timer_ms"], wall_ms, position == 1)
@@ -440,9 +455,17 @@ def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float,
             # keeps a kernel of its own in the check's way for the rounds it fakes meets a deep read in
             # about one re-check of three, and every faked round that is re-checked needs that kernel.
             deep = rechecked == 0 or rng.random() < 1 / 3
-            reply = worker.request_by("verify", deadline, deep=deep)
+            reply = worker.request_by("verify", deadline, deep=deep, keys=keys)
             if reply["status"] != "ok":
                 return _fail(reply), []
+            compared = reply.get("samples") or {}
+            for side in ("ref", "cand"):
+                if not same_sample(compared.get(side), returned.get(side)):
+                    return _tampered(f"the {_WHO[side]}'s output of a timed round held other values when it was checked than "
+                                     "when its call returned: code the candidate ran wrote into it"), []
+            if not same_sample(compared.get("inputs"), refilled.get("ref")):
+                return _tampered("the copy of a timed round's inputs kept for the check held other values than the "
+                                 "harness's refill had made: code the candidate ran wrote into it"), []
             rechecked += 1
         rounds += 1
     busy = busy_machine(len(left_out), len(ref_t))

@@ -160,9 +160,11 @@ def _time_alone(referee: WorkerProcess, rounds: tuple[int, int, float], wanted: 
     times: list[float] = []
     kept_s, made = 0.0, 0
     while made < warmup + max(least, wanted) * 3:
-        reply = referee.request_by("prep", deadline, seed=secrets.randbits(31))
+        # with keys, so that the reference's calls here are surrounded by the same sampling as beside the candidate
+        key = secrets.randbits(63)
+        reply = referee.request_by("prep", deadline, seed=secrets.randbits(31), keys={"ref": key})
         if reply["status"] == "ok":
-            reply = referee.request_by("call", deadline, side="ref")
+            reply = referee.request_by("call", deadline, side="ref", key=key)
         if reply["status"] != "ok":
             raise _RefereeFailed(reply.get("message", reply["status"]))
         made += 1

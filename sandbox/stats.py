@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import resource
 import statistics
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from kernelscout.tools.schema import TimingStats
 
@@ -33,6 +33,22 @@ def balanced_median(times_ms: Sequence[float], follows: Optional[Sequence[bool]]
     since both sides spend as many calls in each; with fewer than 3 calls in either, the plain median."""
     medians = _by_position(times_ms, follows) if follows is not None and len(follows) == len(times_ms) else None
     return statistics.median(times_ms) if medians is None else math.sqrt(medians[0] * medians[1])
+
+
+def same_sample(got: Any, kept: Any) -> bool:
+    """Whether the values a worker read back at a round's sampled positions are those it reported when the
+    round's step happened (`worker.sample`): equal, NaN where NaN was."""
+    if not isinstance(got, list) or not isinstance(kept, list) or len(got) != len(kept):
+        return False
+    for a, b in zip(got, kept):
+        if a == b:
+            continue
+        if not isinstance(a, list) or not isinstance(b, list) or len(a) != len(b):
+            return False
+        if any(x != y and not (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y))
+               for x, y in zip(a, b)):
+            return False
+    return True
 
 
 def _by_position(times_ms: Sequence[float], follows: Sequence[bool]) -> Optional[tuple[float, float]]:

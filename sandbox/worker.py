@@ -151,6 +151,39 @@ def _checksum(t: torch.Tensor) -> Any:
     return v if v == v else "nan"
 
 
+SAMPLE_POINTS = 256  # values per tensor that the supervisor keeps of a round's inputs and outputs (`sample`)
+
+
+def sample(tensors: list[torch.Tensor], key: Optional[int]) -> Optional[list[list[Any]]]:
+    """The values at SAMPLE_POINTS positions of each tensor, drawn from `key` (None: no key, no sample).
+
+    What the supervisor holds of a round: the inputs as the refill made them, each side's inputs as its call
+    began and its outputs as its call returned. Anything in this process can be reached by the candidate's code
+    (a review's candidate walked up from its own call to the worker's frame, and in the rounds where it ran
+    second wrote its zeros into the reference's outputs, so that the re-check compared zeros with zeros: softmax
+    2.0x, correct). The key for a side comes only with that side's own call, so a candidate knows the positions
+    of its own sample, never of the reference's; a change to the reference's values that could fool the check
+    would have to spare every one of its positions."""
+    if key is None:
+        return None
+    gen = torch.Generator().manual_seed(key)
+    out = []
+    for t in tensors:
+        n = t.numel()
+        if n == 0:
+            out.append([])
+            continue
+        flat = torch.randint(n, (min(n, SAMPLE_POINTS),), generator=gen)
+        t = t.detach()
+        picked = t[tuple(i.to(t.device) for i in torch.unravel_index(flat, t.shape))] if t.dim() else t.reshape(1)
+        if picked.is_complex():
+            picked = torch.view_as_real(picked)
+        if picked.is_floating_point():
+            picked = picked.double()
+        out.append(picked.flatten().cpu().tolist())
+    return out
+
+
 def _perturb(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     """`t` scaled by random factors in [1 - 2^-6, 1), one per index of every axis: positive and at most
     1, so signs, zeros and bounds such as [0, 1] hold, and a (batch of) square matrices gets D·A·D on its
@@ -749,7 +782,8 @@ class Worker:
         }
         self.round["ref_layout"], self.round["cand_layout"] = _layout(self.round["ref"]), _layout(self.round["cand"])
         _sync(self.device)
-        return {"status": "ok"}
+        keys = msg.get("keys") or {}
+        return {"status": "ok", "inputs": {side: sample(tensors_in(fresh), key) for side, key in keys.items()}}
 
     def _settings_changed(self) -> Optional[str]:
         """Shared settings the candidate's call left other than they were once it was built (they are
@@ -902,6 +936,7 @@ class Worker:
             with torch.no_grad():
                 return model(*inputs)
 
+        inputs_sample = sample(tensors_in(inputs), msg.get("key"))
         collecting = integrity.gc_isenabled()
         # as timeit does: no garbage collection inside a timed call, where it would run whatever
         # finalisers the other side's garbage carries
@@ -953,6 +988,8 @@ class Worker:
         if unfair:
             reply["unfair"] = unfair
         self.round["out"][side] = outputs
+        if inputs_sample is not None:
+            reply["inputs_sample"], reply["outputs_sample"] = inputs_sample, sample(outputs, msg.get("key"))
         return reply
 
     def verify(self, msg: dict) -> dict:
@@ -972,7 +1009,12 @@ class Worker:
                    f"{self.FRESH_MS:g} ms: a candidate must be right for any values of the inputs' shapes and dtypes, not "
                    "only for the values get_inputs() draws, such as an exact 0/1 mask)") if self.inputs_rescaled else ""
             raise Failure("incorrect", f"a timed call's output was wrong on re-check: {exc}{why}")
-        return {"status": "ok", "rechecked": True}
+        keys = msg.get("keys") or {}
+        # what was compared, for the supervisor to hold against what it kept of the round (`sample`)
+        samples = {side: sample(out[side], key) for side, key in keys.items()}
+        if "ref" in keys:
+            samples["inputs"] = sample(tensors_in(self.round["inputs"]), keys["ref"])
+        return {"status": "ok", "rechecked": True, "samples": samples}
 
     # -- the referee's side (sandbox/referee.py) ------------------------------------------------
     def emit(self, msg: dict) -> dict:

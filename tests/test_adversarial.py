@@ -1317,3 +1317,59 @@ def test_code_placed_inside_the_output_check_is_caught(measure_source, source, w
     m = measure_source(source, problem=(EXAMPLES / "softmax" / "problem.py").read_text())
     assert m.status == MeasureStatus.incorrect, m
     assert "changed what checks its output" in m.message and what in m.message, m.message
+
+
+# A candidate's code can reach the worker that runs it by walking up from its own call's frame; from there every
+# value of the round is in reach. What the supervisor keeps of each round (`worker.sample`) is out of reach.
+_REACH_THE_WORKER = """import sys
+def _worker_and_step():
+    f, step = sys._getframe(2), None
+    while f is not None:
+        me = f.f_locals.get("self")
+        if type(me).__name__ == "Worker" and hasattr(me, "round"):
+            return me, step or f.f_code.co_name
+        step = step or (f.f_code.co_name if f.f_code.co_name in ("call", "check", "emit", "count_flops") else None)
+        f = f.f_back
+    return None, None"""
+
+
+def test_writing_zeros_into_the_references_outputs_when_second_in_the_round_is_incorrect(measure_source):
+    # before: the re-check compared zeros with zeros in the rounds it ran second (softmax 2.0x, correct, timing valid)
+    body = """        worker, step = _worker_and_step()
+        out = (worker.round or {}).get("out") if worker is not None and step == "call" else None
+        if out is not None and list(out) == ["ref"]:
+            for t in out["ref"]:
+                t.zero_()
+            return torch.zeros_like(x)
+        return torch.relu(x * self.scale + y) + 0.5 * x"""
+    m = measure_source(_model(body, _REACH_THE_WORKER))
+    assert m.status == MeasureStatus.incorrect, m
+    assert "reference's output of a timed round held other values when it was checked" in m.message
+
+
+def test_writing_zeros_into_the_references_inputs_when_first_in_the_round_is_incorrect(measure_source):
+    # the reference then computes the output of zeros, which the candidate returns without the work
+    # (before: softmax 2.0x, correct, timing valid)
+    body = """        worker, step = _worker_and_step()
+        out = (worker.round or {}).get("out") if worker is not None and step == "call" else None
+        if out is not None and not out:
+            for t in worker.round["ref"]:
+                t.zero_()
+            return torch.zeros_like(x)
+        return torch.relu(x * self.scale + y) + 0.5 * x"""
+    m = measure_source(_model(body, _REACH_THE_WORKER))
+    assert m.status == MeasureStatus.incorrect, m
+    assert "reference's input tensors held other values when its timed call began" in m.message
+
+
+def test_changing_the_inputs_kept_for_the_references_float64_run_is_incorrect(measure_source):
+    # those inputs are what the float64 second opinion runs the reference on (correctness.judge): changed, they
+    # could widen the allowance a wrong output is judged by
+    body = """        worker, step = _worker_and_step()
+        if worker is not None and step == "call" and (worker.round or {}).get("inputs"):
+            for t in worker.round["inputs"]:
+                t.add_(1.0)
+        return torch.relu(x * self.scale + y) + 0.5 * x"""
+    m = measure_source(_model(body, _REACH_THE_WORKER))
+    assert m.status == MeasureStatus.incorrect, m
+    assert "inputs kept for the check held other values" in m.message

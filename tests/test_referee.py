@@ -41,6 +41,7 @@ import sys, time
 import torch
 import torch.nn as nn
 from kernelscout.sandbox import protocol
+from kernelscout.sandbox.worker import sample, tensors_in
 
 _taken = []
 _position = [0]
@@ -64,7 +65,12 @@ def _serve():
         if msg["cmd"] == "check":
             reply = {{"status": "ok", "trials": len(msg["seeds"]), "max_abs_diff": 0.0, "max_rel_diff": 0.0}}
         elif msg["cmd"] == "verify":
-            reply = {{"status": "ok", "rechecked": True}}{emit_branch}
+            # what the supervisor compares with what it kept of the round, read back as the real worker would
+            worker, keys = loop["handlers"]["verify"].__self__, msg.get("keys") or {{}}
+            samples = {{side: sample(worker.round["out"][side], key) for side, key in keys.items()}}
+            if "ref" in keys:
+                samples["inputs"] = sample(tensors_in(worker.round["inputs"]), keys["ref"])
+            reply = {{"status": "ok", "rechecked": True, "samples": samples}}{emit_branch}
         else:
             _position[0] = 0 if msg["cmd"] == "prep" else _position[0] + (msg["cmd"] == "call")
             slow = 0.0

@@ -2,8 +2,8 @@
 
 import random
 
-from kernelscout.sandbox.stats import (busy_machine, crowded, disturbed_reference, slowed_after_the_other, speedups_by_position,
-                                      summarise, wall_clock_disagreement)
+from kernelscout.sandbox.stats import (busy_machine, crowded, disturbed_reference, same_sample, slowed_after_the_other,
+                                      speedups_by_position, summarise, wall_clock_disagreement)
 
 
 def _rounds(true_ref, true_cand, claimed_cand=None, n=40, overhead=0.3, jitter=0.02, seed=0):
@@ -135,3 +135,12 @@ def test_a_same_code_pair_reads_one_when_the_call_order_favours_one_side_s_follo
 def test_a_balanced_median_needs_calls_in_both_positions():
     assert summarise([1.0, 2.0, 3.0, 4.0], [False, False, False, True]).median_ms == 2.5
     assert summarise([1.0, 1.0, 1.0, 4.0, 4.0, 4.0], [False] * 3 + [True] * 3).median_ms == 2.0
+
+
+def test_a_sample_read_back_matches_only_the_values_kept_nan_included():
+    kept = [[1.0, float("nan"), -0.0], [3, 4]]
+    assert same_sample([[1.0, float("nan"), 0.0], [3, 4]], kept)
+    assert not same_sample([[1.0, 2.0, 0.0], [3, 4]], kept)
+    assert not same_sample([[1.0, float("nan"), 0.0], [3, 5]], kept)
+    assert not same_sample([[1.0, float("nan"), 0.0]], kept)  # a tensor fewer
+    assert not same_sample(None, kept)
