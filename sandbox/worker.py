@@ -1140,6 +1140,10 @@ def main() -> None:
             traceback.print_exc()
         reply["nonce"] = nonce
         protocol.send(res_fd, reply)
+        # not kept while the next command runs: a reply's sampled values would show a candidate that walks up to this
+        # frame where the reference's sample positions are (float values are nearly all distinct), and the
+        # positions are what it must not know (`sample`)
+        msg = reply = None
 
 
 if __name__ == "__main__":

@@ -1373,3 +1373,17 @@ def test_changing_the_inputs_kept_for_the_references_float64_run_is_incorrect(me
     m = measure_source(_model(body, _REACH_THE_WORKER))
     assert m.status == MeasureStatus.incorrect, m
     assert "inputs kept for the check held other values" in m.message
+
+
+def test_no_reply_of_an_earlier_step_is_in_reach_of_the_candidates_call(measure_source):
+    # a reply's sampled values would show where the reference's sample positions are (values are nearly all distinct),
+    # and those positions are what a candidate must not know; this one fails loudly if it finds any
+    body = """        f = sys._getframe(1)
+        while f is not None:
+            held = f.f_locals.get("reply")
+            if isinstance(held, dict) and ("outputs_sample" in held or "inputs" in held):
+                raise RuntimeError("found an earlier reply: " + ", ".join(sorted(held)))
+            f = f.f_back
+        return torch.relu(x * self.scale + y) + 0.5 * x"""
+    m = measure_source(_model(body, "import sys"))
+    assert m.status == MeasureStatus.ok and m.correct, m.message
