@@ -1333,33 +1333,23 @@ def _worker_and_step():
     return None, None"""
 
 
-def test_writing_zeros_into_the_references_outputs_when_second_in_the_round_is_incorrect(measure_source):
-    # before: the re-check compared zeros with zeros in the rounds it ran second (softmax 2.0x, correct, timing valid)
-    body = """        worker, step = _worker_and_step()
-        out = (worker.round or {}).get("out") if worker is not None and step == "call" else None
-        if out is not None and list(out) == ["ref"]:
-            for t in out["ref"]:
+@pytest.mark.parametrize("when, zeroed, verdict", [
+    # second in the round: the re-check compared zeros with zeros (before: softmax 2.0x, correct, timing valid)
+    ('list(out) == ["ref"]', 'out["ref"]', "reference's output of a timed round held other values when it was checked"),
+    # first: the reference then computes the output of zeros, which the candidate returns without the work (also 2.0x)
+    ("not out", 'worker.round["ref"]', "reference's input tensors held other values when its timed call began"),
+])
+def test_writing_zeros_into_the_references_values_through_the_workers_frame_is_incorrect(measure_source, when, zeroed, verdict):
+    body = f"""        worker, step = _worker_and_step()
+        out = (worker.round or {{}}).get("out") if worker is not None and step == "call" else None
+        if out is not None and {when}:
+            for t in {zeroed}:
                 t.zero_()
             return torch.zeros_like(x)
         return torch.relu(x * self.scale + y) + 0.5 * x"""
     m = measure_source(_model(body, _REACH_THE_WORKER))
     assert m.status == MeasureStatus.incorrect, m
-    assert "reference's output of a timed round held other values when it was checked" in m.message
-
-
-def test_writing_zeros_into_the_references_inputs_when_first_in_the_round_is_incorrect(measure_source):
-    # the reference then computes the output of zeros, which the candidate returns without the work
-    # (before: softmax 2.0x, correct, timing valid)
-    body = """        worker, step = _worker_and_step()
-        out = (worker.round or {}).get("out") if worker is not None and step == "call" else None
-        if out is not None and not out:
-            for t in worker.round["ref"]:
-                t.zero_()
-            return torch.zeros_like(x)
-        return torch.relu(x * self.scale + y) + 0.5 * x"""
-    m = measure_source(_model(body, _REACH_THE_WORKER))
-    assert m.status == MeasureStatus.incorrect, m
-    assert "reference's input tensors held other values when its timed call began" in m.message
+    assert verdict in m.message
 
 
 def test_changing_the_inputs_kept_for_the_references_float64_run_is_incorrect(measure_source):
