@@ -14,6 +14,12 @@ import time
 from typing import Any, Optional
 
 _HEADER = struct.Struct("!I")
+# bound when the worker starts, before any candidate code: a candidate that wrapped `json.loads` read every command,
+# the keys of the reference's sampled positions among them (docs/harness_hardening.md, 2026-12-05). Rebinding these
+# names is a change to a harness module, which the worker's re-checks read (integrity.changed_since).
+_decode = json.JSONDecoder().decode
+_encode = json.JSONEncoder(allow_nan=True).encode
+_read, _write, _select = os.read, os.write, select.select
 MAX_MESSAGE = 64 * 1024 * 1024
 
 
@@ -26,12 +32,12 @@ class ChannelTimeout(Exception):
 
 
 def send(fd: int, message: dict[str, Any]) -> None:
-    data = json.dumps(message, allow_nan=True).encode()
+    data = _encode(message).encode()
     payload = _HEADER.pack(len(data)) + data
     view = memoryview(payload)
     while view:
         try:
-            written = os.write(fd, view)
+            written = _write(fd, view)
         except BrokenPipeError as exc:
             raise ChannelClosed(str(exc)) from exc
         view = view[written:]
@@ -48,12 +54,12 @@ def _read_exact(fd: int, n: int, deadline: Optional[float], poll: Optional[calla
             wait = min(left, 0.2)
         else:
             wait = 0.2
-        ready, _, _ = select.select([fd], [], [], wait)
+        ready, _, _ = _select([fd], [], [], wait)
         if not ready:
             if poll is not None:
                 poll()
             continue
-        chunk = os.read(fd, remaining)
+        chunk = _read(fd, remaining)
         if not chunk:
             raise ChannelClosed("end of stream")
         chunks.append(chunk)
@@ -66,7 +72,7 @@ def recv(fd: int, deadline: Optional[float] = None, poll: Optional[callable] = N
     (length,) = _HEADER.unpack(_read_exact(fd, _HEADER.size, deadline, poll))
     if length > MAX_MESSAGE:
         raise ChannelClosed(f"message of {length} bytes exceeds the protocol limit")
-    message = json.loads(_read_exact(fd, length, deadline, poll))
+    message = _decode(_read_exact(fd, length, deadline, poll).decode())
     if not isinstance(message, dict):
         raise ChannelClosed("malformed message")
     return message

@@ -549,6 +549,15 @@ class Worker:
         return {"status": "ok", "tampered": tampered, "triton": "triton" in sys.modules,
                 "reset": [f"{k} from {now[k]} back to {v}" for k, v in reset.items()]}
 
+    def _tampered_now(self, weights: bool = True) -> list[str]:
+        """Everything `unload` reads, read mid-measurement (re-checks, the referee's `emit`): a patch the candidate
+        puts in place for its timed rounds and takes away before it is unloaded (a review's candidate replaced the
+        problem's `Model.forward` during timing and put it back when asked to emit: softmax 60.8x, correct, with zeros)
+        must be in place at one of them."""
+        tampered = integrity.changed_since(self.snapshot) if self.snapshot else []
+        tampered += self._reference_tampering(weights) if self.built else []
+        return tampered + [f"torch's kernel for {op} was replaced" for op in integrity.kernels_replaced(self.kernels)]
+
     def _reference_tampering(self, weights: bool = True) -> list[str]:
         """What the candidate changed in the objects it is judged against: the worker's reference,
         candidate and timer (reachable through frames or gc), the reference's own attributes and
@@ -998,10 +1007,17 @@ class Worker:
         out = self.round.get("out", {})
         if len(out) != 2:
             raise Failure("crashed", "verify needs a round with both calls made")
-        tampered = self._reference_tampering(weights=False)  # weights once, at unload: summing them every re-check costs
+        deep = bool(msg.get("deep", True))
+        # the weights' checksum costs a pass over them, so only at the deep re-checks: a candidate that zeroes them
+        # for the rounds it fakes and puts them back later meets one at about every third re-check
+        tampered = self._tampered_now(weights=deep)
         if tampered:
             raise Failure("incorrect", "the candidate tampered with the harness: " + "; ".join(tampered))
-        self._judge_intact(deep=bool(msg.get("deep", True)))
+        if correctness.aliased_inputs(out["cand"], out["ref"]):
+            # with nothing written, no sample can tell: the re-check would compare the reference's output with itself
+            raise Failure("incorrect", "the candidate tampered with the harness: it returned the reference's own output "
+                                       "of the round (its output shares memory with the reference's)")
+        self._judge_intact(deep=deep)
         try:
             correctness.judge(out["cand"], out["ref"], self._exact(lambda: self.round["inputs"]))
         except CheckFailed as exc:
@@ -1021,6 +1037,9 @@ class Worker:
         """The candidate's output for the inputs of a seed the supervisor has just chosen, written to a
         file in this worker's folder for the referee: a verdict reached in this process is only as
         trustworthy as the candidate that shares it."""
+        tampered = self._tampered_now()
+        if tampered:  # before the candidate's code runs again, and may take away what it changed
+            raise Failure("incorrect", "the candidate tampered with the harness: " + "; ".join(tampered))
         inputs = self._make_inputs(self.problem, msg["seed"], self.problem_path)
         made = correctness.fingerprint(tensors_in(inputs))  # before the candidate may write into them
         with self._side("cand"):

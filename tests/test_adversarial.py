@@ -1377,3 +1377,85 @@ def test_no_reply_of_an_earlier_step_is_in_reach_of_the_candidates_call(measure_
         return torch.relu(x * self.scale + y) + 0.5 * x"""
     m = measure_source(_model(body, "import sys"))
     assert m.status == MeasureStatus.ok and m.correct, m.message
+
+
+def test_returning_the_references_own_output_of_the_round_is_incorrect(measure_source):
+    # nothing written, so every sample holds; before: softmax 13.2x, correct, timing valid
+    body = """        worker, step = _worker_and_step()
+        out = (worker.round or {}).get("out") if worker is not None and step == "call" else None
+        if out is not None and list(out) == ["ref"]:
+            return out["ref"][0]
+        return torch.relu(x * self.scale + y) + 0.5 * x"""
+    m = measure_source(_model(body, _REACH_THE_WORKER))
+    assert m.status == MeasureStatus.incorrect, m
+    assert "returned the reference's own output of the round" in m.message
+
+
+def test_a_patch_of_the_references_class_kept_only_for_the_timed_rounds_is_incorrect(measure_source):
+    # the reference's forward runs (its time is kept) and then returns the candidate's zeros; put back whenever the
+    # candidate is called for anything else (the referee's emit, before unload); before: softmax 60.8x, correct
+    body = """        worker, step = _worker_and_step()
+        cls = type(worker.reference) if worker is not None else None
+        if step == "call":
+            if "forward" not in _saved:
+                _saved["forward"] = cls.__dict__["forward"]
+                cls.forward = lambda me, *a: (_saved["forward"](me, *a), torch.zeros_like(a[0]))[1]
+            return torch.zeros_like(x)
+        if "forward" in _saved:
+            cls.forward = _saved.pop("forward")
+        return torch.relu(x * self.scale + y) + 0.5 * x"""
+    m = measure_source(_model(body, _REACH_THE_WORKER + "\n_saved = {}"))
+    assert m.status == MeasureStatus.incorrect, m
+    assert "Model.forward" in m.message
+
+
+LINEAR_PROBLEM = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(256, 256)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+
+def get_inputs():
+    return [torch.randn(128, 256)]
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_zeroing_the_references_weights_only_for_the_timed_rounds_is_incorrect(measure_source):
+    # the reference then returns relu(bias) on every row, which the candidate returns without the matmul; the weights
+    # are put back whenever the candidate is called for anything else; before: linear_gelu 142.8x, correct
+    candidate = _REACH_THE_WORKER + '''
+import torch
+import torch.nn as nn
+_saved = {}
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(256, 256)
+
+    def forward(self, x):
+        worker, step = _worker_and_step()
+        weight = worker.reference.fc.weight if worker is not None and worker.reference is not None else None
+        if step == "call":
+            if "weight" not in _saved:
+                _saved["weight"] = weight.detach().clone()
+                with torch.no_grad():
+                    weight.zero_()
+            return torch.relu(worker.reference.fc.bias.detach()).expand(x.shape[0], -1).clone()
+        if "weight" in _saved:
+            with torch.no_grad():
+                weight.copy_(_saved.pop("weight"))
+        return torch.relu(self.fc(x))
+'''
+    m = measure_source(candidate, problem=LINEAR_PROBLEM)
+    assert m.status == MeasureStatus.incorrect, m
+    assert "attributes or weights were changed" in m.message
