@@ -165,7 +165,7 @@ def _sequence(item: Any) -> bool:
     return issubclass(type(item), (tuple, list))
 
 
-def _storage_span(t: torch.Tensor) -> tuple[int, int]:
+def storage_span(t: torch.Tensor) -> tuple[int, int]:
     storage = t.untyped_storage()
     start = storage.data_ptr()
     return start, start + storage.nbytes()
@@ -174,10 +174,10 @@ def _storage_span(t: torch.Tensor) -> tuple[int, int]:
 def aliased_inputs(outputs: list[torch.Tensor], inputs: list[Any]) -> frozenset[tuple[int, int]]:
     """(output index, input index) for each output whose memory overlaps an input tensor's: the output is
     that input, updated in place, or a view of it."""
-    spans = [(j, _storage_span(x)) for j, x in enumerate(inputs) if isinstance(x, torch.Tensor) and x.untyped_storage().nbytes()]
+    spans = [(j, storage_span(x)) for j, x in enumerate(inputs) if isinstance(x, torch.Tensor) and x.untyped_storage().nbytes()]
     pairs = set()
     for i, out in enumerate(outputs):
-        lo, hi = _storage_span(out)
+        lo, hi = storage_span(out)
         if hi == lo:
             continue
         pairs.update((i, j) for j, (a, b) in spans if lo < b and a < hi)

@@ -9,6 +9,7 @@ supervisor's own clock brackets every call (so a faked timer shows).
 
 from __future__ import annotations
 
+import math
 import random
 import secrets
 import time
@@ -20,7 +21,7 @@ from kernelscout.sandbox.pool import WorkerDied, WorkerOutOfMemory, WorkerPool, 
 from kernelscout.sandbox import harness_defaults, referee, triton_interpreter
 from kernelscout.sandbox.problem import SourceFile
 from kernelscout.sandbox.stats import (after_the_other_ratio, busy_machine, crowded, disturbed_reference, heap_handed_back,
-                                      same_sample, slowed_after_the_other, speedups_by_position, summarise,
+                                      close_sample, same_sample, slowed_after_the_other, speedups_by_position, summarise,
                                       wall_clock_disagreement)
 from kernelscout.tools.schema import Measurement, MeasureStatus
 
@@ -308,8 +309,10 @@ def _reference_allowance(call_s: float, config: HarnessConfig, referee: bool = F
     """Seconds the reference's own calls take in a measurement, at what one warm call took at load: --timeout
     limits the candidate, and a slow reference (seconds a call) must not make every candidate time out and be
     charged for it. The candidate's worker calls it in each correctness trial and each warm-up and timed round
-    (at least `min_rounds`); the referee twice to load it, once to judge and in its own rounds."""
-    calls = (3 if referee else config.correctness_trials) + config.warmup_rounds + config.min_rounds
+    (at least `min_rounds`), and once more at each re-check (the first two rounds, then a `recheck_fraction` of the
+    rest, counted twice over for a run of bad luck); the referee twice to load it, once to judge and in its own rounds."""
+    rechecks = 0 if referee else 2 + math.ceil(2 * config.recheck_fraction * max(0, config.min_rounds - 2))
+    calls = (3 if referee else config.correctness_trials) + config.warmup_rounds + config.min_rounds + rechecks
     return 1.5 * call_s * calls  # a margin for calls slower than the warm one (a busy machine, a cold cache)
 
 
@@ -459,10 +462,13 @@ def _time(worker: WorkerProcess, config: HarnessConfig, deadline: float,
             if reply["status"] != "ok":
                 return _fail(reply), []
             compared = reply.get("samples") or {}
-            for side in ("ref", "cand"):
-                if not same_sample(compared.get(side), returned.get(side)):
-                    return _tampered(f"the {_WHO[side]}'s output of a timed round held other values when it was checked than "
-                                     "when its call returned: code the candidate ran wrote into it"), []
+            if not same_sample(compared.get("cand"), returned.get("cand")):
+                return _tampered("the candidate's output of a timed round held other values when it was checked than when "
+                                 "its call returned: code the candidate ran wrote into it"), []
+            if not close_sample(compared.get("ref"), returned.get("ref")):
+                return _tampered("the reference, run again on a timed round's inputs at its re-check, gave other values than "
+                                 "in its timed call: something changed what it computed (its inputs, its weights or its "
+                                 "forward) for the timed call alone"), []
             if not same_sample(compared.get("inputs"), refilled.get("ref")):
                 return _tampered("the copy of a timed round's inputs kept for the check held other values than the "
                                  "harness's refill had made: code the candidate ran wrote into it"), []

@@ -51,6 +51,31 @@ def same_sample(got: Any, kept: Any) -> bool:
     return True
 
 
+SAMPLE_RTOL = 1e-3  # how far a re-run of the reference may be from its timed call, at each sampled value
+
+
+def close_sample(got: Any, kept: Any) -> bool:
+    """Whether the reference run again at a re-check gave, at the sampled positions, what its timed call gave: the
+    same integers and flags, floats within SAMPLE_RTOL of the larger of the value and the sample's RMS (a reference on
+    a GPU may sum in another order from one call to the next; `Worker._check_repeatable` refuses one that moves
+    more). A forward changed for the timed calls alone (a patch that puts itself back) gives other values."""
+    if not isinstance(got, list) or not isinstance(kept, list) or len(got) != len(kept):
+        return False
+    for a, b in zip(got, kept):
+        if a == b:
+            continue
+        if not isinstance(a, list) or not isinstance(b, list) or len(a) != len(b):
+            return False
+        finite = [abs(y) for y in b if isinstance(y, float) and math.isfinite(y)]
+        scale = math.sqrt(sum(y * y for y in finite) / len(finite)) if finite else 0.0
+        for x, y in zip(a, b):
+            if x == y or (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y)):
+                continue
+            if not (isinstance(x, float) and isinstance(y, float)) or not abs(x - y) <= SAMPLE_RTOL * max(abs(y), scale):
+                return False
+    return True
+
+
 def _by_position(times_ms: Sequence[float], follows: Sequence[bool]) -> Optional[tuple[float, float]]:
     first = [t for t, f in zip(times_ms, follows) if not f]
     after = [t for t, f in zip(times_ms, follows) if f]

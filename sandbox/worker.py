@@ -999,12 +999,31 @@ class Worker:
         self.round["out"][side] = outputs
         if inputs_sample is not None:
             reply["inputs_sample"], reply["outputs_sample"] = inputs_sample, sample(outputs, msg.get("key"))
+        if side == "ref":
+            # not kept where the candidate's call, next in half the rounds, could copy it (a review's candidate returned a
+            # copy of it: linear_gelu 5.3x, correct); a re-check runs the reference again on the round's kept inputs
+            self._scrub(outputs)
+            self.round["out"]["ref"] = None
         return reply
+
+    def _scrub(self, outputs: list[torch.Tensor]) -> None:
+        """Zero the memory of the reference's outputs, unless it is the reference's own state (a forward that returns a
+        weight or a buffer): freed as it was, the next allocation of its size would hand a candidate's `empty_like`
+        the reference's answer."""
+        if self.built is not None and self.reference is not self.built[0]:
+            raise Failure("incorrect", "the candidate tampered with the harness: the worker's reference object was replaced")
+        state = [t for m in self.reference.modules() for t in (*m._parameters.values(), *m._buffers.values(), *vars(m).values())
+                 if isinstance(t, torch.Tensor)]
+        spans = [correctness.storage_span(t) for t in state]
+        for t in outputs:
+            lo, hi = correctness.storage_span(t)
+            if hi > lo and not any(lo < b and a < hi for a, b in spans):
+                torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage()).zero_()
 
     def verify(self, msg: dict) -> dict:
         """Re-check the round just timed. The supervisor decides which rounds after both calls have
         returned, so nothing the candidate can read during its call says whether it will be checked."""
-        out = self.round.get("out", {})
+        out = dict(self.round.get("out", {}))
         if len(out) != 2:
             raise Failure("crashed", "verify needs a round with both calls made")
         deep = bool(msg.get("deep", True))
@@ -1013,10 +1032,9 @@ class Worker:
         tampered = self._tampered_now(weights=deep)
         if tampered:
             raise Failure("incorrect", "the candidate tampered with the harness: " + "; ".join(tampered))
-        if correctness.aliased_inputs(out["cand"], out["ref"]):
-            # with nothing written, no sample can tell: the re-check would compare the reference's output with itself
-            raise Failure("incorrect", "the candidate tampered with the harness: it returned the reference's own output "
-                                       "of the round (its output shares memory with the reference's)")
+        with self._side("ref"):  # on a copy: a reference that updates its inputs in place leaves the kept ones as they were
+            out["ref"] = self._run_reference(_clone(self.round["inputs"]))
+            _sync(self.device)
         self._judge_intact(deep=deep)
         try:
             correctness.judge(out["cand"], out["ref"], self._exact(lambda: self.round["inputs"]))
@@ -1026,7 +1044,8 @@ class Worker:
                    "only for the values get_inputs() draws, such as an exact 0/1 mask)") if self.inputs_rescaled else ""
             raise Failure("incorrect", f"a timed call's output was wrong on re-check: {exc}{why}")
         keys = msg.get("keys") or {}
-        # what was compared, for the supervisor to hold against what it kept of the round (`sample`)
+        # what was compared, for the supervisor to hold against what it kept of the round (`sample`): the candidate's
+        # output as it returned it, and the reference's run again, against its output in the timed call
         samples = {side: sample(out[side], key) for side, key in keys.items()}
         if "ref" in keys:
             samples["inputs"] = sample(tensors_in(self.round["inputs"]), keys["ref"])

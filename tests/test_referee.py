@@ -67,7 +67,8 @@ def _serve():
         elif msg["cmd"] == "verify":
             # what the supervisor compares with what it kept of the round, read back as the real worker would
             worker, keys = loop["handlers"]["verify"].__self__, msg.get("keys") or {{}}
-            samples = {{side: sample(worker.round["out"][side], key) for side, key in keys.items()}}
+            outputs = {{"cand": worker.round["out"]["cand"], "ref": worker._run_reference([t.clone() for t in worker.round["inputs"]])}}
+            samples = {{side: sample(outputs[side], key) for side, key in keys.items()}}
             if "ref" in keys:
                 samples["inputs"] = sample(tensors_in(worker.round["inputs"]), keys["ref"])
             reply = {{"status": "ok", "rechecked": True, "samples": samples}}{emit_branch}
