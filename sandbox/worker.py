@@ -151,7 +151,10 @@ def _checksum(t: torch.Tensor) -> Any:
     return v if v == v else "nan"
 
 
-SAMPLE_POINTS = 256  # values per tensor that the supervisor keeps of a round's inputs and outputs (`sample`)
+# values per tensor that the supervisor keeps of a round's inputs and outputs (`sample`): a change to a share f of a tensor
+# escapes one sample with chance (1 - f)^64, and a fake answer must change nearly all of it. 256 cost 0.6 ms a call on
+# this CPU, most of it the JSON of the values
+SAMPLE_POINTS = 64
 
 
 def sample(tensors: list[torch.Tensor], key: Optional[int]) -> Optional[list[list[Any]]]:
@@ -175,7 +178,10 @@ def sample(tensors: list[torch.Tensor], key: Optional[int]) -> Optional[list[lis
             continue
         flat = torch.randint(n, (min(n, SAMPLE_POINTS),), generator=gen)
         t = t.detach()
-        picked = t[tuple(i.to(t.device) for i in torch.unravel_index(flat, t.shape))] if t.dim() else t.reshape(1)
+        if t.is_contiguous():
+            picked = t.reshape(-1).index_select(0, flat.to(t.device))
+        else:
+            picked = t[tuple(i.to(t.device) for i in torch.unravel_index(flat, t.shape))]
         if picked.is_complex():
             picked = torch.view_as_real(picked)
         if picked.is_floating_point():
@@ -549,13 +555,15 @@ class Worker:
         return {"status": "ok", "tampered": tampered, "triton": "triton" in sys.modules,
                 "reset": [f"{k} from {now[k]} back to {v}" for k, v in reset.items()]}
 
-    def _tampered_now(self, weights: bool = True) -> list[str]:
+    def _tampered_now(self, weights: bool = True, kernels: bool = True) -> list[str]:
         """Everything `unload` reads, read mid-measurement (re-checks, the referee's `emit`): a patch the candidate
         puts in place for its timed rounds and takes away before it is unloaded (a review's candidate replaced the
         problem's `Model.forward` during timing and put it back when asked to emit: softmax 60.8x, correct, with zeros)
         must be in place at one of them."""
         tampered = integrity.changed_since(self.snapshot) if self.snapshot else []
         tampered += self._reference_tampering(weights) if self.built else []
+        if not kernels:  # every table is ~40 ms; the reference's own kernels are read after every call (`_hooks_changed`)
+            return tampered
         return tampered + [f"torch's kernel for {op} was replaced" for op in integrity.kernels_replaced(self.kernels)]
 
     def _reference_tampering(self, weights: bool = True) -> list[str]:
@@ -1027,9 +1035,10 @@ class Worker:
         if len(out) != 2:
             raise Failure("crashed", "verify needs a round with both calls made")
         deep = bool(msg.get("deep", True))
-        # the weights' checksum costs a pass over them, so only at the deep re-checks: a candidate that zeroes them
-        # for the rounds it fakes and puts them back later meets one at about every third re-check
-        tampered = self._tampered_now(weights=deep)
+        # all that unload reads (namespaces, kernel tables, the weights' checksum: 50-100 ms together on this CPU) only at
+        # the deep re-checks, the first and about one in three: what a candidate changes for the rounds it fakes and
+        # puts back later is in place at each of them
+        tampered = self._tampered_now(kernels=False) if deep else self._reference_tampering(weights=False)
         if tampered:
             raise Failure("incorrect", "the candidate tampered with the harness: " + "; ".join(tampered))
         with self._side("ref"):  # on a copy: a reference that updates its inputs in place leaves the kept ones as they were
