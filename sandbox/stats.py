@@ -35,28 +35,18 @@ def balanced_median(times_ms: Sequence[float], follows: Optional[Sequence[bool]]
     return statistics.median(times_ms) if medians is None else math.sqrt(medians[0] * medians[1])
 
 
-def same_sample(got: Any, kept: Any) -> bool:
-    """Whether the values a worker read back at a round's sampled positions are those it reported when the
-    round's step happened (`worker.sample`): equal, NaN where NaN was."""
-    if not isinstance(got, list) or not isinstance(kept, list) or len(got) != len(kept):
-        return False
-    for a, b in zip(got, kept):
-        if a == b:
-            continue
-        if not isinstance(a, list) or not isinstance(b, list) or len(a) != len(b):
-            return False
-        if any(x != y and not (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y))
-               for x, y in zip(a, b)):
-            return False
-    return True
-
-
 SAMPLE_RTOL = 1e-3  # how far a re-run of the reference may be from its timed call, at each sampled value
 
 
-def close_sample(got: Any, kept: Any) -> bool:
+def same_sample(got: Any, kept: Any) -> bool:
+    """Whether the values a worker read back at a round's sampled positions are those it reported when the
+    round's step happened (`worker.sample`): equal, NaN where NaN was."""
+    return close_sample(got, kept, rtol=0.0)
+
+
+def close_sample(got: Any, kept: Any, rtol: float = SAMPLE_RTOL) -> bool:
     """Whether the reference run again at a re-check gave, at the sampled positions, what its timed call gave: the
-    same integers and flags, floats within SAMPLE_RTOL of the larger of the value and the sample's RMS (a reference on
+    same integers and flags, floats within `rtol` of the larger of the value and the sample's RMS (a reference on
     a GPU may sum in another order from one call to the next; `Worker._check_repeatable` refuses one that moves
     more). A forward changed for the timed calls alone (a patch that puts itself back) gives other values."""
     if not isinstance(got, list) or not isinstance(kept, list) or len(got) != len(kept):
@@ -71,7 +61,7 @@ def close_sample(got: Any, kept: Any) -> bool:
         for x, y in zip(a, b):
             if x == y or (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y)):
                 continue
-            if not (isinstance(x, float) and isinstance(y, float)) or not abs(x - y) <= SAMPLE_RTOL * max(abs(y), scale):
+            if not (isinstance(x, float) and isinstance(y, float)) or not abs(x - y) <= rtol * max(abs(y), scale):
                 return False
     return True
 

@@ -2,7 +2,7 @@
 
 import random
 
-from kernelscout.sandbox.stats import (busy_machine, crowded, disturbed_reference, same_sample, slowed_after_the_other,
+from kernelscout.sandbox.stats import (busy_machine, close_sample, crowded, disturbed_reference, same_sample, slowed_after_the_other,
                                       speedups_by_position, summarise, wall_clock_disagreement)
 
 
@@ -144,3 +144,11 @@ def test_a_sample_read_back_matches_only_the_values_kept_nan_included():
     assert not same_sample([[1.0, float("nan"), 0.0], [3, 5]], kept)
     assert not same_sample([[1.0, float("nan"), 0.0]], kept)  # a tensor fewer
     assert not same_sample(None, kept)
+
+
+def test_a_reference_run_again_may_differ_by_its_summation_order_only():
+    timed = [[1.0, -2.0, 1e-6, float("nan")], [7]]
+    assert close_sample([[1.0 + 1e-5, -2.0, 2e-6, float("nan")], [7]], timed)  # within 1e-3 of the value or the sample's RMS
+    assert not close_sample([[1.01, -2.0, 1e-6, float("nan")], [7]], timed)
+    assert not close_sample([[1.0, -2.0, 1e-6, float("nan")], [8]], timed)  # integers exactly
+    assert not close_sample([[0.0, 0.0, 0.0, 0.0], [7]], timed)  # an answer changed for the timed call alone
