@@ -137,11 +137,10 @@ AFTER_THE_OTHER_LIMIT = 1.5  # how much more the reference may slow after the ca
 def after_the_other_ratio(times: Sequence[float], follows: Sequence[bool]) -> Optional[float]:
     """Median time of one side's calls made right after the other side's, over its calls made first in
     their round (after the harness's refill); None with fewer than 3 of either."""
-    after = [t for t, f in zip(times, follows) if f]
-    first = [t for t, f in zip(times, follows) if not f]
-    if len(after) < 3 or len(first) < 3 or statistics.median(first) <= 0:
+    medians = _by_position(times, follows)
+    if medians is None or medians[0] <= 0:
         return None
-    return statistics.median(after) / statistics.median(first)
+    return medians[1] / medians[0]
 
 
 def slowed_after_the_other(ref_timer: Sequence[float], cand_timer: Sequence[float], follows: dict[str, Sequence[bool]]) -> Optional[str]:

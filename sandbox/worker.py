@@ -985,7 +985,6 @@ class Worker:
             integrity.os_thread_count()  # the read the candidate's settle makes when no thread is exiting
             outputs = correctness.flatten_outputs(out, "reference")
             self._aliases_and_flags(outputs, inputs)
-            self._settings_changed()
         else:
             if python_threads > 0:
                 reply["thread_leak"] = f"{python_threads} Python thread(s) still running after the call returned"
@@ -1001,17 +1000,18 @@ class Worker:
             if self.thread_cpu_at_timing is not None:
                 self.timed_candidate_ms += reply["timer_ms"]
             outputs = self._validate_candidate_output(out, inputs)
-        unfair = self._process_leak() or self._hooks_changed() or (self._settings_changed() if side == "cand" else None)
+        settings = self._settings_changed()  # read after both sides' calls; only the candidate's can be blamed for a change
+        unfair = self._process_leak() or self._hooks_changed() or (settings if side == "cand" else None)
         if unfair:
             reply["unfair"] = unfair
-        self.round["out"][side] = outputs
         if inputs_sample is not None:
             reply["inputs_sample"], reply["outputs_sample"] = inputs_sample, sample(outputs, msg.get("key"))
         if side == "ref":
             # not kept where the candidate's call, next in half the rounds, could copy it (a review's candidate returned a
             # copy of it: linear_gelu 5.3x, correct); a re-check runs the reference again on the round's kept inputs
             self._scrub(outputs)
-            self.round["out"]["ref"] = None
+            outputs = None
+        self.round["out"][side] = outputs
         return reply
 
     def _scrub(self, outputs: list[torch.Tensor]) -> None:
