@@ -1416,26 +1416,6 @@ def test_a_patch_of_the_references_class_kept_only_for_the_timed_rounds_is_incor
     assert "Model.forward" in m.message
 
 
-LINEAR_PROBLEM = '''
-import torch
-import torch.nn as nn
-
-class Model(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(256, 256)
-
-    def forward(self, x):
-        return torch.relu(self.fc(x))
-
-def get_inputs():
-    return [torch.randn(128, 256)]
-
-def get_init_inputs():
-    return []
-'''
-
-
 def test_zeroing_the_references_weights_only_for_the_timed_rounds_is_incorrect(measure_source):
     # the reference then returns relu(bias) on every row, which the candidate returns without the matmul; the weights
     # are put back whenever the candidate is called for anything else; before: linear_gelu 142.8x, correct
@@ -1447,7 +1427,7 @@ _saved = {}
 class ModelNew(nn.Module):
     def __init__(self):
         super().__init__()
-        self.fc = nn.Linear(256, 256)
+        self.fc = nn.Linear(256, 128)
 
     def forward(self, x):
         worker, step = _worker_and_step()
@@ -1463,6 +1443,6 @@ class ModelNew(nn.Module):
                 weight.copy_(_saved.pop("weight"))
         return torch.relu(self.fc(x))
 '''
-    m = measure_source(candidate, problem=LINEAR_PROBLEM)
+    m = measure_source(candidate, problem=_LINEAR_PROBLEM)
     assert m.status == MeasureStatus.incorrect, m
     assert "attributes or weights were changed" in m.message
