@@ -99,10 +99,20 @@ def test_a_space_where_few_configurations_run_is_searched_to_the_end_shelf_inclu
     assert result.stop_reason.endswith("every configuration of the space has been measured (the reference's is timed in every session)")
 
 
-def test_a_search_the_surrogate_stopped_says_so_and_how_to_measure_without_it(tmp_path):
-    """One parameter, a V-shaped time with its minimum at 333 of 1-500: on seed 0 the surrogate rules out the
-    configurations next to the best it measured (325), and the search stops with most of its budget left. The stop
+def test_a_search_the_surrogate_stopped_says_so_and_how_to_measure_without_it(tmp_path, monkeypatch):
+    """One parameter, a V-shaped time with its minimum at 333 of 1-500. The decision rule may skip a candidate
+    only once enough measured candidates have beaten the best to bound how often it would skip a winner (19 at
+    its 5 % miss rate, more than most searches see); here it is allowed to after 3 (a 25 % miss rate), so once
+    the surrogate has the V it rules out the rest, and the search stops with most of its budget left. The stop
     says why, since "nothing left worth measuring" alone reads as if the space were used up."""
+    from kernelscout.agent import forecaster
+    from kernelscout.tools.surrogates.decision import RiskControlledGate
+
+    class TrustingGate(RiskControlledGate):
+        def __init__(self, target_risk: float = 0.05, **kwargs):
+            super().__init__(target_risk=0.25, **kwargs)
+
+    monkeypatch.setattr(forecaster, "RiskControlledGate", TrustingGate)
     values = list(range(1, 501))
     space = tmp_path / "v.json"
     space.write_text(json.dumps({"device_name": "GPU", "kernel_name": "k", "tune_params_keys": ["bs"], "objective": "time",
