@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
 import numpy as np
 
 from kernelscout.tools.archive import CandidateRecord
-from kernelscout.tools.predict import Candidate, Forecast, Parent, PredictContext, make_surrogate, predict
+from kernelscout.tools.predict import CLEAR_WIN, Candidate, Forecast, Parent, PredictContext, make_surrogate, predict
 from kernelscout.tools.schema import Measurement, MeasureStatus
 from kernelscout.tools.surrogates.decision import Decision, RiskControlledGate
 from kernelscout.tools.surrogates.features import as_hashable
@@ -27,6 +27,7 @@ class Screen(NamedTuple):
     scale: np.ndarray  # its scale
     expected_improvement: np.ndarray  # E[max(0, log best - log time)] * (1 - P(fail))
     p_fail: np.ndarray
+    p_clear_win: Optional[np.ndarray] = None  # P(beats the best by CLEAR_WIN) * (1 - P(fail))
 
 
 class _ResidualShape:
@@ -46,6 +47,10 @@ class _ResidualShape:
         cdf = kernel_cdf((self.grid[:, None] - e[None, :]) / h).mean(axis=1)
         step = self.grid[1] - self.grid[0]
         self.table = np.concatenate([[0.0], np.cumsum(0.5 * (cdf[1:] + cdf[:-1]) * step)])
+        self._cdf = cdf
+
+    def cdf(self, z: np.ndarray) -> np.ndarray:
+        return np.interp(np.asarray(z, dtype=float), self.grid, self._cdf, left=0.0, right=1.0)
 
     def partial_expectation(self, z: np.ndarray) -> np.ndarray:
         z = np.asarray(z, dtype=float)
@@ -334,7 +339,8 @@ class Forecaster:
         ei = scale * shape.partial_expectation((self._best_log_ms - mu) / scale)
         p_fail = np.clip(np.asarray(self.surrogate.p_fail(configs), dtype=float), 0.0, 1.0)
         self._memo.store(configs, dist, p_fail, keys)
-        return Screen(mu=mu, scale=scale, expected_improvement=ei * (1.0 - p_fail), p_fail=p_fail)
+        p_clear = shape.cdf((self._best_log_ms + math.log(1.0 - CLEAR_WIN) - mu) / scale) * (1.0 - p_fail)
+        return Screen(mu=mu, scale=scale, expected_improvement=ei * (1.0 - p_fail), p_fail=p_fail, p_clear_win=p_clear)
 
     def observe(self, rec: CandidateRecord, m: Measurement, parent_speedup: float) -> None:
         if self.screener is not None:

@@ -38,6 +38,7 @@ from kernelscout.agent.selection import Node, select
 from kernelscout.sandbox.stats import BUSY_REASON
 from kernelscout.tools.archive import ROOT_ID, Archive, CandidateRecord
 from kernelscout.tools.budget import Budget
+from kernelscout.tools.predict import CLEAR_WIN
 from kernelscout.tools.rundir import RunDir
 from kernelscout.tools.schema import Measurement, MeasureStatus
 
@@ -58,6 +59,11 @@ MACHINE_BUSY = "the machine is busy"
 cores (`sandbox.stats.busy_machine`): each was charged and none taught the search anything, so the rest
 of the budget waits for `kscout resume` on an idle machine instead of going the same way."""
 BUSY_STREAK = 2
+SOLVED = "nothing left is likely to beat the best"
+"""Stop reason on a recorded space once the surrogate gives every configuration not yet measured, together, less than
+`SearchSettings.solved_chance` of beating the best by a clear margin (`SpaceSearchPolicy.chance_left`). The rule that
+skips single candidates needs 19 measured winners before it may skip any, which a search that found its optimum early
+never sees: without this stop such a search measured a 500-configuration space whole under a budget of 600."""
 
 
 class LoopState(TypedDict, total=False):
@@ -307,6 +313,10 @@ class SearchLoop:
             reason, limit = f"device-time budget of {s.max_device_s:g} s spent", "max_device_s"
         elif status.cap and status.used >= math.ceil(status.cap / 2) and self._near_sol(s.near_sol):
             reason = f"within {s.near_sol:g}x of speed-of-light: a problem this close gets at most half the budget"
+        elif (chance := getattr(self.policy, "chance_left", None)) is not None and chance < s.solved_chance:
+            reason = (f"{SOLVED}: the surrogate gives the configurations left a {chance:.2%} chance, together, of beating the best "
+                      f"by more than {CLEAR_WIN:.0%} (it stops under {s.solved_chance:.0%}; --surrogate none measures what the "
+                      "policy proposes)")
         dry = state.get("dry_iterations", 0) + 1 if not state.get("to_measure") else 0
         if reason is None and dry >= 3:
             reason = "the policy has nothing left worth measuring"

@@ -99,6 +99,15 @@ def test_a_space_where_few_configurations_run_is_searched_to_the_end_shelf_inclu
     assert result.stop_reason.endswith("every configuration of the space has been measured (the reference's is timed in every session)")
 
 
+def _v_space(folder: Path) -> Path:
+    """One parameter, 1-500, a V-shaped time with its minimum (1.0) at 333."""
+    values = list(range(1, 501))
+    space = folder / "v.json"
+    space.write_text(json.dumps({"device_name": "GPU", "kernel_name": "k", "tune_params_keys": ["bs"], "objective": "time",
+                                 "tune_params": {"bs": values}, "cache": {str(v): {"bs": v, "time": 1 + abs(v - 333) / 100} for v in values}}))
+    return space
+
+
 def test_a_search_the_surrogate_stopped_says_so_and_how_to_measure_without_it(tmp_path, monkeypatch):
     """One parameter, a V-shaped time with its minimum at 333 of 1-500. The decision rule may skip a candidate
     only once enough measured candidates have beaten the best to bound how often it would skip a winner (19 at
@@ -113,14 +122,23 @@ def test_a_search_the_surrogate_stopped_says_so_and_how_to_measure_without_it(tm
             super().__init__(target_risk=0.25, **kwargs)
 
     monkeypatch.setattr(forecaster, "RiskControlledGate", TrustingGate)
-    values = list(range(1, 501))
-    space = tmp_path / "v.json"
-    space.write_text(json.dumps({"device_name": "GPU", "kernel_name": "k", "tune_params_keys": ["bs"], "objective": "time",
-                                 "tune_params": {"bs": values}, "cache": {str(v): {"bs": v, "time": 1 + abs(v - 333) / 100} for v in values}}))
-    result = start_search(problem=None, space=str(space), budget=600, seed=0, run_dir=str(tmp_path / "run"), quiet=True, report=False)
+    result = start_search(problem=None, space=str(_v_space(tmp_path)), budget=600, seed=0, run_dir=str(tmp_path / "run"), quiet=True, report=False)
     assert result.measurements_used < 100
     assert "the surrogate judged the last" in result.stop_reason and "unlikely to beat the best" in result.stop_reason
     assert "--surrogate none" in result.stop_reason
+
+
+def test_a_search_that_has_solved_its_space_stops_before_its_budget_and_says_why(tmp_path):
+    """The rule that skips single candidates never sees the 19 winners it needs here (the optimum is found within
+    about 30 measurements), so before this stop the search measured all 499 configurations under a budget of 600.
+    It now stops once the surrogate gives everything left, together, under a 5 % chance of a clear win."""
+    from kernelscout.agent.graph import SOLVED
+
+    result = start_search(problem=None, space=str(_v_space(tmp_path)), budget=600, seed=1, run_dir=str(tmp_path / "run"), quiet=True,
+                          report=False)
+    assert result.best_runtime_ms == pytest.approx(1.0)  # the optimum, found first
+    assert result.measurements_used < 150
+    assert result.stop_reason.startswith(SOLVED) and "chance, together" in result.stop_reason and "--surrogate none" in result.stop_reason
 
 
 @needs_hub

@@ -100,6 +100,7 @@ class SpaceSearchPolicy:
         self._row_of: dict[str, int] = {}  # content key -> row, for the shelved keys the loop hands back
         self._design: Optional[list[int]] = None  # cold-start design, rows of the space
         self.notes: list[str] = []  # read by the loop: said once, and named if the search stops for want of proposals
+        self.chance_left: Optional[float] = None  # read by the loop, which stops a solved search (`_chance_left`)
 
     def attach_forecaster(self, forecaster: Any) -> None:
         """The loop's forecaster, whose `screen` ranks the whole space (absent: model-free proposals)."""
@@ -205,6 +206,7 @@ class SpaceSearchPolicy:
         shelved = self._shelved_rows(parent)
         reference = self._row_of.get(parent.get("reference_sha", ""))
         if untried.size - int(reference is not None and reference in untried) == 0:
+            self.chance_left = None
             return self._best_shelved(shelved, k)  # every configuration tried: what was shelved is all that is left
         pool = self._pool(untried, rng)
         self._proposed |= shelved
@@ -218,8 +220,9 @@ class SpaceSearchPolicy:
         screened = self.forecaster.screen(self._values[rows], keys=keys)
         if screened is None:
             return None
-        full = type(screened)(*(np.asarray(a) for a in screened))
-        screen = type(screened)(*(a[: pool.size] for a in full))
+        full = type(screened)(*(None if a is None else np.asarray(a) for a in screened))
+        screen = type(screened)(*(None if a is None else a[: pool.size] for a in full))
+        self.chance_left = self._chance_left(full, pool.size, untried.size)
         ranking = _by_expected_improvement(screen)
         self._ranked = pool[ranking[: max(self.carry, k)]].tolist()
         # the reference is timed in every session, never a candidate of its own; it is passed over here,
@@ -239,6 +242,18 @@ class SpaceSearchPolicy:
                            f"({screen.expected_improvement[j]:.3g} in log-time; P(fail) {screen.p_fail[j]:.2f})",
             ))
         return out
+
+    @staticmethod
+    def _chance_left(full: Any, n_pool: int, n_untried: int) -> Optional[float]:
+        """An upper bound on the chance that some configuration not yet measured beats the best by a clear margin:
+        the sum of each one's chance (the union bound), over the screened pool scaled up to every untried
+        configuration, plus every configuration proposed before, measured or not (the loop's queue among them;
+        which of them were measured is not known here, and counting them errs towards going on)."""
+        p = getattr(full, "p_clear_win", None)
+        if p is None:
+            return None
+        pool = float(np.sum(p[:n_pool]))
+        return pool * (n_untried / n_pool if n_pool else 0.0) + float(np.sum(p[n_pool:]))
 
     def _best_shelved(self, shelved: set[int], k: int) -> Optional[list[SpaceProposal]]:
         """Once no configuration is left untried, the shelved ones the model ranks highest, `k` at a time (None
