@@ -555,13 +555,13 @@ class Worker:
         return {"status": "ok", "tampered": tampered, "triton": "triton" in sys.modules,
                 "reset": [f"{k} from {now[k]} back to {v}" for k, v in reset.items()]}
 
-    def _tampered_now(self, weights: bool = True, kernels: bool = True) -> list[str]:
+    def _tampered_now(self, kernels: bool = True) -> list[str]:
         """Everything `unload` reads, read mid-measurement (re-checks, the referee's `emit`): a patch the candidate
         puts in place for its timed rounds and takes away before it is unloaded (a review's candidate replaced the
         problem's `Model.forward` during timing and put it back when asked to emit: softmax 60.8x, correct, with zeros)
         must be in place at one of them."""
         tampered = integrity.changed_since(self.snapshot) if self.snapshot else []
-        tampered += self._reference_tampering(weights) if self.built else []
+        tampered += self._reference_tampering() if self.built else []
         if not kernels:  # every table is ~40 ms; the reference's own kernels are read after every call (`_hooks_changed`)
             return tampered
         return tampered + [f"torch's kernel for {op} was replaced" for op in integrity.kernels_replaced(self.kernels)]
