@@ -169,6 +169,9 @@ def optimize(
     seed: int = typer.Option(0, help="seed of the search policy (0 or more)"),
     proposals: Optional[int] = typer.Option(None, help=f"candidates proposed per iteration {help_default('proposals')}"),
     patience: Optional[int] = typer.Option(None, help=f"stop after this many measurements without a new best (0: never) {help_default('patience')}"),
+    solved_chance: Optional[float] = typer.Option(None, "--solved-chance", help="a recorded space: stop once the surrogate gives the "
+                                                  "configurations left less than this chance, together, of beating the best by "
+                                                  f"more than 2 % (0: measure to the budget) {help_default('solved_chance')}"),
     max_wall: Optional[float] = typer.Option(None, "--max-wall", help="stop after this many seconds"),
     max_device_s: Optional[float] = typer.Option(None, "--max-device-seconds", help="stop after this much measurement time on the device"),
     max_usd: Optional[float] = typer.Option(None, "--max-usd", help="stop when LLM calls have cost this much"),
@@ -195,12 +198,16 @@ def optimize(
     device, proposals, patience = cfg.pick("device", device), cfg.pick("proposals", proposals), cfg.pick("patience", patience)
     confirm, workers = cfg.pick("confirm", confirm), cfg.pick("workers", workers)
     history = history or (None if space else cfg.pick("history", None))  # a file's history is for code problems only
+    if solved_chance is not None and space is None:
+        fail("--solved-chance stops a search of a recorded space (--space), whose every configuration the surrogate can "
+             "rank; a code problem's search has no such stop: leave the flag out", as_json)
+    solved_chance = cfg.pick("solved_chance", solved_chance)
     try:
         result = start_search(problem=problem, space=space, budget=budget, policy=policy, surrogate=surrogate, device=device,
                               run_dir=run_dir, seed=seed, proposals=proposals, patience=patience, max_wall=max_wall,
                               warm_start=warm_start, quiet=as_json, max_device_s=max_device_s, max_usd=max_usd,
                               max_llm_tokens=max_tokens, workers=workers, ray=ray, start=start, confirm=confirm,
-                              history=history or None, rewrites=rewrites or None)
+                              history=history or None, rewrites=rewrites or None, solved_chance=solved_chance)
     except SearchInterrupted as exc:
         _interrupted(exc, as_json)
     except OptimizeError as exc:
@@ -217,6 +224,8 @@ def resume(
                                                                       "between a stop and this resume does not count)"),
     max_device_s: Optional[float] = typer.Option(None, "--max-device-seconds", help="a new limit on measurement time"),
     patience: Optional[int] = typer.Option(None, help="a new number of measurements without a new best to stop after (0: never)"),
+    solved_chance: Optional[float] = typer.Option(None, "--solved-chance", help="a recorded space: a new chance under which the "
+                                                  "search stops as solved (lower it, or 0, to go on after that stop)"),
     max_measurements: Optional[int] = typer.Option(None, "--max-measurements", help="a run of many problems: a new global "
                                                    "measurement cap (a single search's budget: `kscout budget RUN_DIR --set N`)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object at the end"),
@@ -230,13 +239,14 @@ def resume(
 
     from kernelscout.agent.headless import is_headless_run
 
-    limits = {"max_usd": max_usd, "max_llm_tokens": max_tokens, "max_wall": max_wall, "max_device_s": max_device_s, "patience": patience}
+    limits = {"max_usd": max_usd, "max_llm_tokens": max_tokens, "max_wall": max_wall, "max_device_s": max_device_s, "patience": patience,
+              "solved_chance": solved_chance}
     if is_headless_run(run_dir):  # a multi-problem `kscout run`: resume it as a whole
         from kernelscout.agent.cli_run import resume_run
 
-        if max_device_s is not None or patience is not None:
+        if max_device_s is not None or patience is not None or solved_chance is not None:
             fail(f"{run_dir} is a run of many problems, whose per-problem limits are fixed when it starts; resume it "
-                 "without --max-device-seconds or --patience (its global caps can change: --max-wall, --max-measurements, "
+                 "without --max-device-seconds, --patience or --solved-chance (its global caps can change: --max-wall, --max-measurements, "
                  "--max-usd, --max-tokens)", as_json)
         return resume_run(run_dir, as_json, max_wall_s=max_wall, max_measurements=max_measurements, max_usd=max_usd,
                           max_tokens=max_tokens)

@@ -150,6 +150,10 @@ class SearchLoop:
         if state.get("stop_reason"):
             return {"to_measure": []}
         recs = [self.archive.get(cid) for cid in state.get("considered", [])]
+        if (solved := self._solved()) and not any(rec.origin == USER_ORIGIN or rec.requeued for rec in recs):
+            self._emit("stop", reason=solved)
+            return {"to_measure": [], "stop_reason": solved,
+                    "stop_limit": {"setting": "solved_chance", "value": self.settings.solved_chance}}
         try:
             forecasts = self.predictor.forecast_batch(recs, [self._speedup_of(r.parent_id) for r in recs], incumbent)
         except LLM_CAPS as exc:
@@ -313,10 +317,6 @@ class SearchLoop:
             reason, limit = f"device-time budget of {s.max_device_s:g} s spent", "max_device_s"
         elif status.cap and status.used >= math.ceil(status.cap / 2) and self._near_sol(s.near_sol):
             reason = f"within {s.near_sol:g}x of speed-of-light: a problem this close gets at most half the budget"
-        elif (chance := getattr(self.policy, "chance_left", None)) is not None and chance < s.solved_chance:
-            reason = (f"{SOLVED}: the surrogate gives the configurations left a {chance:.2%} chance, together, of beating the best "
-                      f"by more than {CLEAR_WIN:.0%} (it stops under {s.solved_chance:.0%}; --surrogate none measures what the "
-                      "policy proposes)")
         dry = state.get("dry_iterations", 0) + 1 if not state.get("to_measure") else 0
         if reason is None and dry >= 3:
             reason = "the policy has nothing left worth measuring"
@@ -391,6 +391,16 @@ class SearchLoop:
         # slots of this cap already spent (a resume after the search stopped) need nothing kept back for them
         return max(0, self.settings.confirm - self.archive.confirmations_spent(self.budget.status().cap))
 
+    def _solved(self) -> Optional[str]:
+        """The stop for a recorded space the surrogate deems solved, decided from this iteration's screen before
+        anything is measured: a search resumed after it (a budget raised, say) then spends nothing to stop again."""
+        chance, below = getattr(self.policy, "chance_left", None), self.settings.solved_chance
+        if chance is None or chance >= below:
+            return None
+        return (f"{SOLVED}: the surrogate gives the configurations left a {chance:.2%} chance, together, of beating the best "
+                f"by more than {CLEAR_WIN:.0%} (it stops under {below:g}; `kscout resume RUN_DIR --solved-chance 0` "
+                "measures on to the budget, as does --surrogate none)")
+
     def _llm_cap_stop(self, exc: BaseException) -> dict:
         """The stop for an LLM call the run's cost cap refused (before it was sent), with the setting it hit."""
         self._emit("llm_cap", reason=str(exc))
@@ -423,6 +433,8 @@ class SearchLoop:
         now, then = getattr(self.settings, setting), limit.get("value")
         if then is None:
             return None
+        if setting == "solved_chance":  # the one limit a lower value loosens (0: never stop for it)
+            return f"solved_chance lowered from {then:g} to {now:g}" if now < then else None
         if not now or now > then:  # None, and patience 0, mean "no limit"
             return f"{setting} raised from {then} to {now or 'no limit'}"
         return None

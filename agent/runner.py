@@ -11,6 +11,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from kernelscout.agent.graph import SearchSettings
+from kernelscout.agent.search_spec import SOLVED_CHANCE
 from kernelscout.agent.progress import SearchProgress
 from kernelscout.agent.session import (OptimizeResult, SearchSpec, build_loop, change_limits, check_spec, load_spec, save_spec,
                                        summarise)
@@ -135,7 +136,8 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
                  max_device_s: Optional[float] = None, max_usd: Optional[float] = None, max_llm_tokens: Optional[int] = None,
                  workers: Optional[int] = None, ray: Optional[str] = None, replay_delay_s: float = 0.0,
                  report: bool = True, start: Optional[list[str]] = None, confirm: Optional[int] = None,
-                 history: Optional[list[str]] = None, rewrites: Optional[list[str]] = None) -> OptimizeResult:
+                 history: Optional[list[str]] = None, rewrites: Optional[list[str]] = None,
+                 solved_chance: float = SOLVED_CHANCE) -> OptimizeResult:
     """`history`: folders of earlier runs for the learned surrogate's prior on a code problem (None, [] or
     ["none"]: no prior). `rewrites`: the generic rewrites the offline tuner may try, by name (None or ["all"]: every
     one that applies; ["none"]: none, so that only the TUNABLE knobs of the `start` kernels are tuned)."""
@@ -148,7 +150,7 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
     if seed < 0:
         raise OptimizeError(f"--seed must be 0 or more, not {seed}")
     check_limits(proposals=proposals, patience=patience, max_wall=max_wall, max_device_s=max_device_s, max_usd=max_usd,
-                 max_llm_tokens=max_llm_tokens)
+                 max_llm_tokens=max_llm_tokens, solved_chance=solved_chance)
     confirm = default_confirm(budget, space is not None) if confirm is None else confirm
     if confirm < 0:
         raise OptimizeError("--confirm must be 0 or more")
@@ -159,7 +161,8 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
     policy, surrogate, note = resolve_choices(policy, surrogate, space=space is not None)
     check_plugins(policy, surrogate)
     settings = SearchSettings(budget=budget, seed=seed, proposals_per_iteration=proposals, patience=patience, max_wall_s=max_wall, confirm=confirm,
-                              max_device_s=max_device_s, max_usd=max_usd, max_llm_tokens=max_llm_tokens)
+                              max_device_s=max_device_s, max_usd=max_usd, max_llm_tokens=max_llm_tokens,
+                              solved_chance=solved_chance)
     if space is not None:
         from kernelscout.sandbox.replay import resolve_space, space_hint
 
@@ -259,7 +262,8 @@ def _searching(run: RunDir, resuming: bool = False):
 
 
 _LIMIT_FLAGS = {"proposals": "--proposals", "patience": "--patience", "max_wall": "--max-wall",
-                "max_device_s": "--max-device-seconds", "max_usd": "--max-usd", "max_llm_tokens": "--max-tokens"}
+                "max_device_s": "--max-device-seconds", "max_usd": "--max-usd", "max_llm_tokens": "--max-tokens",
+                "solved_chance": "--solved-chance"}
 
 
 def check_limits(**values: Any) -> None:
@@ -269,6 +273,10 @@ def check_limits(**values: Any) -> None:
         if value is None:
             continue
         flag = _LIMIT_FLAGS[name]
+        if name == "solved_chance":
+            if not 0 <= value < 1:
+                raise OptimizeError(f"{flag} is a chance, from 0 (never stop for it) to under 1, not {value}")
+            continue
         if name == "patience" and value < 0:
             raise OptimizeError(f"{flag} must be 0 (never stop early) or more, not {value}")
         if name != "patience" and value <= 0:
@@ -485,10 +493,11 @@ def _cluster_device(device: str, address: str) -> str:
 
 def resume_search(run_dir: str, quiet: bool = False, *, max_usd: Optional[float] = None, max_llm_tokens: Optional[int] = None,
                   max_wall: Optional[float] = None, max_device_s: Optional[float] = None,
-                  patience: Optional[int] = None) -> OptimizeResult:
+                  patience: Optional[int] = None, solved_chance: Optional[float] = None) -> OptimizeResult:
     """Go on with a search: one that was interrupted, or one that finished at its budget (after `kscout budget
     DIR --set N`) or at a limit given here higher than it was (`max_usd` ...; None keeps a limit as it is)."""
-    check_limits(max_usd=max_usd, max_llm_tokens=max_llm_tokens, max_wall=max_wall, max_device_s=max_device_s, patience=patience)
+    check_limits(max_usd=max_usd, max_llm_tokens=max_llm_tokens, max_wall=max_wall, max_device_s=max_device_s, patience=patience,
+                 solved_chance=solved_chance)
     if not (Path(run_dir) / "run.db").exists():
         raise OptimizeError(f"{run_dir}: not a run directory (no run.db)")
     run = _open_run(run_dir)
@@ -497,6 +506,9 @@ def resume_search(run_dir: str, quiet: bool = False, *, max_usd: Optional[float]
     except ValueError as exc:
         raise OptimizeError(str(exc)) from None
     check_plugins(spec.policy, spec.surrogate)  # a run made with a plugin goes on with it, if it is still installed
+    if solved_chance is not None and spec.kind != "space":
+        raise OptimizeError(f"--solved-chance stops a search of a recorded space; {run_dir} searched a code problem, "
+                            "whose search has no such stop: leave the flag out")
     if spec.kind == "space":
         content = _check_space(spec.path, spec.warm_start, spec.surrogate)
     else:
@@ -505,7 +517,7 @@ def resume_search(run_dir: str, quiet: bool = False, *, max_usd: Optional[float]
     with _searching(run, resuming=True):
         _check_unchanged(run, spec, content)
         spec = change_limits(run, spec, max_usd=max_usd, max_llm_tokens=max_llm_tokens, max_wall_s=max_wall,
-                             max_device_s=max_device_s, patience=patience)
+                             max_device_s=max_device_s, patience=patience, solved_chance=solved_chance)
         _archive_start(run, spec, resume=True)
         return _run(run, spec, resume=True, quiet=quiet)
 

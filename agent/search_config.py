@@ -24,9 +24,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
 from kernelscout.agent.llm_config import default_config_files, read_config_file
+from kernelscout.agent.search_spec import SOLVED_CHANCE
 from kernelscout.tools.schema import DEVICE_PATTERN
 
 
@@ -50,7 +51,8 @@ def surrogate_choices() -> tuple[str, ...]:
 
 
 BUILT_IN: dict[str, Any] = {"device": "auto", "policy": "auto", "surrogate": "auto", "budget": 10, "confirm": None,
-                            "workers": None, "proposals": 6, "patience": 0, "history": None}
+                            "workers": None, "proposals": 6, "patience": 0, "history": None,
+                            "solved_chance": SOLVED_CHANCE}
 """The defaults when neither a flag nor a file sets a setting (confirm None: `default_confirm` decides)."""
 
 
@@ -69,9 +71,18 @@ class SearchDefaults(BaseModel):
     workers: Optional[StrictInt] = Field(None, ge=1)
     proposals: Optional[StrictInt] = Field(None, ge=1)
     patience: Optional[StrictInt] = Field(None, ge=0)
+    solved_chance: Optional[float] = Field(None, ge=0, lt=1, description="on a recorded space, stop once the configurations "
+                                           "left have less than this chance, together, of a clear win (0: never)")
     history: Optional[list[str]] = Field(None, description="folders of earlier runs for the learned surrogate's prior "
                                          "(relative to the file that names them), or [\"none\"]")
     sources: dict[str, str] = Field(default_factory=dict, exclude=True, description="setting -> the file it came from")
+
+    @field_validator("solved_chance", mode="before")
+    @classmethod
+    def _a_number(cls, value: Any) -> Any:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ValueError("must be a number from 0 (never stop for it) to under 1")
+        return value
 
     def pick(self, name: str, flag: Any) -> Any:
         """The flag if given, else this file's setting, else the built-in default."""

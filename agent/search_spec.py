@@ -11,6 +11,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, Field
 
 SPEC_KEY = "search_spec"  # the run's meta key holding the SearchSpec as JSON
+SOLVED_CHANCE = 0.05  # a recorded space's search stops once what is left has less chance than this of a clear win
 
 
 class SearchSettings(BaseModel):
@@ -28,7 +29,7 @@ class SearchSettings(BaseModel):
     max_usd: Optional[float] = Field(None, description="stop when LLM calls have cost this much")
     max_llm_tokens: Optional[int] = Field(None, description="stop when LLM calls have used this many tokens")
     confirm: int = Field(0, ge=0, description="measurements kept back to re-measure the best candidate once the search stops")
-    solved_chance: float = Field(0.05, ge=0, lt=1, description="on a recorded space, stop once the surrogate gives the "
+    solved_chance: float = Field(SOLVED_CHANCE, ge=0, lt=1, description="on a recorded space, stop once the surrogate gives the "
                                  "configurations left less than this chance, together, of beating the best by more than 2 % (0: never)")
     seed: int = 0
 

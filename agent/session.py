@@ -49,7 +49,7 @@ def save_spec(run: RunDir, spec: SearchSpec) -> None:
 # The limits a user may change when resuming (`kscout resume DIR --max-usd X`): each setting with its flag.
 # Changing one changes no measurement, so unlike the rest of the spec it is not fixed at the start.
 LIMIT_FLAGS = {"max_usd": "--max-usd", "max_llm_tokens": "--max-tokens", "max_wall_s": "--max-wall",
-               "max_device_s": "--max-device-seconds", "patience": "--patience"}
+               "max_device_s": "--max-device-seconds", "patience": "--patience", "solved_chance": "--solved-chance"}
 
 
 def check_spec(run: RunDir, spec: SearchSpec) -> None:
@@ -236,6 +236,8 @@ def continue_command(run: RunDir, state: dict) -> Optional[str]:
     flag, value = LIMIT_FLAGS.get(limit.get("setting", "")), limit.get("value")
     if flag is None or value is None:
         return None
+    if limit.get("setting") == "solved_chance":  # lowered, not raised, to go on; 0 measures on to the budget
+        return f"kscout resume {where} {flag} 0"
     doubled = 2 * value
     return f"kscout resume {where} {flag} {doubled if isinstance(doubled, int) else format(doubled, 'g')}"
 

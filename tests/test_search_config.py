@@ -37,6 +37,8 @@ def test_the_project_file_overrides_the_users_setting_by_setting(project):
     ('[search]\nbudget = 0\n', "budget"),
     ('[search]\npolicy = "genetic"\n', "policy"),
     ('[search]\nsurrogate = "xgb"\n', "'xgb'"),
+    ('[search]\nsolved_chance = 1\n', "solved_chance"),
+    ('[search]\nsolved_chance = "0.1"\n', "solved_chance"),
     ('[search\nbudget = 5\n', "cannot read"),
     # tomllib calls this one a section declared twice; the line itself is quoted, and what it lacks named
     ('[search]\nbudget = 3\n[search\npolicy = "tuner"\n', "`[search`; a section header needs its closing ]"),
@@ -107,3 +109,21 @@ def test_a_files_history_does_not_stop_a_search_of_a_recorded_space(project):
     refused = CliRunner().invoke(app, ["optimize", "--space", str(SPACE), "--budget", "3", "--run-dir", "r2", "--json",
                                        "--history", "runs"])
     assert refused.exit_code == 2 and "--warm-start" in json.loads(refused.stdout)["message"]
+
+
+@needs_hub
+def test_a_files_solved_chance_is_stored_with_a_search_of_a_recorded_space_and_the_flag_wins(project):
+    from kernelscout.agent.session import load_spec
+    from kernelscout.tools.rundir import RunDir
+
+    (project / "proj" / "kscout.toml").write_text('[search]\nsolved_chance = 0\n')
+    CliRunner().invoke(app, ["optimize", "--space", str(SPACE), "--budget", "2", "--run-dir", "a", "--json"])
+    CliRunner().invoke(app, ["optimize", "--space", str(SPACE), "--budget", "2", "--run-dir", "b", "--json", "--solved-chance", "0.2"])
+    assert load_spec(RunDir(project / "proj" / "a")).settings.solved_chance == 0
+    assert load_spec(RunDir(project / "proj" / "b")).settings.solved_chance == 0.2
+
+
+def test_solved_chance_on_a_code_problem_is_refused_before_anything_is_made(project):
+    refused = CliRunner().invoke(app, ["optimize", "problem.py", "--run-dir", "r", "--solved-chance", "0.1", "--json"])
+    assert refused.exit_code == 2 and "recorded space" in json.loads(refused.stdout)["message"]
+    assert not (project / "proj" / "r").exists()

@@ -139,6 +139,28 @@ def test_a_search_that_has_solved_its_space_stops_before_its_budget_and_says_why
     assert result.best_runtime_ms == pytest.approx(1.0)  # the optimum, found first
     assert result.measurements_used < 150
     assert result.stop_reason.startswith(SOLVED) and "chance, together" in result.stop_reason and "--surrogate none" in result.stop_reason
+    assert result.continue_with == f"kscout resume {tmp_path / 'run'} --solved-chance 0"
+
+
+def test_a_solved_search_resumed_spends_nothing_until_its_stop_is_lowered(tmp_path):
+    """The stop is decided from the iteration's screen before anything is measured, so a search that spent its
+    budget while already solved stops at once when the budget is raised, and `--solved-chance 0` goes on."""
+    from kernelscout.agent.graph import BUDGET_SPENT, SOLVED
+
+    space = _v_space(tmp_path)
+    solved = start_search(problem=None, space=str(space), budget=600, seed=1, run_dir=str(tmp_path / "solved"), quiet=True, report=False)
+    again = resume_search(str(tmp_path / "solved"), quiet=True)
+    assert again.measurements_used == solved.measurements_used and again.stop_reason == solved.stop_reason
+
+    run_dir = str(tmp_path / "run")  # the same search, whose budget ends where the other one stopped as solved
+    spent = start_search(problem=None, space=str(space), budget=solved.measurements_used, seed=1, run_dir=run_dir, quiet=True, report=False)
+    assert spent.stop_reason == BUDGET_SPENT and spent.best_runtime_ms == solved.best_runtime_ms
+    Budget(RunDir(run_dir)).set_cap(solved.measurements_used + 3)
+    raised = resume_search(run_dir, quiet=True)
+    assert raised.stop_reason.startswith(SOLVED) and raised.measurements_used == solved.measurements_used
+
+    lowered = resume_search(run_dir, quiet=True, solved_chance=0)
+    assert lowered.stop_reason == BUDGET_SPENT and lowered.measurements_used == solved.measurements_used + 3
 
 
 @needs_hub
@@ -155,6 +177,8 @@ def test_bad_arguments_are_clear_errors(tmp_path):
         start_search(problem=str(tmp_path / "nope.py"), space=None, budget=3)
     with pytest.raises(OptimizeError, match="not a run directory"):
         resume_search(str(tmp_path))
+    with pytest.raises(OptimizeError, match="--solved-chance is a chance, from 0"):
+        start_search(problem=None, space=str(_v_space(tmp_path)), budget=3, solved_chance=1.5)
 
 
 def _charged_keys(run_dir: Path) -> list[str]:

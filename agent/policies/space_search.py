@@ -197,6 +197,7 @@ class SpaceSearchPolicy:
         return np.concatenate([keep, np.sort(sample)])
 
     def _screened(self, parent: dict[str, Any], k: int, rng: random.Random) -> Optional[list[SpaceProposal]]:
+        self.chance_left = None  # this iteration's, or none: an earlier screen's chance must not stop the search
         if self.forecaster is None or not hasattr(self.forecaster, "screen"):
             return None
         untried = self._untried(parent)
@@ -206,7 +207,6 @@ class SpaceSearchPolicy:
         shelved = self._shelved_rows(parent)
         reference = self._row_of.get(parent.get("reference_sha", ""))
         if untried.size - int(reference is not None and reference in untried) == 0:
-            self.chance_left = None
             return self._best_shelved(shelved, k)  # every configuration tried: what was shelved is all that is left
         pool = self._pool(untried, rng)
         self._proposed |= shelved
