@@ -232,8 +232,8 @@ def resume(
 ) -> None:
     """Continue a search after an interruption: no measurement lost, none repeated, no budget spent twice.
 
-    A search that stopped at a limit goes on when the limit is given here higher than it was; one that spent its
-    measurement budget goes on after `kscout budget RUN_DIR --set N`. A run of many problems (`kscout run`) takes new
+    A search that stopped at a limit goes on when the limit is given here higher than it was (--solved-chance: lower,
+    or 0); one that spent its measurement budget goes on after `kscout budget RUN_DIR --set N`. A run of many problems (`kscout run`) takes new
     global caps (--max-wall, --max-measurements, --max-usd, --max-tokens), and a problem skipped for one runs."""
     from kernelscout.agent.runner import OptimizeError, SearchInterrupted, resume_search
 
@@ -265,8 +265,10 @@ def resume(
 def _interrupted(exc, as_json: bool) -> None:
     """Ctrl-C: say where the run stands and how to go on (stdout stays JSON under --json)."""
     if as_json:
+        import shlex
+
         print(json.dumps({"status": "interrupted", "run_dir": str(exc.run_dir), "measurements_used": exc.used,
-                          "budget": exc.cap, "message": str(exc)}))
+                          "budget": exc.cap, "message": str(exc), "continue_with": f"kscout resume {shlex.quote(str(exc.run_dir))}"}))
     err.print(str(exc), soft_wrap=True, highlight=False)
     raise typer.Exit(interrupted_code())
 

@@ -25,7 +25,7 @@ out = Console()
 
 FLAGS = {"budget": "--budget", "max_wall_s": "--max-wall", "max_measurements": "--max-measurements", "max_usd": "--max-usd",
          "max_tokens": "--max-tokens", "problem_wall_s": "--problem-wall", "proposals": "--proposals", "patience": "--patience",
-         "confirm": "--confirm", "seed": "--seed"}
+         "confirm": "--confirm", "seed": "--seed", "solved_chance": "--solved-chance"}
 
 
 def _check_rewrite_names(rewrites: list[str]) -> None:
@@ -141,6 +141,9 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, help="seed of the search policy (0 or more)"),
         proposals: Optional[int] = typer.Option(None, help=f"candidates proposed per iteration {help_default('proposals')}"),
         patience: Optional[int] = typer.Option(None, help=f"stop a problem after this many measurements without a new best (0: never) {help_default('patience')}"),
+        solved_chance: Optional[float] = typer.Option(None, "--solved-chance", help="each recorded space: stop once the surrogate "
+                                                      "gives the configurations left less than this chance, together, of beating "
+                                                      f"the best by more than 2 % (0: measure to the budget) {help_default('solved_chance')}"),
         confirm: Optional[int] = typer.Option(None, "--confirm", help="measurements kept to re-measure each problem's best "
                                               "(default: 1 for a problem with a budget of 5 or more, else 0)"),
         problem_wall: Optional[float] = typer.Option(None, "--problem-wall", help="stop each problem's search after this many seconds"),
@@ -167,7 +170,7 @@ def register(app: typer.Typer) -> None:
         cfg = search_config(as_json, announce=True)
         budget, policy, surrogate = cfg.pick("budget", budget), cfg.pick("policy", policy), cfg.pick("surrogate", surrogate)
         device, proposals, patience = cfg.pick("device", device), cfg.pick("proposals", proposals), cfg.pick("patience", patience)
-        confirm = cfg.pick("confirm", confirm)
+        confirm, solved_chance = cfg.pick("confirm", confirm), cfg.pick("solved_chance", solved_chance)
         history = cfg.pick("history", history or None)
         from kernelscout.agent.search_config import policy_choices, surrogate_choices
 
@@ -187,7 +190,7 @@ def register(app: typer.Typer) -> None:
             refs = attach_start(discover(problems), start)
             _check_device(device, refs)  # before the night starts, not once per problem
             manifest = RunManifest(problems=refs, budget=budget, policy=policy, surrogate=surrogate, device=device, seed=seed,
-                                   proposals=proposals, patience=patience, confirm=confirm, problem_wall_s=problem_wall, history=folders,
+                                   proposals=proposals, patience=patience, solved_chance=solved_chance, confirm=confirm, problem_wall_s=problem_wall, history=folders,
                                    rewrites=rewrites or None,
                                    caps=RunCaps(max_wall_s=max_wall, max_measurements=max_measurements, max_usd=max_usd, max_tokens=max_tokens))
             headless = HeadlessRun.create(path, manifest)

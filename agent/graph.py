@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import random
+import shlex
 import sqlite3
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -64,6 +65,7 @@ SOLVED = "nothing left is likely to beat the best"
 `SearchSettings.solved_chance` of beating the best by a clear margin (`SpaceSearchPolicy.chance_left`). The rule that
 skips single candidates needs 19 measured winners before it may skip any, which a search that found its optimum early
 never sees: without this stop such a search measured a 500-configuration space whole under a budget of 600."""
+SOLVED_AFTER = 20  # measurements before the stop above may act (`SearchLoop._solved`)
 
 
 class LoopState(TypedDict, total=False):
@@ -122,8 +124,10 @@ class SearchLoop:
         iteration, parent_id = state["iteration"], state["parent_id"]
         parent = None if parent_id == ROOT_ID else self.archive.get(parent_id)
         rng = random.Random(f"{self.settings.seed}:{iteration}")
-        # shelved: tried, but never judged, so a policy that ranks a whole space may propose them again
-        info = self.target.parent_info(parent, tried=self.archive.shas(), shelved=self.archive.shas("shelved"))
+        # shelved: tried, but never judged, so a policy that ranks a whole space may propose them again; waiting: in the
+        # loop's queue. Both are read from run.db, so that such a policy sees the same after a resume
+        info = self.target.parent_info(parent, tried=self.archive.shas(), shelved=self.archive.shas("shelved"),
+                                       waiting=self.archive.shas("proposed"))
         try:
             proposals = self.policy.propose(info, self.settings.proposals_per_iteration, rng)
         except LLM_CAPS as exc:
@@ -393,13 +397,15 @@ class SearchLoop:
 
     def _solved(self) -> Optional[str]:
         """The stop for a recorded space the surrogate deems solved, decided from this iteration's screen before
-        anything is measured: a search resumed after it (a budget raised, say) then spends nothing to stop again."""
+        anything is measured: a search resumed after it (a budget raised, say) then spends nothing to stop again.
+        Not before `SOLVED_AFTER` measurements: the chance is only as good as the surrogate's spread, which a handful
+        of timings of a flat space make small everywhere, a lone fast configuration included."""
         chance, below = getattr(self.policy, "chance_left", None), self.settings.solved_chance
-        if chance is None or chance >= below:
+        if chance is None or chance >= below or self.budget.status().used < SOLVED_AFTER:
             return None
-        return (f"{SOLVED}: the surrogate gives the configurations left a {chance:.2%} chance, together, of beating the best "
-                f"by more than {CLEAR_WIN:.0%} (it stops under {below:g}; `kscout resume RUN_DIR --solved-chance 0` "
-                "measures on to the budget, as does --surrogate none)")
+        return (f"{SOLVED}: the surrogate gives the configurations left a {chance * 100:.3g} % chance, together, of beating "
+                f"the best by more than {CLEAR_WIN * 100:g} %, under the {below * 100:.3g} % it stops at (--solved-chance {below:g}); "
+                f"`kscout resume {shlex.quote(str(self.run.path))} --solved-chance 0` measures on to the budget")
 
     def _llm_cap_stop(self, exc: BaseException) -> dict:
         """The stop for an LLM call the run's cost cap refused (before it was sent), with the setting it hit."""

@@ -27,6 +27,7 @@ from typing import Any, Iterator, Literal, Optional
 
 from pydantic import BaseModel, Field
 
+from kernelscout.agent.search_spec import SOLVED_CHANCE
 from kernelscout.sandbox.problem import problem_name
 from kernelscout.tools.atomic import write_text_atomic
 from kernelscout.tools.rundir import MULTI_PROBLEM_MARK, read_events, reading
@@ -74,6 +75,8 @@ class RunManifest(BaseModel):
     seed: int = Field(0, ge=0)
     proposals: int = Field(6, ge=1)
     patience: int = Field(0, ge=0)
+    solved_chance: float = Field(SOLVED_CHANCE, ge=0, lt=1, description="each recorded space's search stops once what is left "
+                                 "has less than this chance, together, of a clear win (0: never)")
     confirm: Optional[int] = Field(None, ge=0, description="measurements kept to re-measure each problem's best (None: "
                                    "kscout optimize's default; at most the problem's budget less one)")
     problem_wall_s: Optional[float] = Field(None, gt=0, description="wall-clock limit of one problem's search")
@@ -600,7 +603,7 @@ class HeadlessRun:
                 result = start_search(
                     problem=ref.path if ref.kind == "problem" else None, space=ref.path if ref.kind == "space" else None,
                     budget=allow["budget"], policy=policy, surrogate=m.surrogate, device=m.device, run_dir=str(sub), seed=m.seed,
-                    proposals=m.proposals, patience=m.patience, max_wall=allow["max_wall"], quiet=quiet,
+                    proposals=m.proposals, patience=m.patience, solved_chance=m.solved_chance, max_wall=allow["max_wall"], quiet=quiet,
                     max_usd=allow["max_usd"], max_llm_tokens=allow["max_llm_tokens"], start=ref.start,
                     confirm=None if m.confirm is None else min(m.confirm, allow["budget"] - 1),
                     history=m.history if ref.kind == "problem" else None, rewrites=m.rewrites if ref.kind == "problem" else None,

@@ -80,8 +80,8 @@ class SearchDefaults(BaseModel):
     @field_validator("solved_chance", mode="before")
     @classmethod
     def _a_number(cls, value: Any) -> Any:
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise ValueError("must be a number from 0 (never stop for it) to under 1")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1):
+            raise ValueError(f"must be a chance from 0 (never stop for it) to under 1, not {value!r}")
         return value
 
     def pick(self, name: str, flag: Any) -> Any:

@@ -74,9 +74,10 @@ class ReplayTarget:
         self.name = space.name
         self.device = f"replay:{space.device_label}"
 
-    def parent_info(self, parent: Optional[CandidateRecord], tried: set[str], shelved: AbstractSet[str] = frozenset()) -> dict[str, Any]:
+    def parent_info(self, parent: Optional[CandidateRecord], tried: set[str], shelved: AbstractSet[str] = frozenset(),
+                    waiting: AbstractSet[str] = frozenset()) -> dict[str, Any]:
         # the reference configuration is timed in every measurement session, so it is never a candidate
-        return {"config": dict(parent.params) if parent else None, "tried": tried, "shelved": shelved,
+        return {"config": dict(parent.params) if parent else None, "tried": tried, "shelved": shelved, "waiting": waiting,
                 "sha": lambda cfg: config_sha(self.space, cfg), "reference_sha": config_sha(self.space, self.reference)}
 
     def proposal_sha(self, proposal) -> str:
@@ -145,8 +146,9 @@ class CodeTarget:
         self.run.set_meta("sol_bounds", bounds.model_dump_json())
         return bounds
 
-    def parent_info(self, parent: Optional[CandidateRecord], tried: set[str], shelved: AbstractSet[str] = frozenset()):
-        """`shelved` is not used: the code policies never propose a candidate twice."""
+    def parent_info(self, parent: Optional[CandidateRecord], tried: set[str], shelved: AbstractSet[str] = frozenset(),
+                    waiting: AbstractSet[str] = frozenset()):
+        """`shelved` and `waiting` are not used: the code policies never propose a candidate twice."""
         from kernelscout.agent.policies.tuner import ParentInfo
 
         return ParentInfo(

@@ -200,6 +200,7 @@ class ReplaySpace:
         untimed = 0  # records with neither a time nor a failure marker
         nonpositive = 0
         unreadable: list[str] = []  # keys whose configuration could not be read
+        outside = 0  # records marked as outside the space's restrictions
         for key, record in raw["cache"].items():
             config = cls._parse_config(key, record, names, by_text)
             if config is None:
@@ -207,6 +208,7 @@ class ReplaySpace:
                 continue
             t = record.get("time") if isinstance(record, Mapping) else None
             if isinstance(t, str) and t in _OUTSIDE_MARKERS:
+                outside += 1
                 continue
             t = _number_or_marker(t)
             # Kernel Tuner's time is the mean of the repeats it recorded: read from them where it is a list or missing
@@ -236,6 +238,10 @@ class ReplaySpace:
                 f"none of the cache's {len(unreadable)} records could be read as a configuration of its tune_params "
                 f"({', '.join(names)}): a record needs those fields, or a key of their values joined by ',' "
                 f"(the first key is {unreadable[0]!r})")
+        if not configs and outside:
+            raise ValueError(f"no configurations in the cache: all {outside} of its records are marked "
+                             f"{' or '.join(sorted(_OUTSIDE_MARKERS))}, that is outside the space's restrictions (Kernel Tuner "
+                             "never ran them), so there is nothing to replay")
         if not configs:
             raise ValueError("no configurations in the cache")
         objective = str(raw.get("objective") or "time")

@@ -654,3 +654,21 @@ def test_an_interrupted_run_under_json_still_prints_one_json_object(tmp_path):
     assert p.returncode == 130
     assert json.loads(out) == {"status": "interrupted", "run_dir": str(run), "continue_with": f"kscout resume {run}",
                                "message": f"interrupted; nothing measured is lost. Continue with: kscout resume {run}"}
+
+
+def test_each_recorded_space_of_a_run_takes_the_runs_solved_chance_from_the_flag_or_the_file(tmp_path, monkeypatch):
+    from kernelscout.agent.session import load_spec
+    from kernelscout.tools.rundir import RunDir
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    space = tmp_path / "v.json"
+    space.write_text(json.dumps({"device_name": "GPU", "kernel_name": "k", "tune_params_keys": ["bs"], "objective": "time",
+                                 "tune_params": {"bs": [1, 2, 3]}, "cache": {str(v): {"bs": v, "time": v} for v in (1, 2, 3)}}))
+    (tmp_path / "kscout.toml").write_text("[search]\nsolved_chance = 0\n")
+    _run([str(space), "--budget", "2", "--run-dir", "from_file"])
+    _run([str(space), "--budget", "2", "--run-dir", "flagged", "--solved-chance", "0.2"])
+    assert load_spec(RunDir(tmp_path / "from_file" / "problems" / "v")).settings.solved_chance == 0
+    assert load_spec(RunDir(tmp_path / "flagged" / "problems" / "v")).settings.solved_chance == 0.2
+    refused = CliRunner().invoke(app, ["run", str(space), "--run-dir", "bad", "--solved-chance", "1.5", "--json"])
+    assert refused.exit_code == 2 and "--solved-chance" in json.loads(refused.stdout)["message"]

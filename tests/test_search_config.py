@@ -39,6 +39,7 @@ def test_the_project_file_overrides_the_users_setting_by_setting(project):
     ('[search]\nsurrogate = "xgb"\n', "'xgb'"),
     ('[search]\nsolved_chance = 1\n', "solved_chance"),
     ('[search]\nsolved_chance = "0.1"\n', "solved_chance"),
+    ('[search]\nsolved_chance = nan\n', "a chance from 0 (never stop for it) to under 1, not nan"),
     ('[search\nbudget = 5\n', "cannot read"),
     # tomllib calls this one a section declared twice; the line itself is quoted, and what it lacks named
     ('[search]\nbudget = 3\n[search\npolicy = "tuner"\n', "`[search`; a section header needs its closing ]"),

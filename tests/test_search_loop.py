@@ -138,8 +138,8 @@ def test_a_search_that_has_solved_its_space_stops_before_its_budget_and_says_why
                           report=False)
     assert result.best_runtime_ms == pytest.approx(1.0)  # the optimum, found first
     assert result.measurements_used < 150
-    assert result.stop_reason.startswith(SOLVED) and "chance, together" in result.stop_reason and "--surrogate none" in result.stop_reason
-    assert result.continue_with == f"kscout resume {tmp_path / 'run'} --solved-chance 0"
+    assert result.stop_reason.startswith(SOLVED) and "chance, together" in result.stop_reason
+    assert result.continue_with == f"kscout resume {tmp_path / 'run'} --solved-chance 0" and result.continue_with in result.stop_reason
 
 
 def test_a_solved_search_resumed_spends_nothing_until_its_stop_is_lowered(tmp_path):
@@ -161,6 +161,39 @@ def test_a_solved_search_resumed_spends_nothing_until_its_stop_is_lowered(tmp_pa
 
     lowered = resume_search(run_dir, quiet=True, solved_chance=0)
     assert lowered.stop_reason == BUDGET_SPENT and lowered.measurements_used == solved.measurements_used + 3
+
+
+def test_a_resumed_search_weighs_what_is_left_as_the_search_that_stopped_did(tmp_path):
+    """The chance sums the configurations never proposed and those still in the queue or shelved, all read from
+    run.db: a resume, whose policy starts afresh, gets about the figure the stop gave (it summed only the shelved
+    ones once, 0.00 % against 3.2 %), so a threshold lowered below that figure goes on, and one above it does not."""
+    import re
+    import shutil
+
+    from kernelscout.agent.graph import SOLVED
+
+    solved = start_search(problem=None, space=str(_v_space(tmp_path)), budget=600, seed=1, run_dir=str(tmp_path / "run"), quiet=True,
+                          report=False)
+    chance = float(re.search(r"a ([0-9.e-]+) % chance", solved.stop_reason).group(1)) / 100
+    shutil.copytree(tmp_path / "run", tmp_path / "copy")
+    below = resume_search(str(tmp_path / "run"), quiet=True, solved_chance=chance / 2)
+    above = resume_search(str(tmp_path / "copy"), quiet=True, solved_chance=min(0.99, chance * 1.5))
+    assert below.measurements_used > solved.measurements_used
+    assert above.measurements_used == solved.measurements_used and above.stop_reason.startswith(SOLVED)
+
+
+def test_a_flat_space_is_not_called_solved_before_the_surrogate_has_seen_enough(tmp_path):
+    """500 configurations within 1 % of each other but one, twice as fast: a handful of timings make the surrogate
+    sure of a flat space, the lone fast one included, so the stop waits for SOLVED_AFTER measurements."""
+    from kernelscout.agent.graph import SOLVED, SOLVED_AFTER
+
+    values = list(range(1, 501))
+    space = tmp_path / "needle.json"
+    space.write_text(json.dumps({"device_name": "GPU", "kernel_name": "k", "tune_params_keys": ["bs"], "objective": "time",
+                                 "tune_params": {"bs": values},
+                                 "cache": {str(v): {"bs": v, "time": 0.5 if v == 400 else 1 + (v * 7919 % 100) / 10_000} for v in values}}))
+    result = start_search(problem=None, space=str(space), budget=100, seed=2, run_dir=str(tmp_path / "run"), quiet=True, report=False)
+    assert result.stop_reason.startswith(SOLVED) and result.measurements_used == SOLVED_AFTER
 
 
 @needs_hub
@@ -271,6 +304,7 @@ def test_ctrl_c_says_where_the_run_stands_and_resume_finishes_it(tmp_path):
     assert proc.returncode == 130, (out, err)
     stopped = json.loads(out.strip().splitlines()[-1])
     assert stopped["status"] == "interrupted" and stopped["run_dir"] == str(run_dir) and stopped["budget"] == budget
+    assert stopped["continue_with"] == f"kscout resume {run_dir}"
     used = stopped["measurements_used"]
     assert 3 <= used < budget and used == Budget(RunDir(run_dir)).status().used
     assert f"of {budget} measurements; nothing measured is lost. Continue with: kscout resume {run_dir}" in " ".join(err.split())

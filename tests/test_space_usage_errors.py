@@ -48,6 +48,8 @@ def test_optimize_refuses_a_space_where_nothing_ran(tmp_path: Path) -> None:
     bad = write_cache(tmp_path / "dead.json", {v: "RuntimeFailedConfig" for v in range(4)})
     assert_usage_error(optimize(tmp_path, "--space", str(bad)), "no configuration in this space ran")
     assert not (tmp_path / "run").exists()
+    outside = write_cache(tmp_path / "outside.json", {v: "InvalidConfig" for v in range(4)})
+    assert_usage_error(optimize(tmp_path, "--space", str(outside)), "all 4 of its records are marked InvalidConfig")
 
 
 @pytest.mark.parametrize("text, phrase", [

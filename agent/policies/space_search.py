@@ -205,11 +205,12 @@ class SpaceSearchPolicy:
         # iteration, and then reads this pass instead of asking the surrogate a second time
         # (and shelved ones, which may be revived: see _revived; read from the loop, so after a resume too)
         shelved = self._shelved_rows(parent)
+        waiting = self._rows(parent.get("waiting", ()))
         reference = self._row_of.get(parent.get("reference_sha", ""))
         if untried.size - int(reference is not None and reference in untried) == 0:
             return self._best_shelved(shelved, k)  # every configuration tried: what was shelved is all that is left
         pool = self._pool(untried, rng)
-        self._proposed |= shelved
+        self._proposed |= shelved | waiting
         extra = np.asarray(sorted(self._proposed - set(pool.tolist())), dtype=int)
         rows = np.concatenate([pool, extra]).astype(int)
         scorer = getattr(self.forecaster, "screener", None) or self.forecaster  # the LLM's learned screener
@@ -222,7 +223,7 @@ class SpaceSearchPolicy:
             return None
         full = type(screened)(*(None if a is None else np.asarray(a) for a in screened))
         screen = type(screened)(*(None if a is None else a[: pool.size] for a in full))
-        self.chance_left = self._chance_left(full, pool.size, untried.size)
+        self.chance_left = self._chance_left(full, pool.size, untried.size, np.isin(extra, sorted(shelved | waiting)))
         ranking = _by_expected_improvement(screen)
         self._ranked = pool[ranking[: max(self.carry, k)]].tolist()
         # the reference is timed in every session, never a candidate of its own; it is passed over here,
@@ -244,16 +245,16 @@ class SpaceSearchPolicy:
         return out
 
     @staticmethod
-    def _chance_left(full: Any, n_pool: int, n_untried: int) -> Optional[float]:
+    def _chance_left(full: Any, n_pool: int, n_untried: int, left: np.ndarray) -> Optional[float]:
         """An upper bound on the chance that some configuration not yet measured beats the best by a clear margin:
         the sum of each one's chance (the union bound), over the screened pool scaled up to every untried
-        configuration, plus every configuration proposed before, measured or not (the loop's queue among them;
-        which of them were measured is not known here, and counting them errs towards going on)."""
+        configuration, plus the earlier proposals still unmeasured (`left`: those in the loop's queue or shelved,
+        as run.db has them, so that a resumed search sums what the search that stopped summed)."""
         p = getattr(full, "p_clear_win", None)
         if p is None:
             return None
         pool = float(np.sum(p[:n_pool]))
-        return pool * (n_untried / n_pool if n_pool else 0.0) + float(np.sum(p[n_pool:]))
+        return pool * (n_untried / n_pool if n_pool else 0.0) + float(np.sum(p[n_pool:][left]))
 
     def _best_shelved(self, shelved: set[int], k: int) -> Optional[list[SpaceProposal]]:
         """Once no configuration is left untried, the shelved ones the model ranks highest, `k` at a time (None
@@ -306,7 +307,10 @@ class SpaceSearchPolicy:
     def _shelved_rows(self, parent: dict[str, Any]) -> set[int]:
         """Rows of the configurations the loop shelved (it hands back their keys; read from run.db, so after a resume too)."""
         self._all_shas(parent)
-        return {self._row_of[sha] for sha in parent.get("shelved", ()) if sha in self._row_of}
+        return self._rows(parent.get("shelved", ()))
+
+    def _rows(self, shas: Any) -> set[int]:
+        return {self._row_of[sha] for sha in shas if sha in self._row_of}
 
     def _propose(self, parent: dict[str, Any], k: int, rng: random.Random) -> list[SpaceProposal]:
         screened = self._screened(parent, k, rng)
