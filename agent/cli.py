@@ -13,7 +13,8 @@ from rich.table import Table
 
 from kernelscout import __version__
 from kernelscout.agent.cli_errors import fail, interrupt_unhandled, interrupted_code, stop_on_sigterm, validation_message
-from kernelscout.agent.search_config import help_default, search_config
+from kernelscout.agent.search_config import announce_defaults, help_default, search_config
+from kernelscout.agent.search_spec import SOLVED_CHANCE
 from kernelscout.sandbox import harness_defaults
 
 app = typer.Typer(
@@ -193,7 +194,7 @@ def optimize(
     """Search for a faster verified kernel within a hard measurement budget."""
     from kernelscout.agent.runner import OptimizeError, SearchInterrupted, start_search
 
-    cfg = search_config(as_json, announce=True)
+    cfg = search_config(as_json)
     budget, policy, surrogate = cfg.pick("budget", budget), cfg.pick("policy", policy), cfg.pick("surrogate", surrogate)
     device, proposals, patience = cfg.pick("device", device), cfg.pick("proposals", proposals), cfg.pick("patience", patience)
     confirm, workers = cfg.pick("confirm", confirm), cfg.pick("workers", workers)
@@ -201,7 +202,8 @@ def optimize(
     if solved_chance is not None and space is None:
         fail("--solved-chance stops a search of a recorded space (--space), whose every configuration the surrogate can "
              "rank; a code problem's search has no such stop: leave the flag out", as_json)
-    solved_chance = cfg.pick("solved_chance", solved_chance)
+    solved_chance = cfg.pick("solved_chance", solved_chance) if space else SOLVED_CHANCE
+    announce_defaults(cfg, as_json)
     try:
         result = start_search(problem=problem, space=space, budget=budget, policy=policy, surrogate=surrogate, device=device,
                               run_dir=run_dir, seed=seed, proposals=proposals, patience=patience, max_wall=max_wall,

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kernelscout.agent.cli_errors import fail, interrupted_code, validation_message
-from kernelscout.agent.search_config import help_default, search_config
+from kernelscout.agent.search_config import announce_defaults, help_default, search_config
 from kernelscout.tools.runlock import holder
 
 err = Console(stderr=True)
@@ -167,11 +167,12 @@ def register(app: typer.Typer) -> None:
 
         from kernelscout.agent.headless import HeadlessError, HeadlessRun, RunCaps, RunManifest, attach_start, discover, run_history
 
-        cfg = search_config(as_json, announce=True)
+        cfg = search_config(as_json)
         budget, policy, surrogate = cfg.pick("budget", budget), cfg.pick("policy", policy), cfg.pick("surrogate", surrogate)
         device, proposals, patience = cfg.pick("device", device), cfg.pick("proposals", proposals), cfg.pick("patience", patience)
         confirm, solved_chance = cfg.pick("confirm", confirm), cfg.pick("solved_chance", solved_chance)
         history = cfg.pick("history", history or None)
+        announce_defaults(cfg, as_json)
         from kernelscout.agent.search_config import policy_choices, surrogate_choices
 
         if policy not in policy_choices() or surrogate not in surrogate_choices():

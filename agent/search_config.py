@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictInt, ValidationError, field_validator
 
 from kernelscout.agent.llm_config import default_config_files, read_config_file
 from kernelscout.agent.search_spec import SOLVED_CHANCE
@@ -76,6 +76,7 @@ class SearchDefaults(BaseModel):
     history: Optional[list[str]] = Field(None, description="folders of earlier runs for the learned surrogate's prior "
                                          "(relative to the file that names them), or [\"none\"]")
     sources: dict[str, str] = Field(default_factory=dict, exclude=True, description="setting -> the file it came from")
+    _taken: set[str] = PrivateAttr(default_factory=set)  # settings `pick` took from a file, which `note` names
 
     @field_validator("solved_chance", mode="before")
     @classmethod
@@ -89,14 +90,18 @@ class SearchDefaults(BaseModel):
         if flag is not None:
             return flag
         value = getattr(self, name)
-        return BUILT_IN[name] if value is None else value
+        if value is None:
+            return BUILT_IN[name]
+        self._taken.add(name)
+        return value
 
     def note(self) -> str:
-        """Which settings the files supplied, for the user to see before a search starts."""
-        if not self.sources:
-            return ""
+        """Which of the settings `pick` took came from a file, for the user to see before a search starts (one a flag
+        overrode, or that does not apply, such as a recorded space's setting on a code problem, is not named)."""
         by_file: dict[str, list[str]] = {}
         for name, path in self.sources.items():
+            if name not in self._taken:
+                continue
             by_file.setdefault(path, []).append(f"{name}={getattr(self, name)}")
         return "; ".join(f"from {path}: {', '.join(items)}" for path, items in by_file.items())
 
@@ -140,19 +145,22 @@ def help_default(name: str) -> str:
     return f"\\[default: {BUILT_IN[name]}, or \\[search] {name} in kscout.toml]"
 
 
-def search_config(as_json: bool, announce: bool = False) -> SearchDefaults:
-    """For a command: the defaults, or a failed command (exit 2, JSON under --json) naming the bad file.
-    `announce`: say on stderr which settings came from a file (a search does, before it starts)."""
+def search_config(as_json: bool) -> SearchDefaults:
+    """For a command: the defaults, or a failed command (exit 2, JSON under --json) naming the bad file."""
     from kernelscout.agent.cli_errors import fail
 
     try:
-        defaults = search_defaults()
+        return search_defaults()
     except SearchConfigError as exc:
         fail(str(exc), as_json)
         raise  # not reached: fail() exits
-    if announce and defaults.sources and not as_json:
+
+
+def announce_defaults(defaults: SearchDefaults, as_json: bool) -> None:
+    """Say on stderr which settings a search took from a file, once it has picked them and before it starts."""
+    note = defaults.note()
+    if note and not as_json:
         from rich.console import Console
         from rich.markup import escape
 
-        Console(stderr=True).print(f"[dim]defaults {escape(defaults.note())}[/dim]", soft_wrap=True, highlight=False)
-    return defaults
+        Console(stderr=True).print(f"[dim]defaults {escape(note)}[/dim]", soft_wrap=True, highlight=False)

@@ -85,6 +85,7 @@ def one_run(label: str, space_path: str, seed: int, budgets: list[int], method: 
     return {"label": label, "space": space.name, "seed": seed, "budgets": budgets,
             "frac_of_opt": [round(frac_of_opt(optimum, best_after(trace.times, b)), 6) for b in budgets],
             "considered_per_measurement": round(considered[-1] / len(trace.times), 3) if considered and trace.times else None,
+            "configurations": len(trace.times),  # the reference and the run's charged measurements (the largest budget, or fewer: it stopped)
             "cpu_s": round(cpu, 1)}
 
 

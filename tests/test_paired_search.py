@@ -95,6 +95,7 @@ def test_a_surrogate_none_arm_is_the_search_that_measures_what_the_policy_propos
     trace = kernelscout_trace(tiny, "none", 1, 4, str(tmp_path / "run"))
     assert row["frac_of_opt"] == [round(frac_of_opt(OPTIMUM, best_after(trace.times, b)), 6) for b in (2, 4)]
     assert row["considered_per_measurement"] is not None and row["considered_per_measurement"] <= 1.5  # measures nearly all it considers
+    assert row["configurations"] == len(trace.times) == 5  # the reference and the run's four charged measurements
 
 
 def test_compare_draws_the_arms_as_the_published_figure_does(tmp_path, capsys):

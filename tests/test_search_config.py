@@ -83,6 +83,7 @@ def test_optimize_takes_its_defaults_from_the_project_file_and_flags_win(project
     assert (result["measurements_used"], result["surrogate"]) == (2, "none")
     shown = CliRunner().invoke(app, ["optimize", "--space", str(SPACE), "--run-dir", "c", "--budget", "2"])
     assert "from " in shown.stderr and "surrogate=none" in shown.stderr  # says where the defaults came from
+    assert "budget=4" not in shown.stderr  # the flag won: the file's value was not used, so it is not named
 
 
 def test_a_command_with_a_bad_file_fails_before_anything_is_made(project):
