@@ -9,11 +9,11 @@ from typing import Any, Callable, Literal, Optional, Sequence
 
 from pydantic import BaseModel, Field
 
-from kernelscout.agent.graph import PROBLEM_UNUSABLE, SearchLoop, considered_count, considered_per_measurement
+from kernelscout.agent.graph import PROBLEM_UNUSABLE, SOLVED, SearchLoop, considered_count, considered_per_measurement
 from kernelscout.agent.search_spec import SPEC_KEY, SearchSpec
 from kernelscout.tools.archive import CLEAR_GAIN, Archive, clear_gain
 from kernelscout.tools.budget import Budget
-from kernelscout.tools.rundir import RunDir
+from kernelscout.tools.rundir import RunDir, read_events
 
 
 class OptimizeResult(BaseModel):
@@ -92,11 +92,19 @@ def _different_search(run: RunDir, differences: dict[str, tuple[Any, Any]]) -> s
                      for name, (old, new) in differences.items())
     if set(differences) == {"budget"}:
         budget = differences["budget"][1]
+        # a search that stopped as solved would stop again at once: the resume must lift that stop too
+        lift = " --solved-chance 0" if _last_stop(run).startswith(SOLVED) else ""
         todo = (f"to go on with it under the new budget: `kscout budget {run.path} --set {budget} && kscout resume "
-                f"{run.path}`, or give a new --run-dir")
+                f"{run.path}{lift}`, or give a new --run-dir")
     else:
         todo = f"use `kscout resume {run.path}` to go on with it, or a new --run-dir"
     return f"{run.path} already holds a different search ({what}); {todo}"
+
+
+def _last_stop(run: RunDir) -> str:
+    """The reason the search in `run` last stopped, from its event log ("" if it never stopped)."""
+    reasons = [e.get("reason") or "" for e in read_events(run.path / "events.jsonl") if e.get("event") == "stop"]
+    return reasons[-1] if reasons else ""
 
 
 def _shown(value: Any) -> str:

@@ -151,6 +151,8 @@ def test_a_solved_search_resumed_spends_nothing_until_its_stop_is_lowered(tmp_pa
     solved = start_search(problem=None, space=str(space), budget=600, seed=1, run_dir=str(tmp_path / "solved"), quiet=True, report=False)
     again = resume_search(str(tmp_path / "solved"), quiet=True)
     assert again.measurements_used == solved.measurements_used and again.stop_reason == solved.stop_reason
+    with pytest.raises(OptimizeError, match=r"--set 700 && kscout resume \S+ --solved-chance 0`"):  # a larger budget alone would not do
+        start_search(problem=None, space=str(space), budget=700, seed=1, run_dir=str(tmp_path / "solved"), quiet=True, report=False)
 
     run_dir = str(tmp_path / "run")  # the same search, whose budget ends where the other one stopped as solved
     spent = start_search(problem=None, space=str(space), budget=solved.measurements_used, seed=1, run_dir=run_dir, quiet=True, report=False)
