@@ -88,7 +88,7 @@ class SpaceSearchPolicy:
         self.space = space
         self.screen_limit, self.carry = screen_limit, carry
         self._ranked: list[int] = []  # best of the last ranking, carried into the next pool
-        self._proposed: set[int] = set()  # rows this policy proposed (pending ones are forecast again)
+        self._proposed: set[int] = set()  # rows this policy proposed, which the design does not propose again
         self._keys: Optional[list[tuple]] = None
         self.random_fraction = random_fraction
         self.forecaster = forecaster
@@ -201,9 +201,9 @@ class SpaceSearchPolicy:
         if self.forecaster is None or not hasattr(self.forecaster, "screen"):
             return None
         untried = self._untried(parent)
-        # earlier proposals ride along (a few rows): the loop forecasts the pending ones again this
-        # iteration, and then reads this pass instead of asking the surrogate a second time
-        # (and shelved ones, which may be revived: see _revived; read from the loop, so after a resume too)
+        # earlier proposals not yet measured ride along (a few rows, read from the loop, so after a resume too): the
+        # loop forecasts those in its queue again this iteration and then reads this pass instead of asking the
+        # surrogate a second time; shelved ones may be revived (see _revived). Both count in the chance left.
         shelved = self._shelved_rows(parent)
         waiting = self._rows(parent.get("waiting", ()))
         reference = self._row_of.get(parent.get("reference_sha", ""))
@@ -211,7 +211,7 @@ class SpaceSearchPolicy:
             return self._best_shelved(shelved, k)  # every configuration tried: what was shelved is all that is left
         pool = self._pool(untried, rng)
         self._proposed |= shelved | waiting
-        extra = np.asarray(sorted(self._proposed - set(pool.tolist())), dtype=int)
+        extra = np.asarray(sorted((shelved | waiting) - set(pool.tolist())), dtype=int)
         rows = np.concatenate([pool, extra]).astype(int)
         scorer = getattr(self.forecaster, "screener", None) or self.forecaster  # the LLM's learned screener
         same_order = list(getattr(getattr(scorer, "surrogate", None), "param_names", [])) == list(self.space.param_names)
@@ -223,7 +223,7 @@ class SpaceSearchPolicy:
             return None
         full = type(screened)(*(None if a is None else np.asarray(a) for a in screened))
         screen = type(screened)(*(None if a is None else a[: pool.size] for a in full))
-        self.chance_left = self._chance_left(full, pool.size, untried.size, np.isin(extra, sorted(shelved | waiting)))
+        self.chance_left = self._chance_left(full, pool.size, untried.size)
         ranking = _by_expected_improvement(screen)
         self._ranked = pool[ranking[: max(self.carry, k)]].tolist()
         # the reference is timed in every session, never a candidate of its own; it is passed over here,
@@ -245,16 +245,16 @@ class SpaceSearchPolicy:
         return out
 
     @staticmethod
-    def _chance_left(full: Any, n_pool: int, n_untried: int, left: np.ndarray) -> Optional[float]:
+    def _chance_left(full: Any, n_pool: int, n_untried: int) -> Optional[float]:
         """An upper bound on the chance that some configuration not yet measured beats the best by a clear margin:
         the sum of each one's chance (the union bound), over the screened pool scaled up to every untried
-        configuration, plus the earlier proposals still unmeasured (`left`: those in the loop's queue or shelved,
-        as run.db has them, so that a resumed search sums what the search that stopped summed)."""
+        configuration, plus the rows after the pool: the earlier proposals still unmeasured (in the loop's queue or
+        shelved, as run.db has them, so that a resumed search sums what the search that stopped summed)."""
         p = getattr(full, "p_clear_win", None)
         if p is None:
             return None
         pool = float(np.sum(p[:n_pool]))
-        return pool * (n_untried / n_pool if n_pool else 0.0) + float(np.sum(p[n_pool:][left]))
+        return pool * (n_untried / n_pool if n_pool else 0.0) + float(np.sum(p[n_pool:]))
 
     def _best_shelved(self, shelved: set[int], k: int) -> Optional[list[SpaceProposal]]:
         """Once no configuration is left untried, the shelved ones the model ranks highest, `k` at a time (None
