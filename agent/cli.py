@@ -14,7 +14,6 @@ from rich.table import Table
 from kernelscout import __version__
 from kernelscout.agent.cli_errors import fail, interrupt_unhandled, interrupted_code, stop_on_sigterm, validation_message
 from kernelscout.agent.search_config import announce_defaults, help_default, search_config
-from kernelscout.agent.search_spec import SOLVED_CHANCE
 from kernelscout.sandbox import harness_defaults
 
 app = typer.Typer(
@@ -199,10 +198,7 @@ def optimize(
     device, proposals, patience = cfg.pick("device", device), cfg.pick("proposals", proposals), cfg.pick("patience", patience)
     confirm, workers = cfg.pick("confirm", confirm), cfg.pick("workers", workers)
     history = history or (None if space else cfg.pick("history", None))  # a file's history is for code problems only
-    if solved_chance is not None and space is None:
-        fail("--solved-chance stops a search of a recorded space (--space), whose every configuration the surrogate can "
-             "rank; a code problem's search has no such stop: leave the flag out", as_json)
-    solved_chance = cfg.pick("solved_chance", solved_chance) if space else SOLVED_CHANCE
+    solved_chance = cfg.pick("solved_chance", solved_chance) if space else solved_chance  # start_search refuses it on code
     announce_defaults(cfg, as_json)
     try:
         result = start_search(problem=problem, space=space, budget=budget, policy=policy, surrogate=surrogate, device=device,

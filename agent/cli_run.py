@@ -17,6 +17,7 @@ from rich.table import Table
 
 from kernelscout.agent.cli_errors import fail, interrupted_code, validation_message
 from kernelscout.agent.search_config import announce_defaults, help_default, search_config
+from kernelscout.agent.search_spec import SOLVED_CHANCE
 from kernelscout.tools.runlock import holder
 
 err = Console(stderr=True)
@@ -168,9 +169,16 @@ def register(app: typer.Typer) -> None:
         from kernelscout.agent.headless import HeadlessError, HeadlessRun, RunCaps, RunManifest, attach_start, discover, run_history
 
         cfg = search_config(as_json)
+        try:
+            refs = attach_start(discover(problems), start)
+        except HeadlessError as exc:
+            fail(str(exc), as_json)
         budget, policy, surrogate = cfg.pick("budget", budget), cfg.pick("policy", policy), cfg.pick("surrogate", surrogate)
         device, proposals, patience = cfg.pick("device", device), cfg.pick("proposals", proposals), cfg.pick("patience", patience)
-        confirm, solved_chance = cfg.pick("confirm", confirm), cfg.pick("solved_chance", solved_chance)
+        confirm = cfg.pick("confirm", confirm)
+        # a recorded space's setting: a file's value is not announced to a run of code problems, which never use it
+        on_space = solved_chance is not None or any(ref.kind == "space" for ref in refs)
+        solved_chance = cfg.pick("solved_chance", solved_chance) if on_space else SOLVED_CHANCE
         history = cfg.pick("history", history or None)
         announce_defaults(cfg, as_json)
         from kernelscout.agent.search_config import policy_choices, surrogate_choices
@@ -188,7 +196,6 @@ def register(app: typer.Typer) -> None:
         path = run_dir or str(Path("runs") / f"run-{time.strftime('%Y%m%d-%H%M%S')}")
         try:
             folders = run_history(history, path)
-            refs = attach_start(discover(problems), start)
             _check_device(device, refs)  # before the night starts, not once per problem
             manifest = RunManifest(problems=refs, budget=budget, policy=policy, surrogate=surrogate, device=device, seed=seed,
                                    proposals=proposals, patience=patience, solved_chance=solved_chance, confirm=confirm, problem_wall_s=problem_wall, history=folders,

@@ -176,6 +176,15 @@ def _target_name(view: RunView) -> str:
     return problem_name(view.target) if view.kind == "problem" else Path(view.target).name.split(".json")[0]
 
 
+def _stop_words(stop) -> str:
+    """A stop in a table cell: a run that solved its space and one that spent its budget must not read alike."""
+    if stop.kind == "limit":
+        return f"{stop.setting} reached"
+    return {"budget": "budget spent", "solved": "solved", "nothing_left": "nothing left to measure",
+            "speed_of_light": "at speed of light", "near_speed_of_light": "near speed of light", "machine_busy": "machine busy",
+            "problem_unusable": "problem unusable"}[stop.kind]
+
+
 def render_comparison(views: list[RunView]) -> None:
     """Runs side by side: what each found, for what it spent, and how good its forecasts were."""
     from rich.console import Console
@@ -198,7 +207,7 @@ def render_comparison(views: list[RunView]) -> None:
                       f"{v.budget.used} of {v.budget.cap}" if v.budget.cap is not None else str(v.budget.used),
                       f"{v.considered_per_measurement:.1f}" if v.kind else "-", best,
                       _ms(v.best_runtime_ms) if v.best_runtime_ms else "-", _ms(v.reference_ms) if v.reference_ms else "-",
-                      _num(fc.brier_p_faster) if fc is not None else "-", v.status)
+                      _num(fc.brier_p_faster) if fc is not None else "-", v.status + (f" ({_stop_words(v.stop)})" if v.stop else ""))
     out.print(table)
     # one reference per problem file, or per recorded space and seed (the seed draws a space's reference)
     if len({(v.kind, v.target, v.seed if v.kind == "space" else None) for v in views if v.kind}) > 1:

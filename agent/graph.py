@@ -36,6 +36,8 @@ from kernelscout.agent.dispatch import InlineExecutor
 from kernelscout.agent.policies.tuner import USER_ORIGIN
 from kernelscout.agent.search_spec import SearchSettings
 from kernelscout.agent.selection import Node, select
+from kernelscout.agent.stops import (AT_SOL, BUDGET_SPENT, MACHINE_BUSY, NEAR_SOL, NOTHING_LEFT, PROBLEM_UNUSABLE,  # noqa: F401
+                                     SOLVED, SOLVED_AFTER)
 from kernelscout.sandbox.stats import BUSY_REASON
 from kernelscout.tools.archive import ROOT_ID, Archive, CandidateRecord
 from kernelscout.tools.budget import Budget
@@ -51,21 +53,7 @@ except ImportError:  # pragma: no cover
     LLM_CAPS = ()
 
 
-BUDGET_SPENT = "measurement budget spent"
-PROBLEM_UNUSABLE = "the problem cannot be measured"
-"""Stop reason (followed by the measurement's message) when a measurement blames the problem, not the
-candidate: a reference that raises fails every candidate the same way, so searching on wastes the run."""
-MACHINE_BUSY = "the machine is busy"
-"""Stop reason when measurements in a row came back void because other processes held the worker's
-cores (`sandbox.stats.busy_machine`): each was charged and none taught the search anything, so the rest
-of the budget waits for `kscout resume` on an idle machine instead of going the same way."""
-BUSY_STREAK = 2
-SOLVED = "nothing left is likely to beat the best"
-"""Stop reason on a recorded space once the surrogate gives every configuration not yet measured, together, less than
-`SearchSettings.solved_chance` of beating the best by a clear margin (`SpaceSearchPolicy.chance_left`). The rule that
-skips single candidates needs 19 measured winners before it may skip any, which a search that found its optimum early
-never sees: without this stop such a search measured a 500-configuration space whole under a budget of 600."""
-SOLVED_AFTER = 20  # measurements before the stop above may act (`SearchLoop._solved`)
+BUSY_STREAK = 2  # void timings in a row that stop the search (MACHINE_BUSY)
 
 
 class LoopState(TypedDict, total=False):
@@ -79,6 +67,7 @@ class LoopState(TypedDict, total=False):
     best_speedup: float
     dry_iterations: int  # consecutive iterations that had nothing to consider
     stop_limit: Optional[dict]  # {"setting": name in SearchSettings, "value": its value} when a user's limit stopped it
+    # (and "chance", the surrogate's sum, when solved_chance did)
     stopped_at: float  # when the search last ended (after `confirm`); a search that goes on counts its wall clock from there
 
 
@@ -157,7 +146,8 @@ class SearchLoop:
         if (solved := self._solved()) and not any(rec.origin == USER_ORIGIN or rec.requeued for rec in recs):
             self._emit("stop", reason=solved)
             return {"to_measure": [], "stop_reason": solved,
-                    "stop_limit": {"setting": "solved_chance", "value": self.settings.solved_chance}}
+                    "stop_limit": {"setting": "solved_chance", "value": self.settings.solved_chance,
+                                   "chance": round(self.policy.chance_left, 6)}}
         try:
             forecasts = self.predictor.forecast_batch(recs, [self._speedup_of(r.parent_id) for r in recs], incumbent)
         except LLM_CAPS as exc:
@@ -316,14 +306,14 @@ class SearchLoop:
         elif s.patience and status.used - state.get("last_improvement", 0) >= s.patience:
             reason, limit = f"no new best in {s.patience} measurements", "patience"
         elif self.target.at_speed_of_light(self.archive.best(), s.sol_margin):
-            reason = "best kernel is within the speed-of-light margin"
+            reason = AT_SOL
         elif s.max_device_s and self._device_seconds() >= s.max_device_s:
             reason, limit = f"device-time budget of {s.max_device_s:g} s spent", "max_device_s"
         elif status.cap and status.used >= math.ceil(status.cap / 2) and self._near_sol(s.near_sol):
-            reason = f"within {s.near_sol:g}x of speed-of-light: a problem this close gets at most half the budget"
+            reason = f"within {s.near_sol:g}x {NEAR_SOL}"
         dry = state.get("dry_iterations", 0) + 1 if not state.get("to_measure") else 0
         if reason is None and dry >= 3:
-            reason = "the policy has nothing left worth measuring"
+            reason = NOTHING_LEFT
             if self._ruled_out_while_dry:  # not a space used up: the surrogate ruled the candidates out
                 reason += (f": the surrogate judged the last {len(self._ruled_out_while_dry)} candidates proposed unlikely to beat "
                            "the best (--surrogate none measures what the policy proposes)")

@@ -572,7 +572,7 @@ class HeadlessRun:
         return {**n, "report": str(report) if report.exists() else None}
 
     def _run_problem(self, index: int, ref: ProblemRef, allow: dict[str, Any], quiet: bool, progress: RunProgress) -> ProblemOutcome:
-        from kernelscout.agent.graph import MACHINE_BUSY
+        from kernelscout.agent.stops import MACHINE_BUSY
         from kernelscout.agent.runner import OptimizeError, SearchPaused, resume_search, start_search
 
         sub = self.path / "problems" / ref.name
@@ -603,7 +603,7 @@ class HeadlessRun:
                 result = start_search(
                     problem=ref.path if ref.kind == "problem" else None, space=ref.path if ref.kind == "space" else None,
                     budget=allow["budget"], policy=policy, surrogate=m.surrogate, device=m.device, run_dir=str(sub), seed=m.seed,
-                    proposals=m.proposals, patience=m.patience, solved_chance=m.solved_chance, max_wall=allow["max_wall"], quiet=quiet,
+                    proposals=m.proposals, patience=m.patience, solved_chance=m.solved_chance if ref.kind == "space" else None, max_wall=allow["max_wall"], quiet=quiet,
                     max_usd=allow["max_usd"], max_llm_tokens=allow["max_llm_tokens"], start=ref.start,
                     confirm=None if m.confirm is None else min(m.confirm, allow["budget"] - 1),
                     history=m.history if ref.kind == "problem" else None, rewrites=m.rewrites if ref.kind == "problem" else None,
@@ -697,7 +697,7 @@ class HeadlessRun:
         """A problem whose own folder was resumed directly (`kscout resume RUN/problems/NAME`): its wall time counts
         those sessions too, and when one ran after this run last ended the problem, its stop is the one of that
         resume, and one left pending by a busy machine is finished now."""
-        from kernelscout.agent.graph import MACHINE_BUSY
+        from kernelscout.agent.stops import MACHINE_BUSY
         from kernelscout.agent.run_view import finished_event
 
         if own_s:

@@ -15,6 +15,7 @@ from typing import Any, Optional
 from pydantic import BaseModel, Field
 
 from kernelscout.agent.llm_pricing import CHAT_USAGE_META, RUN_USAGE_META, UsageState, stored_usage
+from kernelscout.agent.stops import Stop, stop_of
 from kernelscout.tools.archive import ROOT_ID, Archive, CandidateRecord
 from kernelscout.tools.budget import Budget
 from kernelscout.tools.forecast_check import ForecastCheck, check_forecasts, deciding_forecasts
@@ -74,6 +75,7 @@ class RunView(BaseModel):
                         "the run), unfinished (interrupted), or no search")
     running: Optional[str] = Field(None, description="the process searching in the run now, when one is")
     stop_reason: Optional[str] = None
+    stop: Optional[Stop] = Field(None, description="the stop's kind (solved, budget, limit, ...), as `kscout optimize --json` gives it")
     continue_with: Optional[str] = Field(None, description="the command that searches on, as the finished search printed it")
     budget: BudgetStatus
     states: dict[str, int] = Field(default_factory=dict, description="candidates by state")
@@ -137,6 +139,13 @@ def finished_event(folder: Path) -> Optional[dict]:
         elif e.get("event") in ("measure", "confirm") and last is not None:
             last = None
     return last
+
+
+def _stop(finished: Optional[dict]) -> Optional[Stop]:
+    """The recorded stop; a run finished before results carried it is told from its words."""
+    if not finished:
+        return None
+    return Stop.model_validate(finished["stop"]) if finished.get("stop") else stop_of(finished.get("stop_reason"))
 
 
 def _row(archive: Archive, rec: CandidateRecord, deciding: dict[int, dict]) -> CandidateRow:
@@ -242,7 +251,7 @@ def _view(run: RunDir, top: int) -> RunView:
     return RunView(
         run_dir=str(run.path), kind=spec.kind, target=spec.path, device=spec.device, policy=spec.policy, surrogate=spec.surrogate,
         status="running" if live else (finished.get("status") or "finished") if finished else "unfinished", running=live,
-        stop_reason=None if live else (finished or {}).get("stop_reason"), budget=status,
+        stop_reason=None if live else (finished or {}).get("stop_reason"), stop=None if live else _stop(finished), budget=status,
         continue_with=None if live else _here(finished or {}, run.path),
         states=archive.counts(), considered=considered, considered_per_measurement=round(considered / used, 2) if used else 0.0,
         best=_row(archive, best, deciding) if best else None, best_file=best_file if best else None, top=rows[:top],

@@ -137,12 +137,17 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
                  workers: Optional[int] = None, ray: Optional[str] = None, replay_delay_s: float = 0.0,
                  report: bool = True, start: Optional[list[str]] = None, confirm: Optional[int] = None,
                  history: Optional[list[str]] = None, rewrites: Optional[list[str]] = None,
-                 solved_chance: float = SOLVED_CHANCE) -> OptimizeResult:
+                 solved_chance: Optional[float] = None) -> OptimizeResult:
     """`history`: folders of earlier runs for the learned surrogate's prior on a code problem (None, [] or
     ["none"]: no prior). `rewrites`: the generic rewrites the offline tuner may try, by name (None or ["all"]: every
-    one that applies; ["none"]: none, so that only the TUNABLE knobs of the `start` kernels are tuned)."""
+    one that applies; ["none"]: none, so that only the TUNABLE knobs of the `start` kernels are tuned).
+    `solved_chance`: a recorded space's stop (None: SOLVED_CHANCE); refused on a code problem, which has no such stop."""
     if (problem is None) == (space is None):
         raise OptimizeError("give either a PROBLEM file or --space FILE.json.gz")
+    if solved_chance is not None and space is None:
+        raise OptimizeError("--solved-chance stops a search of a recorded space (--space), whose every configuration the "
+                            "surrogate can rank; a code problem's search has no such stop: leave the flag out")
+    solved_chance = SOLVED_CHANCE if solved_chance is None else solved_chance
     if budget < 1:
         raise OptimizeError("--budget must be at least 1")
     if workers is not None and workers < 1:

@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 
 from kernelscout.agent.graph import PROBLEM_UNUSABLE, SOLVED, SearchLoop, considered_count, considered_per_measurement
 from kernelscout.agent.search_spec import SPEC_KEY, SearchSpec
+from kernelscout.agent.stops import Stop, stop_of
 from kernelscout.tools.archive import CLEAR_GAIN, Archive, clear_gain
 from kernelscout.tools.budget import Budget
 from kernelscout.tools.rundir import RunDir, read_events
@@ -19,6 +20,7 @@ from kernelscout.tools.rundir import RunDir, read_events
 class OptimizeResult(BaseModel):
     status: Literal["finished", "failed"]
     stop_reason: Optional[str] = None
+    stop: Optional[Stop] = Field(None, description="the stop as data: its kind and, where a limit caused it, the setting")
     best_speedup: Optional[float] = Field(None, description="measured speedup of the best verified kernel over the reference: "
                                           "the median of its re-measurements where it was confirmed, else the measurement that chose it")
     search_speedup: Optional[float] = Field(None, description="the measurement that made it the best, as the search saw it")
@@ -212,7 +214,8 @@ def summarise(run: RunDir, spec: SearchSpec, state: dict, notes: Sequence[str] =
     elif unusable:
         message = f"{PROBLEM_UNUSABLE} (below); fix the problem file (`kscout measure PROBLEM CANDIDATE` shows the error), then start a new run"
     return OptimizeResult(
-        status="failed" if unusable else "finished", stop_reason=state.get("stop_reason"), best_speedup=speedup, search_speedup=best.speedup if best else None,
+        status="failed" if unusable else "finished", stop_reason=state.get("stop_reason"),
+        stop=stop_of(state.get("stop_reason"), state.get("stop_limit")), best_speedup=speedup, search_speedup=best.speedup if best else None,
         confirmed_speedups=confirmed, best_runtime_ms=best_ms, best_path=best_path,
         measurements_used=used, candidates_considered=considered,
         considered_per_measurement=round(considered_per_measurement(archive, used), 3), run_dir=str(run.path),
@@ -228,7 +231,7 @@ def continue_command(run: RunDir, state: dict) -> Optional[str]:
     speed of light reached) have nothing to raise."""
     import shlex
 
-    from kernelscout.agent.graph import BUDGET_SPENT, MACHINE_BUSY
+    from kernelscout.agent.stops import BUDGET_SPENT, MACHINE_BUSY
 
     where = shlex.quote(str(run.path))  # copied into a shell as it is printed
 

@@ -126,6 +126,8 @@ def test_a_bad_argument_from_python_names_the_keyword_not_the_cli_flag(tmp_path)
     assert str(refused.value) == "confirm=3 leaves nothing of budget=3 for the search; give 0 to 2"
     with pytest.raises(ks.optimize.__globals__["OptimizeError"], match="^max_device_s must be more than 0"):
         ks.resume(tmp_path / "run", max_device_s=-1)
+    with pytest.raises(ks.optimize.__globals__["OptimizeError"], match="^solved_chance stops a search of a recorded space"):
+        ks.optimize(str(EXAMPLES / "softmax"), budget=3, solved_chance=0.1, run_dir=str(tmp_path / "run"), quiet=True)
     assert not (tmp_path / "run").exists()  # refused before a folder was made
 
     assert python_words("--start gives a kernel file; leave --start out with --space") == \

@@ -129,3 +129,16 @@ def test_solved_chance_on_a_code_problem_is_refused_before_anything_is_made(proj
     refused = CliRunner().invoke(app, ["optimize", "problem.py", "--run-dir", "r", "--solved-chance", "0.1", "--json"])
     assert refused.exit_code == 2 and "recorded space" in json.loads(refused.stdout)["message"]
     assert not (project / "proj" / "r").exists()
+
+
+def test_a_headless_run_of_code_problems_does_not_name_a_files_solved_chance(project):
+    """`solved_chance` is a recorded space's stop: a run of code problems never uses it, so the note of the defaults a
+    run took from kscout.toml leaves it out (the run stops at the bad policy, after the note)."""
+    from pathlib import Path
+
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    (project / "proj" / "kscout.toml").write_text('[search]\nbudget = 3\nsolved_chance = 0\n')
+    shown = CliRunner().invoke(app, ["run", str(examples / "softmax"), "--run-dir", "r", "--policy", "bogus"])
+    assert shown.exit_code == 2 and "budget=3" in shown.stderr and "solved_chance" not in shown.stderr
+    spaces = CliRunner().invoke(app, ["run", str(SPACE), "--run-dir", "r", "--policy", "bogus"])
+    assert spaces.exit_code == 2 and "solved_chance=0" in spaces.stderr

@@ -142,6 +142,9 @@ def test_a_search_that_has_solved_its_space_stops_before_its_budget_and_says_why
     assert result.measurements_used < 150
     assert result.stop_reason.startswith(SOLVED) and "chance, together" in result.stop_reason
     assert result.continue_with == f"kscout resume {tmp_path / 'run'} --solved-chance 0" and result.continue_with in result.stop_reason
+    # the same stop for scripts (`--json`), the chance that stopped it under the setting's value
+    assert (result.stop.kind, result.stop.setting, result.stop.value) == ("solved", "solved_chance", 0.05)
+    assert 0 < result.stop.chance < 0.05 and f"a {result.stop.chance * 100:.3g} % chance" in result.stop_reason
 
 
 def test_a_solved_search_resumed_spends_nothing_until_its_stop_is_lowered(tmp_path):
@@ -158,7 +161,7 @@ def test_a_solved_search_resumed_spends_nothing_until_its_stop_is_lowered(tmp_pa
 
     run_dir = str(tmp_path / "run")  # the same search, whose budget ends where the other one stopped as solved
     spent = start_search(problem=None, space=str(space), budget=solved.measurements_used, seed=1, run_dir=run_dir, quiet=True, report=False)
-    assert spent.stop_reason == BUDGET_SPENT and spent.best_runtime_ms == solved.best_runtime_ms
+    assert spent.stop_reason == BUDGET_SPENT and spent.best_runtime_ms == solved.best_runtime_ms and spent.stop.kind == "budget"
     Budget(RunDir(run_dir)).set_cap(solved.measurements_used + 3)
     raised = resume_search(run_dir, quiet=True)
     assert raised.stop_reason.startswith(SOLVED) and raised.measurements_used == solved.measurements_used
@@ -171,14 +174,13 @@ def test_a_resumed_search_weighs_what_is_left_as_the_search_that_stopped_did(tmp
     """The chance sums the configurations never proposed and those still in the queue or shelved, all read from
     run.db: a resume, whose policy starts afresh, gets about the figure the stop gave (it summed only the shelved
     ones once, 0.00 % against 3.2 %), so a threshold lowered below that figure goes on, and one above it does not."""
-    import re
     import shutil
 
     from kernelscout.agent.graph import SOLVED
 
     solved = start_search(problem=None, space=str(_v_space(tmp_path)), budget=600, seed=1, run_dir=str(tmp_path / "run"), quiet=True,
                           report=False)
-    chance = float(re.search(r"a ([0-9.e-]+) % chance", solved.stop_reason).group(1)) / 100
+    chance = solved.stop.chance
     shutil.copytree(tmp_path / "run", tmp_path / "copy")
     below = resume_search(str(tmp_path / "run"), quiet=True, solved_chance=chance / 2)
     above = resume_search(str(tmp_path / "copy"), quiet=True, solved_chance=min(0.99, chance * 1.5))

@@ -362,6 +362,20 @@ def test_two_runs_are_compared_side_by_side_and_told_apart_by_time_when_their_re
     assert "runs compared" in same and "different references" not in same  # one space, one seed: one reference
 
 
+def test_runs_compared_say_why_each_stopped(tmp_path):
+    """A search that measured its whole space and one that ran out of budget both finished; the table tells them apart."""
+    space = tmp_path / "three.json"
+    space.write_text(json.dumps({"device_name": "GPU", "kernel_name": "k", "tune_params_keys": ["bs"], "objective": "time",
+                                 "tune_params": {"bs": [1, 2, 3]}, "cache": {str(v): {"bs": v, "time": v} for v in (1, 2, 3)}}))
+    for name, budget in (("spent", 2), ("whole", 10)):
+        start_search(problem=None, space=str(space), budget=budget, run_dir=str(tmp_path / name), quiet=True, report=False, confirm=0)
+    runs = [str(tmp_path / "spent"), str(tmp_path / "whole")]
+    views = json.loads(CliRunner().invoke(app, ["show", *runs, "--json"]).output)
+    assert [v["stop"]["kind"] for v in views] == ["budget", "nothing_left"]
+    text = " ".join(CliRunner().invoke(app, ["show", *runs], env={"COLUMNS": "250"}).output.split())
+    assert "finished (budget spent)" in text and "finished (nothing left to measure)" in text
+
+
 def test_the_reference_time_is_of_timings_that_counted_and_the_command_to_go_on_follows_a_moved_run(tmp_path):
     from kernelscout.agent.run_view import _here
     from kernelscout.agent.targets import reference_ms, search_reference_ms
