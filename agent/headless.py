@@ -28,6 +28,7 @@ from typing import Any, Iterator, Literal, Optional
 from pydantic import BaseModel, Field
 
 from kernelscout.agent.search_spec import SOLVED_CHANCE
+from kernelscout.agent.stops import Stop
 from kernelscout.sandbox.problem import problem_name
 from kernelscout.tools.atomic import write_text_atomic
 from kernelscout.tools.rundir import MULTI_PROBLEM_MARK, read_events, reading
@@ -98,6 +99,7 @@ class ProblemOutcome(BaseModel):
     status: ProblemStatus = "pending"
     reason: Optional[str] = Field(None, description="why it failed or was skipped, or why a finished one has no verified kernel")
     stop_reason: Optional[str] = None
+    stop: Optional[Stop] = Field(None, description="the search's stop as data (kind, and the limit that caused it)")
     best_speedup: Optional[float] = Field(None, description="measured speedup of the best verified kernel")
     best_path: Optional[str] = None
     measurements_used: int = 0
@@ -612,7 +614,7 @@ class HeadlessRun:
             # finished with nothing to report: the search's message says why
             reason = failure or (result.message if result.best_speedup is None else None)
             update = {"status": "failed" if failure else "finished", "reason": reason,
-                      "stop_reason": self._named_wall_cap(result.stop_reason, allow), "best_path": result.best_path,
+                      "stop_reason": self._named_wall_cap(result.stop_reason, allow), "stop": result.stop, "best_path": result.best_path,
                       "device": result.device, "policy": result.policy}
             if not failure and (result.stop_reason or "").startswith(MACHINE_BUSY):
                 # not finished: the rest of its budget waits for an idle machine, and the run's resume goes on with it
@@ -708,7 +710,7 @@ class HeadlessRun:
         if not done or done.get("ts", 0.0) <= ended_at:
             return o
         stop = done.get("stop_reason")
-        update: dict[str, Any] = {"stop_reason": stop}
+        update: dict[str, Any] = {"stop_reason": stop, "stop": Stop.model_validate(done["stop"]) if done.get("stop") else None}
         if o.status == "pending" and (o.reason or "").startswith(MACHINE_BUSY) and not (stop or "").startswith(MACHINE_BUSY):
             update.update(status="finished", reason=None)
         return o.model_copy(update=update)

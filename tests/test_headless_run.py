@@ -328,6 +328,7 @@ def test_global_wall_clock_cap_stops_the_running_search_and_skips_the_rest(tmp_p
     first, second = summary["problems"]
     # the search was given what the run's cap had left, and the row says whose limit that was
     assert first["status"] == "finished" and first["stop_reason"].startswith("global wall-clock cap of 1 s reached (")
+    assert (first["stop"]["kind"], first["stop"]["setting"]) == ("limit", "max_wall_s") and first["stop"]["value"] <= 1
     assert 1 <= first["measurements_used"] < 50
     assert second["status"] == "skipped" and second["reason"] == "global wall-clock cap of 1 s reached"
     assert result.exit_code == 1
@@ -666,7 +667,8 @@ def test_each_recorded_space_of_a_run_takes_the_runs_solved_chance_from_the_flag
     space.write_text(json.dumps({"device_name": "GPU", "kernel_name": "k", "tune_params_keys": ["bs"], "objective": "time",
                                  "tune_params": {"bs": [1, 2, 3]}, "cache": {str(v): {"bs": v, "time": v} for v in (1, 2, 3)}}))
     (tmp_path / "kscout.toml").write_text("[search]\nsolved_chance = 0\n")
-    _run([str(space), "--budget", "2", "--run-dir", "from_file"])
+    _, summary = _run([str(space), "--budget", "2", "--run-dir", "from_file"])
+    assert summary["problems"][0]["stop"]["kind"] == "budget"
     _run([str(space), "--budget", "2", "--run-dir", "flagged", "--solved-chance", "0.2"])
     assert load_spec(RunDir(tmp_path / "from_file" / "problems" / "v")).settings.solved_chance == 0
     assert load_spec(RunDir(tmp_path / "flagged" / "problems" / "v")).settings.solved_chance == 0.2
