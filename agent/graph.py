@@ -199,13 +199,16 @@ class SearchLoop:
             while queue or running:
                 while queue and len(running) < self.workers:
                     if (room := self._room(in_flight=len(running))) is not None and room <= 0:
-                        queue = []  # the rest is kept for re-measuring the best (or the cap is reached)
-                        break
+                        # the rest is kept for re-measuring the best (or the cap is reached); but a measurement a kill
+                        # kept from being recorded (stored, its candidate still proposed) is handed back free: take it up
+                        queue = [cid for cid in queue if self._unrecorded(self.archive.get(cid))]
+                        if not queue:
+                            break
                     rec = self.archive.get(queue.pop(0))
                     if rec.state == "proposed":  # otherwise measured before a crash: its result is already recorded
                         # a candidate queued again after a busy machine is timed anew (the measure tool would
-                        # otherwise hand back its recorded, void result)
-                        again = {"again": True} if rec.requeued else {}
+                        # otherwise hand back its recorded, void result), unless a kill kept that new timing unrecorded
+                        again = {"again": True} if rec.requeued and not self._unrecorded(rec) else {}
                         running[pool.submit(self.target.measure, rec, **again)] = rec
                 done, _ = wait(running, return_when=FIRST_COMPLETED) if running else (set(), None)
                 for future in done:
@@ -366,6 +369,15 @@ class SearchLoop:
         """What progress shows of the ledger: the cap too, which `kscout budget --set` may raise mid-search."""
         status = self.budget.status()
         return {"used": status.used, "cap": status.cap}
+
+    def _unrecorded(self, rec: CandidateRecord) -> bool:
+        """Whether the run holds a measurement of this queued candidate that its record does not: stored, and then a
+        kill came before the search recorded it (its first timing, or the new one after a busy machine voided it).
+        Measuring it hands that back free, so it is taken up even with no room left."""
+        if rec.state != "proposed":
+            return False
+        latest = self.target.stored_id(rec)
+        return latest is not None and latest != rec.measurement_id
 
     def _remaining(self) -> Optional[int]:
         """The cap less what is spent, counting a measurement a killed run left in flight as not yet spent: it

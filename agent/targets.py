@@ -15,7 +15,7 @@ from typing import AbstractSet, Any, Optional
 from kernelscout.sandbox.problem import problem_name
 from kernelscout.sandbox.replay import ReplaySpace
 from kernelscout.tools.archive import CandidateRecord
-from kernelscout.tools.measure import measure_replay
+from kernelscout.tools.measure import code_key, measure_replay, replay_record, stored_measurement_id
 from kernelscout.tools.rundir import RunDir
 from kernelscout.tools.schema import Measurement
 
@@ -87,6 +87,12 @@ class ReplayTarget:
         """`again`: a new measurement even if this configuration was measured here (its first judged nothing)."""
         execute = self.dispatcher.replay(self.space, rec.params, self.reference) if self.dispatcher else None
         return measure_replay(self.space, rec.params, self.run, reference=self.reference, execute=execute, repeat=repeat, again=again)
+
+    def stored_id(self, rec: CandidateRecord) -> Optional[int]:
+        """The latest measurement of this candidate the run holds, which measuring it (not `again`) hands back."""
+        if self.space.index_of(rec.params) is None:
+            return None
+        return stored_measurement_id(self.run, replay_record(self.space, rec.params, self.reference).key)
 
     def confirm(self, rec: CandidateRecord, label: str) -> Measurement:
         """A fresh replay of a chosen configuration (its own noise draw), under its own key."""
@@ -187,6 +193,10 @@ class CodeTarget:
                 second.warnings.append(less)
             return second
         return m
+
+    def stored_id(self, rec: CandidateRecord) -> Optional[int]:
+        """The latest measurement of this candidate the run holds, which measuring it (not `again`) hands back."""
+        return None if rec.path is None else stored_measurement_id(self.run, code_key(str(self.problem), rec.path, self.device))
 
     def confirm(self, rec: CandidateRecord, label: str) -> Measurement:
         """A fresh measurement of a chosen candidate, correctness included, under its own key; with its FLOPs counted

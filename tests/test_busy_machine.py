@@ -140,3 +140,38 @@ def test_a_void_timing_is_still_timed_again_after_a_kill_before_the_next_valid_o
     assert resumed.measurements_used == 3
     assert calls[2:] == [calls[1], calls[0]]  # naive.py's valid timing, then fast.py, voided before the kill, again
     assert resumed.best_speedup and resumed.best_speedup > 1.2
+
+
+def test_a_new_timing_after_a_void_one_stored_before_a_kill_is_taken_up_on_resume_not_paid_again(tmp_path, monkeypatch):
+    """The last unit of the budget retimes fast.py (voided under load); the process dies after the ledger stored that
+    timing and before the search recorded it. The resume takes it up free (it found no room and stopped, and the
+    paid timing belonged to nothing: fast.py stayed out of the result)."""
+    import sqlite3
+
+    import pytest
+    from kernelscout.agent import targets
+    from kernelscout.agent.runner import resume_search, start_search
+
+    measure, calls = targets.CodeTarget.measure, []
+
+    def under_load_then_killed_after_the_retime(self, rec, again=False):
+        calls.append(rec.id)
+        if len(calls) == 1:
+            with every_core_busy():
+                return measure(self, rec, again=again)
+        m = measure(self, rec, again=again)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # stored and charged; never recorded
+        return m
+
+    monkeypatch.setattr(targets.CodeTarget, "measure", under_load_then_killed_after_the_retime)
+    run = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        start_search(problem=str(SOFTMAX / "problem.py"), space=None, budget=3, device="cpu", run_dir=str(run), quiet=True,
+                     report=False, confirm=0, start=[str(SOFTMAX / "fast.py"), str(SOFTMAX / "naive.py")])
+    resumed = resume_search(str(run), quiet=True)
+    assert resumed.measurements_used == 3 and calls[2:] == [calls[0], calls[0]]  # the retime, then taken up on resume
+    with sqlite3.connect(run / "run.db") as db:  # fast.py's record holds the retime, the last of the 3 measurements
+        assert db.execute("SELECT measurement_id FROM candidates WHERE id = ?", (calls[0],)).fetchone()[0] == \
+            db.execute("SELECT MAX(id) FROM measurements WHERE charged = 1").fetchone()[0] == 3
+    assert resumed.best_speedup and resumed.best_speedup > 1.2

@@ -495,3 +495,35 @@ def test_a_measurement_killed_while_it_held_the_last_of_the_budget_is_taken_up_o
     assert (result.measurements_used, status.used, status.reserved) == (2, 2, 0)
     with sqlite3.connect(run_dir / "run.db") as db:
         assert db.execute("SELECT COUNT(*) FROM measurements WHERE charged = 1").fetchone()[0] == 2
+
+
+def test_the_last_measurement_of_the_budget_stored_but_not_recorded_before_a_kill_is_taken_up_on_resume(tmp_path, monkeypatch):
+    """A kill between the ledger storing the budget's last measurement and the search recording it: the resume
+    found no room and stopped, and that paid measurement belonged to no candidate (missing from best, report
+    and counts). The resume now takes it up free, and ends where the uninterrupted search ends."""
+    from kernelscout.agent.graph import SearchLoop
+    from kernelscout.agent.runner import SearchInterrupted
+    from test_space_usage_errors import write_cache
+
+    space = write_cache(tmp_path / "k.json", {v: 2.0 - 0.1 * v for v in range(12)})
+    straight = start_search(problem=None, space=str(space), budget=6, run_dir=str(tmp_path / "straight"), quiet=True, confirm=0)
+    run_dir = tmp_path / "run"
+    real = SearchLoop._record
+
+    def dies_recording_the_last(self, rec, m, *args, **kwargs):
+        if Budget(self.run).status().used == 6:
+            raise KeyboardInterrupt  # stored and charged in the ledger; the search never records it
+        return real(self, rec, m, *args, **kwargs)
+
+    monkeypatch.setattr(SearchLoop, "_record", dies_recording_the_last)
+    with pytest.raises(SearchInterrupted):
+        start_search(problem=None, space=str(space), budget=6, run_dir=str(run_dir), quiet=True, confirm=0)
+    monkeypatch.setattr(SearchLoop, "_record", real)
+
+    result = resume_search(str(run_dir), quiet=True)
+
+    with sqlite3.connect(run_dir / "run.db") as db:
+        unrecorded = db.execute("SELECT COUNT(*) FROM measurements WHERE charged = 1 AND id NOT IN "
+                                "(SELECT measurement_id FROM candidates WHERE measurement_id IS NOT NULL)").fetchone()[0]
+    assert unrecorded == 0 and result.measurements_used == Budget(RunDir(run_dir)).status().used == 6
+    assert result.best_runtime_ms == straight.best_runtime_ms and result.best_speedup == straight.best_speedup

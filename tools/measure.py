@@ -245,17 +245,41 @@ def measure_replay(space: "ReplaySpace", config: dict, run: RunDir, reference: O
     device = ReplayDevice(space)
     if space.index_of(config) is None:  # outside the space: nothing would have run, nothing is charged
         return device.measure(config, rng or np.random.default_rng())
+    record = replay_record(space, config, reference, repeat)
+    seed = int(record.key[:8], 16)  # replaying the same key after a crash draws the same repeats
+    if execute is not None:
+        return ledgered(run, record, lambda: execute(seed), again=again)
+    return ledgered(run, record, lambda: device.measure(config, rng or np.random.default_rng(seed), reference=reference), again=again)
+
+
+def replay_record(space: "ReplaySpace", config: dict, reference: Optional[dict] = None, repeat: str = "") -> MeasurementRecord:
+    """The ledger's record of a configuration replayed against `reference`; its key is what a repeat finds."""
+    from kernelscout.sandbox.replay import ReplayDevice
+
     config_text = json.dumps({k: config[k] for k in space.param_names}, default=str)
     sha = hashlib.sha256(config_text.encode()).hexdigest()
     space_sha = space.content_sha  # not its path: the same space replays the same way wherever it lies
     ref_text = json.dumps(reference, sort_keys=True, default=str) if reference else ""
-    key = measurement_key(space_sha, sha + ref_text, device.device, repeat)
-    seed = int(key[:8], 16)  # replaying the same key after a crash draws the same repeats
-    record = MeasurementRecord(key=key, problem_sha=space_sha, candidate_sha=sha, problem_path=str(space.path),
-                               candidate_path=config_text, device=device.device)
-    if execute is not None:
-        return ledgered(run, record, lambda: execute(seed), again=again)
-    return ledgered(run, record, lambda: device.measure(config, rng or np.random.default_rng(seed), reference=reference), again=again)
+    device = ReplayDevice(space).device
+    return MeasurementRecord(key=measurement_key(space_sha, sha + ref_text, device, repeat), problem_sha=space_sha, candidate_sha=sha,
+                             problem_path=str(space.path), candidate_path=config_text, device=device)
+
+
+def code_key(problem: str, candidate: str, device: str) -> Optional[str]:
+    """The ledger key `measure` gives this file (None if either file cannot be read)."""
+    try:
+        return measurement_key(load_problem(problem).sha, load_candidate(candidate).sha, resolve_device(device))
+    except InputFileError:
+        return None
+
+
+def stored_measurement_id(run: RunDir, key: Optional[str]) -> Optional[int]:
+    """The measurement a request for `key` would be handed back instead of paying again (`find_measurement`), by id."""
+    if key is None:
+        return None
+    with run.connect() as db:
+        row = db.execute("SELECT id FROM measurements WHERE key = ? AND charged = 1 ORDER BY id DESC LIMIT 1", (key,)).fetchone()
+    return row[0] if row else None
 
 
 def find_measurement(run: RunDir, key: str) -> Optional[Measurement]:
