@@ -493,17 +493,29 @@ class HeadlessRun:
             totals["tokens"] += n["llm_tokens"]
         return totals
 
-    def _cap_reached(self, elapsed: float) -> Optional[str]:
+    def _cap_reached(self, elapsed: float, started: bool = False) -> Optional[str]:
+        """The global cap that leaves no room for the next problem. The measurement cap does not hold back a problem
+        whose search `started` (killed, or paused): it goes on under its own ledger's cap, cut to what the global cap
+        leaves it (`_fitted_cap`), so that what it measured before the kill is taken up, not left out of its result."""
         caps, spent = self.manifest.caps, self._spent()
         if caps.max_wall_s is not None and elapsed >= caps.max_wall_s:
             return f"global wall-clock cap of {caps.max_wall_s:g} s reached"
-        if caps.max_measurements is not None and spent["measurements"] >= caps.max_measurements:
+        if caps.max_measurements is not None and spent["measurements"] >= caps.max_measurements and not started:
             return f"global measurement cap of {caps.max_measurements} reached"
         if caps.max_usd is not None and spent["usd"] >= caps.max_usd:
             return f"global LLM cost cap of ${caps.max_usd:g} reached"
         if caps.max_tokens is not None and spent["tokens"] >= caps.max_tokens:
             return f"global LLM token cap of {caps.max_tokens} reached"
         return None
+
+    def _fitted_cap(self, ledger: Any) -> Optional[int]:
+        """A started problem's own cap, cut to its measurements so far plus what the global measurement cap leaves (the
+        cap may have been lowered since it started); None where no cut is needed."""
+        cap = self.manifest.caps.max_measurements
+        if cap is None or ledger.cap is None:
+            return None
+        fits = ledger.status().used + max(0, int(cap - self._spent()["measurements"]))
+        return fits if fits < ledger.cap else None
 
     def _allowance(self, elapsed: float) -> dict[str, Any]:
         """What the next problem may use: its own budget, cut down to what the global caps have left."""
@@ -547,7 +559,7 @@ class HeadlessRun:
                 if outcome.status in ("finished", "failed"):
                     continue
                 elapsed = before + time.monotonic() - t0
-                reason = self._cap_reached(elapsed)
+                reason = self._cap_reached(elapsed, started=_sub_has_search(self.path / "problems" / ref.name))
                 if reason:
                     outcome = outcome.model_copy(update={"status": "skipped", "reason": reason, **self._numbers(ref)})
                     self.state.put(outcome)
@@ -598,6 +610,8 @@ class HeadlessRun:
             ledger = Budget(RunDir(sub))
             if ledger.cap is None:
                 ledger.set_cap(allow["budget"])
+            elif resumed and (fitted := self._fitted_cap(ledger)) is not None:
+                ledger.set_cap(fitted)
             if resumed:
                 result = resume_search(str(sub), quiet=quiet)
             else:

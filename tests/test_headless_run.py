@@ -406,6 +406,47 @@ def test_resume_after_an_interruption_reruns_nothing_finished_and_spends_nothing
     assert starts == [("convolution_A100", False), ("pnpoly_RTX_3090", False), ("pnpoly_RTX_3090", True)]
 
 
+@needs_hub
+@pytest.mark.parametrize("killed_at, resume_args, used", [(3, [], [5, 3]), (1, ["--max-measurements", "6"], [5, 1])])
+def test_a_problem_killed_on_the_last_measurement_the_global_cap_allows_is_finished_on_resume_not_skipped(
+        tmp_path, monkeypatch, killed_at, resume_args, used):
+    """The second problem gets what the global cap leaves (3 of 8); a kill after its last measurement is stored, before
+    its search records it, used to leave it `skipped` (the cap counted as reached) on every resume, that measurement
+    in no result. The resume now goes on under the problem's own cap and takes it up free. A global cap lowered on
+    the resume to what is spent cuts the problem's own cap to match: it finishes on what it has."""
+    import kernelscout.agent.targets as targets
+
+    folder = _problems_folder(tmp_path, broken=False)
+    run_dir = tmp_path / "run"
+    real, calls = targets.measure_replay, {"pnpoly": 0}
+
+    def dies_after_the_last(space, *args, **kwargs):
+        m = real(space, *args, **kwargs)  # stored and charged ...
+        if "pnpoly" in str(space.path):
+            calls["pnpoly"] += 1
+            if calls["pnpoly"] == killed_at:
+                raise KeyboardInterrupt  # ... and never recorded by the search
+        return m
+
+    monkeypatch.setattr(targets, "measure_replay", dies_after_the_last)
+    manifest = RunManifest(problems=discover([str(folder)]), budget=5, policy="tuner", caps={"max_measurements": 8})
+    with pytest.raises(KeyboardInterrupt):
+        HeadlessRun.create(run_dir, manifest).run(quiet=True)
+    monkeypatch.setattr(targets, "measure_replay", real)
+    second = run_dir / "problems" / "pnpoly_RTX_3090"
+    keys = _charged_keys(second)
+    assert len(keys) == killed_at
+
+    result = CliRunner().invoke(app, ["resume", str(run_dir), *resume_args, "--json"])
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert result.exit_code == 0 and summary["counts"] == {"finished": 2}, result.stdout
+    assert [p["measurements_used"] for p in summary["problems"]] == used and _charged_keys(second)[:killed_at] == keys
+    with sqlite3.connect(second / "run.db") as db:
+        unrecorded = db.execute("SELECT COUNT(*) FROM measurements WHERE charged = 1 AND id NOT IN "
+                                "(SELECT measurement_id FROM candidates WHERE measurement_id IS NOT NULL)").fetchone()[0]
+    assert unrecorded == 0
+
+
 def test_a_different_run_in_the_same_directory_is_refused(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     for p in (a, b):
