@@ -2,8 +2,10 @@
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -140,6 +142,30 @@ def test_kscout_budget_set_on_a_new_directory_creates_it_with_that_cap(tmp_path)
     assert Budget(RunDir(new)).status().cap == 20
 
 
+def test_a_reservation_whose_pid_a_later_process_reuses_is_adopted_not_waited_for_or_paid_twice(tmp_path):
+    """A restarted container gives its processes the same low pids: the resuming process, or another one, can have
+    the pid of the process that was killed holding a reservation. A process that started after the reservation was
+    made cannot be its owner: the reservation is adopted (the resuming process paid the key again and left the
+    old reservation in flight for ever; another process's pid made it wait an hour)."""
+    run = RunDir(tmp_path)
+    ledger = Budget(run)
+    ledger.set_cap(2)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        an_hour_ago = time.time() - 3600
+        with run.transaction() as db:
+            for key, pid in (("mine", os.getpid()), ("theirs", other.pid)):  # both processes started after it
+                db.execute("INSERT INTO ledger (key, state, owner_pid, owner_host, created) VALUES (?, 'reserved', ?, ?, ?)",
+                           (key, pid, socket.gethostname(), an_hour_ago))
+        assert ledger.adoptable() == 2 and ledger.in_flight() == ()
+        assert ledger.reserve("mine").adopted and ledger.reserve("theirs").adopted
+        assert ledger.status().used == 2 and ledger.adoptable() == 0  # taken over now: this process holds both
+        assert ledger.in_flight() == ((os.getpid(), socket.gethostname()),)
+    finally:
+        other.kill()
+        other.wait()
+
+
 def test_a_live_process_measuring_the_same_candidate_is_waited_for_not_paid_twice(tmp_path, write, pool, monkeypatch):
     from kernelscout.tools import measure as measure_tool
 
@@ -150,8 +176,8 @@ def test_a_live_process_measuring_the_same_candidate_is_waited_for_not_paid_twic
     # as if another process (the parent of this test, alive) were still measuring it: its reservation
     # stands while the recorded result is hidden, then it "finishes" during the wait
     with run.transaction() as db:
-        db.execute("INSERT INTO ledger (key, state, owner_pid, owner_host, created) SELECT key, 'reserved', ?, ?, 0 "
-                   "FROM measurements", (__import__("os").getppid(), __import__("socket").gethostname()))
+        db.execute("INSERT INTO ledger (key, state, owner_pid, owner_host, created) SELECT key, 'reserved', ?, ?, ? "
+                   "FROM measurements", (__import__("os").getppid(), __import__("socket").gethostname(), time.time()))
     real_find, calls = measure_tool.find_measurement, []
 
     def find_after_a_while(run_, key):

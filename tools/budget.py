@@ -52,9 +52,24 @@ class Reservation:
     adopted: bool = False
 
 
-def _owner_gone(pid: int, owner_host: str, host: str) -> bool:
-    """A reservation's owner that has died on this host (one on another host cannot be checked from here)."""
-    return owner_host == host and not _pid_alive(pid)
+def _owner_gone(pid: int, owner_host: str, host: str, reserved_at: float) -> bool:
+    """A reservation's owner that has died on this host (one on another host cannot be checked from here). A live
+    process with its pid that started after the reservation was made is another process that reuses the number (a
+    restarted container gives its processes the same low pids), so the owner is gone too."""
+    return owner_host == host and (not _pid_alive(pid) or _started_after(pid, reserved_at))
+
+
+def _started_after(pid: int, moment: float) -> bool:
+    """Whether process `pid` started after `moment` (epoch seconds), read from /proc (False where there is none). The
+    boot time /proc gives is whole seconds, so a start within 2 s of the moment does not count."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ticks = int(f.read().rpartition(")")[2].split()[19])  # field 22, starttime: clock ticks after boot
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK") > moment + 2.0
+    except (OSError, ValueError, IndexError, StopIteration):
+        return False
 
 
 def _pid_alive(pid: int) -> bool:
@@ -108,26 +123,28 @@ class Budget:
         be taken up by the next request for its key without a new charge, so they are room, not spending."""
         host = socket.gethostname()
         with self.run.connect() as db:
-            rows = db.execute("SELECT owner_pid, owner_host FROM ledger WHERE state = 'reserved'").fetchall()
-        return sum(1 for pid, owner_host in rows if _owner_gone(pid, owner_host, host))
+            rows = db.execute("SELECT owner_pid, owner_host, created FROM ledger WHERE state = 'reserved'").fetchall()
+        return sum(1 for pid, owner_host, created in rows if _owner_gone(pid, owner_host, host, created))
 
     def in_flight(self) -> tuple[tuple[int, str], ...]:
         """(pid, host) of each live process holding a reservation: the measurements running now."""
         host = socket.gethostname()
         with self.run.connect() as db:
-            rows = db.execute("SELECT owner_pid, owner_host FROM ledger WHERE state = 'reserved' ORDER BY id").fetchall()
-        return tuple(dict.fromkeys((pid, owner_host) for pid, owner_host in rows if not _owner_gone(pid, owner_host, host)))
+            rows = db.execute("SELECT owner_pid, owner_host, created FROM ledger WHERE state = 'reserved' ORDER BY id").fetchall()
+        return tuple(dict.fromkeys((pid, owner_host) for pid, owner_host, created in rows
+                                   if not _owner_gone(pid, owner_host, host, created)))
 
     def reserve(self, key: str, share: bool = False) -> Reservation:
         """Reserve one measurement of `key`. InFlight when another live process is measuring the same key,
         unless `share` (a measurement asked for again on purpose): its result will be this one's."""
         host = socket.gethostname()
         with self.run.transaction() as db:
-            for rid, pid, owner_host in db.execute(
-                "SELECT id, owner_pid, owner_host FROM ledger WHERE key = ? AND state = 'reserved'", (key,)
+            for rid, pid, owner_host, created in db.execute(
+                "SELECT id, owner_pid, owner_host, created FROM ledger WHERE key = ? AND state = 'reserved'", (key,)
             ).fetchall():
-                if _owner_gone(pid, owner_host, host):
-                    db.execute("UPDATE ledger SET owner_pid = ? WHERE id = ?", (os.getpid(), rid))
+                if _owner_gone(pid, owner_host, host, created):
+                    # taken over now: `created` dates the owner's hold, which `_owner_gone` compares with its start
+                    db.execute("UPDATE ledger SET owner_pid = ?, created = ? WHERE id = ?", (os.getpid(), time.time(), rid))
                     return Reservation(rid, key, adopted=True)
                 if not share and pid != os.getpid():
                     raise InFlight(pid, owner_host)
