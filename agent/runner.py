@@ -503,8 +503,11 @@ def resume_search(run_dir: str, quiet: bool = False, *, max_usd: Optional[float]
     DIR --set N`) or at a limit given here higher than it was (`max_usd` ...; None keeps a limit as it is)."""
     check_limits(max_usd=max_usd, max_llm_tokens=max_llm_tokens, max_wall=max_wall, max_device_s=max_device_s, patience=patience,
                  solved_chance=solved_chance)
-    if not (Path(run_dir) / "run.db").exists():
-        raise OptimizeError(f"{run_dir}: not a run directory (no run.db)")
+    if not Path(run_dir).is_dir():
+        raise OptimizeError(f"{run_dir}: no such run directory")
+    if not (Path(run_dir) / "run.db").exists():  # a search killed before it began, or a folder of something else
+        raise OptimizeError(f"{run_dir}: not a run directory (no run.db), so nothing in it to resume; a search stopped "
+                            "before it began leaves it so: start it again (`kscout optimize` or `kscout run` with this --run-dir)")
     run = _open_run(run_dir)
     try:
         spec = load_spec(run)

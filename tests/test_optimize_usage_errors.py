@@ -140,6 +140,12 @@ def test_a_search_on_a_problem_whose_reference_raises_fails_and_says_so(tmp_path
     assert "failed" in text and "kscout resume" not in text
 
 
+def test_a_resume_of_a_folder_a_kill_left_before_the_search_began_says_to_start_it_again(tmp_path):
+    (tmp_path / "killed early").mkdir()  # what a kill before run.db was made leaves
+    assert_usage_error(kscout("resume", str(tmp_path / "killed early")), "nothing in it to resume", "start it again")
+    assert_usage_error(kscout("resume", str(tmp_path / "never made")), "no such run directory")
+
+
 def test_a_resume_while_the_search_is_still_running_is_refused(tmp_path):
     from kernelscout.agent.run_view import view_run
 
