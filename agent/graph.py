@@ -147,7 +147,7 @@ class SearchLoop:
             self._emit("stop", reason=solved)
             return {"to_measure": [], "stop_reason": solved,
                     "stop_limit": {"setting": "solved_chance", "value": self.settings.solved_chance,
-                                   "chance": round(self.policy.chance_left, 6)}}
+                                   "chance": self.policy.chance_left}}
         try:
             forecasts = self.predictor.forecast_batch(recs, [self._speedup_of(r.parent_id) for r in recs], incumbent)
         except LLM_CAPS as exc:

@@ -28,7 +28,7 @@ from typing import Any, Iterator, Literal, Optional
 from pydantic import BaseModel, Field
 
 from kernelscout.agent.search_spec import SOLVED_CHANCE
-from kernelscout.agent.stops import Stop
+from kernelscout.agent.stops import Stop, recorded_stop
 from kernelscout.sandbox.problem import problem_name
 from kernelscout.tools.atomic import write_text_atomic
 from kernelscout.tools.rundir import MULTI_PROBLEM_MARK, read_events, reading
@@ -493,14 +493,14 @@ class HeadlessRun:
             totals["tokens"] += n["llm_tokens"]
         return totals
 
-    def _cap_reached(self, elapsed: float, started: bool = False) -> Optional[str]:
+    def _cap_reached(self, elapsed: float, killed: bool = False) -> Optional[str]:
         """The global cap that leaves no room for the next problem. The measurement cap does not hold back a problem
-        whose search `started` (killed, or paused): it goes on under its own ledger's cap, cut to what the global cap
-        leaves it (`_fitted_cap`), so that what it measured before the kill is taken up, not left out of its result."""
+        whose search was `killed` mid-way: it goes on under its own ledger's cap, fitted to what the global cap leaves
+        it (`_fitted_cap`), so that what it measured before the kill is taken up, not left out of its result."""
         caps, spent = self.manifest.caps, self._spent()
         if caps.max_wall_s is not None and elapsed >= caps.max_wall_s:
             return f"global wall-clock cap of {caps.max_wall_s:g} s reached"
-        if caps.max_measurements is not None and spent["measurements"] >= caps.max_measurements and not started:
+        if caps.max_measurements is not None and spent["measurements"] >= caps.max_measurements and not killed:
             return f"global measurement cap of {caps.max_measurements} reached"
         if caps.max_usd is not None and spent["usd"] >= caps.max_usd:
             return f"global LLM cost cap of ${caps.max_usd:g} reached"
@@ -509,13 +509,15 @@ class HeadlessRun:
         return None
 
     def _fitted_cap(self, ledger: Any) -> Optional[int]:
-        """A started problem's own cap, cut to its measurements so far plus what the global measurement cap leaves (the
-        cap may have been lowered since it started); None where no cut is needed."""
+        """A started problem's own cap as the global measurement cap now allows: its measurements so far plus what the
+        global cap leaves, and no more than its budget (or a larger cap a user set on its folder). The global cap may
+        have been lowered since the problem started (a cut), or raised after a cut (given back). None: unchanged."""
         cap = self.manifest.caps.max_measurements
         if cap is None or ledger.cap is None:
             return None
         fits = ledger.status().used + max(0, int(cap - self._spent()["measurements"]))
-        return fits if fits < ledger.cap else None
+        fitted = min(fits, max(ledger.cap, self.manifest.budget))
+        return fitted if fitted != ledger.cap else None
 
     def _allowance(self, elapsed: float) -> dict[str, Any]:
         """What the next problem may use: its own budget, cut down to what the global caps have left."""
@@ -559,7 +561,8 @@ class HeadlessRun:
                 if outcome.status in ("finished", "failed"):
                     continue
                 elapsed = before + time.monotonic() - t0
-                reason = self._cap_reached(elapsed, started=_sub_has_search(self.path / "problems" / ref.name))
+                killed = outcome.status == "running" and _sub_has_search(self.path / "problems" / ref.name)
+                reason = self._cap_reached(elapsed, killed=killed)
                 if reason:
                     outcome = outcome.model_copy(update={"status": "skipped", "reason": reason, **self._numbers(ref)})
                     self.state.put(outcome)
@@ -589,8 +592,17 @@ class HeadlessRun:
         from kernelscout.agent.stops import MACHINE_BUSY
         from kernelscout.agent.runner import OptimizeError, SearchPaused, resume_search, start_search
 
+        from kernelscout.tools.budget import Budget
+        from kernelscout.tools.rundir import RunDir
+
         sub = self.path / "problems" / ref.name
         resumed = _sub_has_search(sub)
+        if resumed:  # its own cap, fitted to the global one, is what it goes on under (and what progress names)
+            own = Budget(RunDir(sub))
+            if (fitted := self._fitted_cap(own)) is not None:
+                own.set_cap(fitted)
+            if own.cap is not None:
+                allow = {**allow, "budget": own.cap}
         outcome = self.state.get(ref.name).model_copy(update={"status": "running", "reason": None})
         self.state.put(outcome)
         self._event("problem_start", name=ref.name, resumed=resumed, **allow)
@@ -604,14 +616,9 @@ class HeadlessRun:
         update: dict[str, Any]
         try:
             # the cap goes into the problem's ledger before its search exists, so no kill leaves it uncapped
-            from kernelscout.tools.budget import Budget
-            from kernelscout.tools.rundir import RunDir
-
             ledger = Budget(RunDir(sub))
             if ledger.cap is None:
                 ledger.set_cap(allow["budget"])
-            elif resumed and (fitted := self._fitted_cap(ledger)) is not None:
-                ledger.set_cap(fitted)
             if resumed:
                 result = resume_search(str(sub), quiet=quiet)
             else:
@@ -724,7 +731,7 @@ class HeadlessRun:
         if not done or done.get("ts", 0.0) <= ended_at:
             return o
         stop = done.get("stop_reason")
-        update: dict[str, Any] = {"stop_reason": stop, "stop": Stop.model_validate(done["stop"]) if done.get("stop") else None}
+        update: dict[str, Any] = {"stop_reason": stop, "stop": recorded_stop(done)}
         if o.status == "pending" and (o.reason or "").startswith(MACHINE_BUSY) and not (stop or "").startswith(MACHINE_BUSY):
             update.update(status="finished", reason=None)
         return o.model_copy(update=update)

@@ -15,7 +15,7 @@ from typing import Any, Optional
 from pydantic import BaseModel, Field
 
 from kernelscout.agent.llm_pricing import CHAT_USAGE_META, RUN_USAGE_META, UsageState, stored_usage
-from kernelscout.agent.stops import Stop, stop_of
+from kernelscout.agent.stops import Stop, recorded_stop
 from kernelscout.tools.archive import ROOT_ID, Archive, CandidateRecord
 from kernelscout.tools.budget import Budget
 from kernelscout.tools.forecast_check import ForecastCheck, check_forecasts, deciding_forecasts
@@ -141,13 +141,6 @@ def finished_event(folder: Path) -> Optional[dict]:
     return last
 
 
-def _stop(finished: Optional[dict]) -> Optional[Stop]:
-    """The recorded stop; a run finished before results carried it is told from its words."""
-    if not finished:
-        return None
-    return Stop.model_validate(finished["stop"]) if finished.get("stop") else stop_of(finished.get("stop_reason"))
-
-
 def _row(archive: Archive, rec: CandidateRecord, deciding: dict[int, dict]) -> CandidateRow:
     f = deciding.get(rec.id)
     parent_rec = archive.get(rec.parent_id) if rec.parent_id not in (None, ROOT_ID) else None
@@ -251,7 +244,7 @@ def _view(run: RunDir, top: int) -> RunView:
     return RunView(
         run_dir=str(run.path), kind=spec.kind, target=spec.path, device=spec.device, policy=spec.policy, surrogate=spec.surrogate,
         status="running" if live else (finished.get("status") or "finished") if finished else "unfinished", running=live,
-        stop_reason=None if live else (finished or {}).get("stop_reason"), stop=None if live else _stop(finished), budget=status,
+        stop_reason=None if live else (finished or {}).get("stop_reason"), stop=None if live else recorded_stop(finished), budget=status,
         continue_with=None if live else _here(finished or {}, run.path),
         states=archive.counts(), considered=considered, considered_per_measurement=round(considered / used, 2) if used else 0.0,
         best=_row(archive, best, deciding) if best else None, best_file=best_file if best else None, top=rows[:top],

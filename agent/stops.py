@@ -55,3 +55,16 @@ def stop_of(reason: Optional[str], limit: Optional[dict] = None) -> Optional[Sto
         (reason == AT_SOL, "speed_of_light"), (NEAR_SOL in reason, "near_speed_of_light"),
         (reason.startswith(MACHINE_BUSY), "machine_busy"), (reason.startswith(PROBLEM_UNUSABLE), "problem_unusable")]
     return next((Stop(kind=kind) for hit, kind in kinds if hit), None)
+
+
+def recorded_stop(finished: Optional[dict]) -> Optional[Stop]:
+    """The stop a `finished` event (or a summary) recorded; one from before results carried it is told from its words,
+    and one of a kind this version does not know (written by a later one) is left out rather than fail the reader."""
+    if not finished:
+        return None
+    if not finished.get("stop"):
+        return stop_of(finished.get("stop_reason"))
+    try:
+        return Stop.model_validate(finished["stop"])
+    except ValueError:
+        return None

@@ -196,7 +196,10 @@ class CodeTarget:
 
     def stored_id(self, rec: CandidateRecord) -> Optional[int]:
         """The latest measurement of this candidate the run holds, which measuring it (not `again`) hands back."""
-        return None if rec.path is None else stored_measurement_id(self.run, code_key(str(self.problem), rec.path, self.device))
+        if rec.path is None:
+            return None
+        key = code_key(str(self.problem), rec.path, self.device, scaled_out=self.dispatcher is not None)
+        return stored_measurement_id(self.run, key)
 
     def confirm(self, rec: CandidateRecord, label: str) -> Measurement:
         """A fresh measurement of a chosen candidate, correctness included, under its own key; with its FLOPs counted

@@ -5,13 +5,12 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from contextlib import contextmanager
 from typing import Iterator
 
 import pytest
 
-from kernelscout.tools.budget import Budget, BudgetExhausted
+from kernelscout.tools.budget import Budget, BudgetExhausted, InFlight, process_start
 from kernelscout.tools.measure import MeasureRequest, measure
 from kernelscout.tools.rundir import RunDir
 from kernelscout.tools.schema import MeasureStatus
@@ -142,25 +141,28 @@ def test_kscout_budget_set_on_a_new_directory_creates_it_with_that_cap(tmp_path)
     assert Budget(RunDir(new)).status().cap == 20
 
 
+@pytest.mark.skipif(process_start(os.getpid()) is None, reason="no /proc: a process's start cannot be read here")
 def test_a_reservation_whose_pid_a_later_process_reuses_is_adopted_not_waited_for_or_paid_twice(tmp_path):
     """A restarted container gives its processes the same low pids: the resuming process, or another one, can have
-    the pid of the process that was killed holding a reservation. A process that started after the reservation was
-    made cannot be its owner: the reservation is adopted (the resuming process paid the key again and left the
-    old reservation in flight for ever; another process's pid made it wait an hour)."""
+    the pid of the process that was killed holding a reservation. A live process whose start differs from the one
+    recorded with the reservation is not its owner: the reservation is adopted (the resuming process paid the key
+    again and left the old reservation in flight for ever; another process's pid made it wait an hour)."""
     run = RunDir(tmp_path)
     ledger = Budget(run)
-    ledger.set_cap(2)
+    ledger.set_cap(3)
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        an_hour_ago = time.time() - 3600
         with run.transaction() as db:
-            for key, pid in (("mine", os.getpid()), ("theirs", other.pid)):  # both processes started after it
-                db.execute("INSERT INTO ledger (key, state, owner_pid, owner_host, created) VALUES (?, 'reserved', ?, ?, ?)",
-                           (key, pid, socket.gethostname(), an_hour_ago))
-        assert ledger.adoptable() == 2 and ledger.in_flight() == ()
+            for key, pid, start in (("mine", os.getpid(), "another boot:1"), ("theirs", other.pid, "another boot:2"),
+                                    ("live", other.pid, process_start(other.pid))):
+                db.execute("INSERT INTO ledger (key, state, owner_pid, owner_host, owner_start, created) "
+                           "VALUES (?, 'reserved', ?, ?, ?, 0)", (key, pid, socket.gethostname(), start))
+        assert ledger.adoptable() == 2 and ledger.in_flight() == ((other.pid, socket.gethostname()),)
         assert ledger.reserve("mine").adopted and ledger.reserve("theirs").adopted
-        assert ledger.status().used == 2 and ledger.adoptable() == 0  # taken over now: this process holds both
-        assert ledger.in_flight() == ((os.getpid(), socket.gethostname()),)
+        with pytest.raises(InFlight):  # its real owner, alive: waited for
+            ledger.reserve("live")
+        assert ledger.status().used == 3 and ledger.adoptable() == 0  # this process holds the two it took over
+        assert set(ledger.in_flight()) == {(os.getpid(), socket.gethostname()), (other.pid, socket.gethostname())}
     finally:
         other.kill()
         other.wait()
@@ -176,8 +178,8 @@ def test_a_live_process_measuring_the_same_candidate_is_waited_for_not_paid_twic
     # as if another process (the parent of this test, alive) were still measuring it: its reservation
     # stands while the recorded result is hidden, then it "finishes" during the wait
     with run.transaction() as db:
-        db.execute("INSERT INTO ledger (key, state, owner_pid, owner_host, created) SELECT key, 'reserved', ?, ?, ? "
-                   "FROM measurements", (__import__("os").getppid(), __import__("socket").gethostname(), time.time()))
+        db.execute("INSERT INTO ledger (key, state, owner_pid, owner_host, created) SELECT key, 'reserved', ?, ?, 0 "
+                   "FROM measurements", (__import__("os").getppid(), __import__("socket").gethostname()))
     real_find, calls = measure_tool.find_measurement, []
 
     def find_after_a_while(run_, key):
@@ -392,3 +394,18 @@ def test_what_would_be_charged_is_the_measure_tools_own_rule(tmp_path, write):
         assert not would_charge(run, str(problem), str(cand), "cpu", again=True)  # refused while a search runs there
     Budget(run).set_cap(1)
     assert not would_charge(run, str(problem), str(cand), "cpu", again=True)  # no budget left: refused
+
+
+def test_a_ledger_made_before_owner_start_is_read_as_it_is_and_given_the_column_when_written(tmp_path):
+    import sqlite3
+
+    run = RunDir(tmp_path / "old")
+    Budget(run).reserve("k")
+    with sqlite3.connect(tmp_path / "old" / "run.db") as db:  # as an earlier version made it
+        db.execute("ALTER TABLE ledger DROP COLUMN owner_start")
+    reader = Budget(RunDir(tmp_path / "old", read_only=True))
+    assert reader.in_flight() == ((os.getpid(), socket.gethostname()),) and reader.adoptable() == 0
+    writer = Budget(RunDir(tmp_path / "old"))
+    assert writer.reserve("k2") and writer.status().used == 2
+    with sqlite3.connect(tmp_path / "old" / "run.db") as db:
+        assert [r[0] is None for r in db.execute("SELECT owner_start FROM ledger ORDER BY id")] == [True, process_start(os.getpid()) is None]

@@ -407,13 +407,15 @@ def test_resume_after_an_interruption_reruns_nothing_finished_and_spends_nothing
 
 
 @needs_hub
-@pytest.mark.parametrize("killed_at, resume_args, used", [(3, [], [5, 3]), (1, ["--max-measurements", "6"], [5, 1])])
+@pytest.mark.parametrize("killed_at, resume_args, used", [(3, [], [5, 3]), (1, ["--max-measurements", "6"], [5, 1]),
+                                                         (1, ["--max-measurements", "12"], [5, 5])])
 def test_a_problem_killed_on_the_last_measurement_the_global_cap_allows_is_finished_on_resume_not_skipped(
         tmp_path, monkeypatch, killed_at, resume_args, used):
     """The second problem gets what the global cap leaves (3 of 8); a kill after its last measurement is stored, before
     its search records it, used to leave it `skipped` (the cap counted as reached) on every resume, that measurement
     in no result. The resume now goes on under the problem's own cap and takes it up free. A global cap lowered on
-    the resume to what is spent cuts the problem's own cap to match: it finishes on what it has."""
+    the resume to what is spent cuts the problem's own cap to match: it finishes on what it has; one raised gives it
+    its whole budget (5), where the cap it started under was what the old global cap left (3)."""
     import kernelscout.agent.targets as targets
 
     folder = _problems_folder(tmp_path, broken=False)

@@ -52,24 +52,28 @@ class Reservation:
     adopted: bool = False
 
 
-def _owner_gone(pid: int, owner_host: str, host: str, reserved_at: float) -> bool:
+def _owner_gone(pid: int, owner_host: str, host: str, owner_start: Optional[str]) -> bool:
     """A reservation's owner that has died on this host (one on another host cannot be checked from here). A live
-    process with its pid that started after the reservation was made is another process that reuses the number (a
-    restarted container gives its processes the same low pids), so the owner is gone too."""
-    return owner_host == host and (not _pid_alive(pid) or _started_after(pid, reserved_at))
+    process with its pid but another start (`process_start`) reuses the number, as a restarted container's processes
+    do, so the owner is gone too. Rows written before the start was recorded have none: a live pid counts as the owner."""
+    if owner_host != host:
+        return False
+    if not _pid_alive(pid):
+        return True
+    return owner_start is not None and (now := process_start(pid)) is not None and now != owner_start
 
 
-def _started_after(pid: int, moment: float) -> bool:
-    """Whether process `pid` started after `moment` (epoch seconds), read from /proc (False where there is none). The
-    boot time /proc gives is whole seconds, so a start within 2 s of the moment does not count."""
+def process_start(pid: int) -> Optional[str]:
+    """What tells one process from a later one with the same pid: the boot and the clock tick it started at, read
+    from /proc (None where there is none). No wall clock is involved, so a clock set forward cannot make a live
+    owner look new."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            ticks = int(f.read().rpartition(")")[2].split()[19])  # field 22, starttime: clock ticks after boot
-        with open("/proc/stat") as f:
-            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
-        return boot + ticks / os.sysconf("SC_CLK_TCK") > moment + 2.0
-    except (OSError, ValueError, IndexError, StopIteration):
-        return False
+            ticks = f.read().rpartition(")")[2].split()[19]  # field 22, starttime; the name before ")" may hold spaces
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f"{f.read().strip()}:{int(ticks)}"
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _pid_alive(pid: int) -> bool:
@@ -84,6 +88,15 @@ def _pid_alive(pid: int) -> bool:
             return f.read().rpartition(")")[2].split()[0] != "Z"
     except (OSError, IndexError):
         return True
+
+
+def _own_start() -> Optional[str]:
+    return process_start(os.getpid())  # read each time: a forked child has a pid and a start of its own
+
+
+def _start_column(db) -> str:
+    """`owner_start`, or NULL in a run opened read-only whose ledger predates the column (a writer adds it)."""
+    return "owner_start" if any(row[1] == "owner_start" for row in db.execute("PRAGMA table_info(ledger)")) else "NULL"
 
 
 class Budget:
@@ -123,28 +136,26 @@ class Budget:
         be taken up by the next request for its key without a new charge, so they are room, not spending."""
         host = socket.gethostname()
         with self.run.connect() as db:
-            rows = db.execute("SELECT owner_pid, owner_host, created FROM ledger WHERE state = 'reserved'").fetchall()
-        return sum(1 for pid, owner_host, created in rows if _owner_gone(pid, owner_host, host, created))
+            rows = db.execute(f"SELECT owner_pid, owner_host, {_start_column(db)} FROM ledger WHERE state = 'reserved'").fetchall()
+        return sum(1 for pid, owner_host, start in rows if _owner_gone(pid, owner_host, host, start))
 
     def in_flight(self) -> tuple[tuple[int, str], ...]:
         """(pid, host) of each live process holding a reservation: the measurements running now."""
         host = socket.gethostname()
         with self.run.connect() as db:
-            rows = db.execute("SELECT owner_pid, owner_host, created FROM ledger WHERE state = 'reserved' ORDER BY id").fetchall()
-        return tuple(dict.fromkeys((pid, owner_host) for pid, owner_host, created in rows
-                                   if not _owner_gone(pid, owner_host, host, created)))
+            rows = db.execute(f"SELECT owner_pid, owner_host, {_start_column(db)} FROM ledger WHERE state = 'reserved' ORDER BY id").fetchall()
+        return tuple(dict.fromkeys((pid, owner_host) for pid, owner_host, start in rows if not _owner_gone(pid, owner_host, host, start)))
 
     def reserve(self, key: str, share: bool = False) -> Reservation:
         """Reserve one measurement of `key`. InFlight when another live process is measuring the same key,
         unless `share` (a measurement asked for again on purpose): its result will be this one's."""
         host = socket.gethostname()
         with self.run.transaction() as db:
-            for rid, pid, owner_host, created in db.execute(
-                "SELECT id, owner_pid, owner_host, created FROM ledger WHERE key = ? AND state = 'reserved'", (key,)
+            for rid, pid, owner_host, start in db.execute(
+                "SELECT id, owner_pid, owner_host, owner_start FROM ledger WHERE key = ? AND state = 'reserved'", (key,)
             ).fetchall():
-                if _owner_gone(pid, owner_host, host, created):
-                    # taken over now: `created` dates the owner's hold, which `_owner_gone` compares with its start
-                    db.execute("UPDATE ledger SET owner_pid = ?, created = ? WHERE id = ?", (os.getpid(), time.time(), rid))
+                if _owner_gone(pid, owner_host, host, start):
+                    db.execute("UPDATE ledger SET owner_pid = ?, owner_start = ? WHERE id = ?", (os.getpid(), _own_start(), rid))
                     return Reservation(rid, key, adopted=True)
                 if not share and pid != os.getpid():
                     raise InFlight(pid, owner_host)
@@ -152,8 +163,8 @@ class Budget:
             if status.cap is not None and status.used >= status.cap:
                 raise BudgetExhausted(status, str(self.run.path))
             cur = db.execute(
-                "INSERT INTO ledger (key, state, owner_pid, owner_host, created) VALUES (?, 'reserved', ?, ?, ?)",
-                (key, os.getpid(), host, time.time()),
+                "INSERT INTO ledger (key, state, owner_pid, owner_host, owner_start, created) VALUES (?, 'reserved', ?, ?, ?, ?)",
+                (key, os.getpid(), host, _own_start(), time.time()),
             )
             return Reservation(cur.lastrowid, key)
 

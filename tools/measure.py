@@ -115,8 +115,7 @@ def measure(request: MeasureRequest, pool: Optional[WorkerPool] = None,
     `execute` runs the sandbox part on a scale-out worker (agent/dispatch.py); checks, key and ledger stay here.
     """
     try:
-        # a scale-out worker's node has the GPU, not necessarily this one
-        device = request.device if execute is not None and request.device != "auto" else resolve_device(request.device)
+        device = keyed_device(request.device, scaled_out=execute is not None)
         problem = load_problem(request.problem)
         candidate = load_candidate(request.candidate)
     except InputFileError as exc:
@@ -265,10 +264,16 @@ def replay_record(space: "ReplaySpace", config: dict, reference: Optional[dict] 
                              problem_path=str(space.path), candidate_path=config_text, device=device)
 
 
-def code_key(problem: str, candidate: str, device: str) -> Optional[str]:
-    """The ledger key `measure` gives this file (None if either file cannot be read)."""
+def keyed_device(device: str, scaled_out: bool = False) -> str:
+    """The device a measurement is keyed and recorded under: a scale-out worker's node has the GPU, not necessarily
+    this one, so a device named for it is taken as named."""
+    return device if scaled_out and device != "auto" else resolve_device(device)
+
+
+def code_key(problem: str, candidate: str, device: str, scaled_out: bool = False) -> Optional[str]:
+    """The ledger key `measure` gives this file (None if either file cannot be read, or the device is unknown here)."""
     try:
-        return measurement_key(load_problem(problem).sha, load_candidate(candidate).sha, resolve_device(device))
+        return measurement_key(load_problem(problem).sha, load_candidate(candidate).sha, keyed_device(device, scaled_out))
     except InputFileError:
         return None
 

@@ -35,6 +35,7 @@ CREATE TABLE IF NOT EXISTS ledger (
     state TEXT NOT NULL CHECK (state IN ('reserved', 'charged', 'released')),
     owner_pid INTEGER,
     owner_host TEXT,
+    owner_start TEXT,
     created REAL NOT NULL,
     settled REAL
 );
@@ -140,6 +141,7 @@ class RunDir:
             self.path.mkdir(parents=True, exist_ok=True)
             (self.path / "kernels").mkdir(exist_ok=True)
             self.create_tables(SCHEMA)
+            self._add_ledger_columns()
         except (OSError, sqlite3.OperationalError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             raise RunDirError(f"{self.path} cannot be used as a run directory ({reason}); "
@@ -210,6 +212,16 @@ class RunDir:
             db = sqlite3.connect(f"{uri}?immutable=1", uri=True, isolation_level=None)
         db.execute("SELECT 1 FROM meta LIMIT 1").fetchall()
         return db
+
+    def _add_ledger_columns(self) -> None:
+        """`owner_start` (tools/budget.py) on a ledger made before it, so an earlier run goes on."""
+        with self.connect() as db:
+            if not any(row[1] == "owner_start" for row in db.execute("PRAGMA table_info(ledger)")):
+                try:
+                    db.execute("ALTER TABLE ledger ADD COLUMN owner_start TEXT")
+                except sqlite3.OperationalError as exc:  # another process added it in between
+                    if "duplicate column" not in str(exc):
+                        raise
 
     def create_tables(self, schema: str, durable: bool = True) -> None:
         """Create the tables of `schema` that are missing. Read-only, the missing ones are made empty and
