@@ -113,9 +113,9 @@ def test_a_burst_of_load_that_voids_one_timing_has_that_candidate_timed_again_in
 
 
 
-def test_a_void_timing_is_still_timed_again_after_a_kill_before_the_next_valid_one(tmp_path, monkeypatch):
-    """The voided candidates are read from the ledger, not remembered: a search killed right after a void
-    still times that candidate again once the resumed search gets a valid timing."""
+def _softmax_search_killed(tmp_path, monkeypatch, call: int, after_measuring: bool):
+    """fast.py, then naive.py (`--start`), budget 3; fast.py's first timing is voided under load, and the process dies
+    at measure call `call`: before that measurement starts, or after the ledger stored it. Returns (resume, calls)."""
     import pytest
     from kernelscout.agent import targets
     from kernelscout.agent.runner import resume_search, start_search
@@ -127,16 +127,24 @@ def test_a_void_timing_is_still_timed_again_after_a_kill_before_the_next_valid_o
         if len(calls) == 1:
             with every_core_busy():
                 return measure(self, rec, again=again)
-        if len(calls) == 2:
-            raise KeyboardInterrupt  # the process dies before the second measurement starts
-        return measure(self, rec, again=again)
+        if len(calls) == call and not after_measuring:
+            raise KeyboardInterrupt  # the process dies before this measurement starts
+        m = measure(self, rec, again=again)
+        if len(calls) == call:
+            raise KeyboardInterrupt  # stored and charged; never recorded
+        return m
 
     monkeypatch.setattr(targets.CodeTarget, "measure", under_load_then_killed)
-    run = tmp_path / "run"
     with pytest.raises(KeyboardInterrupt):
-        start_search(problem=str(SOFTMAX / "problem.py"), space=None, budget=3, device="cpu", run_dir=str(run), quiet=True,
-                     report=False, confirm=0, start=[str(SOFTMAX / "fast.py"), str(SOFTMAX / "naive.py")])
-    resumed = resume_search(str(run), quiet=True)
+        start_search(problem=str(SOFTMAX / "problem.py"), space=None, budget=3, device="cpu", run_dir=str(tmp_path / "run"),
+                     quiet=True, report=False, confirm=0, start=[str(SOFTMAX / "fast.py"), str(SOFTMAX / "naive.py")])
+    return resume_search(str(tmp_path / "run"), quiet=True), calls
+
+
+def test_a_void_timing_is_still_timed_again_after_a_kill_before_the_next_valid_one(tmp_path, monkeypatch):
+    """The voided candidates are read from the ledger, not remembered: a search killed right after a void
+    still times that candidate again once the resumed search gets a valid timing."""
+    resumed, calls = _softmax_search_killed(tmp_path, monkeypatch, call=2, after_measuring=False)
     assert resumed.measurements_used == 3
     assert calls[2:] == [calls[1], calls[0]]  # naive.py's valid timing, then fast.py, voided before the kill, again
     assert resumed.best_speedup and resumed.best_speedup > 1.2
@@ -148,30 +156,9 @@ def test_a_new_timing_after_a_void_one_stored_before_a_kill_is_taken_up_on_resum
     paid timing belonged to nothing: fast.py stayed out of the result)."""
     import sqlite3
 
-    import pytest
-    from kernelscout.agent import targets
-    from kernelscout.agent.runner import resume_search, start_search
-
-    measure, calls = targets.CodeTarget.measure, []
-
-    def under_load_then_killed_after_the_retime(self, rec, again=False):
-        calls.append(rec.id)
-        if len(calls) == 1:
-            with every_core_busy():
-                return measure(self, rec, again=again)
-        m = measure(self, rec, again=again)
-        if len(calls) == 3:
-            raise KeyboardInterrupt  # stored and charged; never recorded
-        return m
-
-    monkeypatch.setattr(targets.CodeTarget, "measure", under_load_then_killed_after_the_retime)
-    run = tmp_path / "run"
-    with pytest.raises(KeyboardInterrupt):
-        start_search(problem=str(SOFTMAX / "problem.py"), space=None, budget=3, device="cpu", run_dir=str(run), quiet=True,
-                     report=False, confirm=0, start=[str(SOFTMAX / "fast.py"), str(SOFTMAX / "naive.py")])
-    resumed = resume_search(str(run), quiet=True)
+    resumed, calls = _softmax_search_killed(tmp_path, monkeypatch, call=3, after_measuring=True)
     assert resumed.measurements_used == 3 and calls[2:] == [calls[0], calls[0]]  # the retime, then taken up on resume
-    with sqlite3.connect(run / "run.db") as db:  # fast.py's record holds the retime, the last of the 3 measurements
+    with sqlite3.connect(tmp_path / "run" / "run.db") as db:  # fast.py's record holds the retime, the last of the 3
         assert db.execute("SELECT measurement_id FROM candidates WHERE id = ?", (calls[0],)).fetchone()[0] == \
             db.execute("SELECT MAX(id) FROM measurements WHERE charged = 1").fetchone()[0] == 3
     assert resumed.best_speedup and resumed.best_speedup > 1.2
