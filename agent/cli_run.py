@@ -176,8 +176,10 @@ def register(app: typer.Typer) -> None:
         budget, policy, surrogate = cfg.pick("budget", budget), cfg.pick("policy", policy), cfg.pick("surrogate", surrogate)
         device, proposals, patience = cfg.pick("device", device), cfg.pick("proposals", proposals), cfg.pick("patience", patience)
         confirm = cfg.pick("confirm", confirm)
-        # a recorded space's setting: a file's value is not announced to a run of code problems, which never use it
-        on_space = solved_chance is not None or any(ref.kind == "space" for ref in refs)
+        # a recorded space's setting: refused as a flag, and a file's value not announced, for a run of code problems only
+        on_space = any(ref.kind == "space" for ref in refs)
+        if solved_chance is not None and not on_space:
+            fail("--solved-chance stops the search of a recorded space, and none of these problems is one: leave the flag out", as_json)
         solved_chance = cfg.pick("solved_chance", solved_chance) if on_space else SOLVED_CHANCE
         history = cfg.pick("history", history or None)
         announce_defaults(cfg, as_json)

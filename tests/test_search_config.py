@@ -140,5 +140,8 @@ def test_a_headless_run_of_code_problems_does_not_name_a_files_solved_chance(pro
     (project / "proj" / "kscout.toml").write_text('[search]\nbudget = 3\nsolved_chance = 0\n')
     shown = CliRunner().invoke(app, ["run", str(examples / "softmax"), "--run-dir", "r", "--policy", "bogus"])
     assert shown.exit_code == 2 and "budget=3" in shown.stderr and "solved_chance" not in shown.stderr
+    flagged = CliRunner().invoke(app, ["run", str(examples / "softmax"), "--run-dir", "r", "--solved-chance", "0.1", "--json"])
+    assert flagged.exit_code == 2 and "none of these problems is one" in json.loads(flagged.stdout)["message"]
+    assert not (project / "proj" / "r").exists()
     spaces = CliRunner().invoke(app, ["run", str(SPACE), "--run-dir", "r", "--policy", "bogus"])
     assert spaces.exit_code == 2 and "solved_chance=0" in spaces.stderr
