@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, Field
 
-from kernelscout.tools.rundir import RunDir
+from kernelscout.tools.rundir import RunDir, has_column
 from kernelscout.tools.schema import Measurement
 
 SCHEMA = """
@@ -168,8 +168,7 @@ class Archive:
 
     def _forecast_column(self, db: Any, column: str, otherwise: str) -> str:
         """`f.column`, or `otherwise` (an SQL expression) in a run made before it and opened read-only."""
-        have = {row[1] for row in db.execute("PRAGMA table_info(forecasts)")}
-        return f"f.{column}" if column in have else otherwise
+        return f"f.{column}" if has_column(db, "forecasts", column) else otherwise
 
     def add(self, sha: str, source: Optional[str], parent_id: Optional[int], origin: str, params: dict, hypothesis: str,
             features: dict, iteration: int) -> CandidateRecord:

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from kernelscout.tools.rundir import RunDir
+from kernelscout.tools.rundir import RunDir, has_column
 from kernelscout.tools.schema import BudgetStatus
 
 
@@ -96,7 +96,7 @@ def _own_start() -> Optional[str]:
 
 def _start_column(db) -> str:
     """`owner_start`, or NULL in a run opened read-only whose ledger predates the column (a writer adds it)."""
-    return "owner_start" if any(row[1] == "owner_start" for row in db.execute("PRAGMA table_info(ledger)")) else "NULL"
+    return "owner_start" if has_column(db, "ledger", "owner_start") else "NULL"
 
 
 class Budget:

@@ -115,6 +115,11 @@ def reading(db_path: Path | str, timeout: float = 5.0) -> Iterator[sqlite3.Conne
             db.close()
 
 
+def has_column(db: sqlite3.Connection, table: str, column: str) -> bool:
+    """Whether `table` has `column`: a run made by an earlier version may lack one added since."""
+    return any(row[1] == column for row in db.execute(f"PRAGMA table_info({table})"))
+
+
 class RunDir:
     """`read_only=True` opens an existing run for reading only: nothing is created or written, and a folder
     that cannot be written to (a colleague's run, an archive, a read-only mount) can still be read."""
@@ -216,7 +221,7 @@ class RunDir:
     def _add_ledger_columns(self) -> None:
         """`owner_start` (tools/budget.py) on a ledger made before it, so an earlier run goes on."""
         with self.connect() as db:
-            if not any(row[1] == "owner_start" for row in db.execute("PRAGMA table_info(ledger)")):
+            if not has_column(db, "ledger", "owner_start"):
                 try:
                     db.execute("ALTER TABLE ledger ADD COLUMN owner_start TEXT")
                 except sqlite3.OperationalError as exc:  # another process added it in between
