@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from kernelscout.sandbox.pool import WorkerDied, WorkerOutOfMemory, WorkerPool, WorkerProcess, WorkerTimedOut
-from kernelscout.sandbox.stats import crowded, quantile, slowed_beside_the_candidate
+from kernelscout.sandbox.stats import busy_machine, crowded, quantile, slowed_beside_the_candidate
 from kernelscout.tools.schema import Measurement, MeasureStatus
 
 SLACK_BYTES = 1 << 20  # what the file format adds to the outputs' own bytes, and more
@@ -153,12 +153,13 @@ def _incorrect(m: Measurement, why: str) -> Measurement:
     return Measurement(status=MeasureStatus.incorrect, message=why, checks=m.checks, warnings=m.warnings)
 
 
-def _time_alone(referee: WorkerProcess, rounds: tuple[int, int, float], wanted: int, deadline: float) -> list[float]:
+def _time_alone(referee: WorkerProcess, rounds: tuple[int, int, float], wanted: int, deadline: float) -> tuple[list[float], int]:
     """The reference's per-call times in the referee, as the candidate's worker times it (fresh inputs each
-    round, the same timer), for at least the least number of rounds and a quarter of the timing budget."""
+    round, the same timer), for at least the least number of rounds and a quarter of the timing budget; and
+    how many rounds were left out because another process crowded the reference off its CPU."""
     warmup, least, budget_s = rounds
     times: list[float] = []
-    kept_s, made = 0.0, 0
+    kept_s, made, left_out = 0.0, 0, 0
     while made < warmup + max(least, wanted) * 3:
         # with keys, so that the reference's calls here are surrounded by the same sampling as beside the candidate
         key = secrets.randbits(63)
@@ -168,29 +169,36 @@ def _time_alone(referee: WorkerProcess, rounds: tuple[int, int, float], wanted: 
         if reply["status"] != "ok":
             raise _RefereeFailed(reply.get("message", reply["status"]))
         made += 1
-        if made <= warmup or crowded(reply.get("queued_ms", 0.0), reply["timer_ms"]):
+        if made <= warmup:
+            continue
+        if crowded(reply.get("queued_ms", 0.0), reply["timer_ms"]):
+            left_out += 1
             continue
         times.append(reply["timer_ms"])
         kept_s += reply["timer_ms"] / 1e3
         # a quarter of the budget (the reference had about half of it beside the candidate): enough for a median
         if len(times) >= max(least, min(wanted, 3 * least)) or (len(times) >= least and kept_s >= budget_s / 4):
             break
-    return times
+    return times, left_out
 
 
-def _compare_reference(m: Measurement, beside: list[float], time_alone: Callable[[], list[float]]) -> None:
+def _compare_reference(m: Measurement, beside: list[float], time_alone: Callable[[], tuple[list[float], int]]) -> None:
     """Void the timing if the reference ran slower beside the candidate than alone, twice: a finding is
     confirmed by a second timing alone, and the slower of the two stands (the machine may have been
-    quieter for the first than while the candidate's worker was timed)."""
-    alone = time_alone()
+    quieter for the first than while the candidate's worker was timed).
+
+    Too few quiet rounds alone is the busy machine's verdict, in its words, so that a search waits for an
+    idle machine and times the candidate again rather than taking it for the candidate's fault."""
+    alone, left_out = time_alone()
     slowed = slowed_beside_the_candidate(beside, alone)
     if slowed:
-        again = time_alone()
+        again, _ = time_alone()
         if len(again) >= 3 and quantile(again, 0.5) > quantile(alone, 0.5):
             alone = again
         slowed = slowed_beside_the_candidate(beside, alone)
     if len(alone) < 3 or not beside:
-        _unconfirmed(m, "the reference could not be timed alone often enough to compare it with its time beside the candidate")
+        busy = busy_machine(left_out, len(alone), where=" while the second worker timed the reference alone")
+        _unconfirmed(m, busy or "the reference could not be timed alone often enough to compare it with its time beside the candidate")
         return
     m.reference_alone_ms = quantile(alone, 0.5)
     m.checks.append(f"the reference alone in the second worker: {quantile(alone, 0.5):.4g} ms a call, beside the candidate "

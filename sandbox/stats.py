@@ -223,11 +223,13 @@ def crowded(queued_ms: float, call_ms: float) -> bool:
     return queued_ms > CROWDED_SHARE * call_ms
 
 
-def busy_machine(left_out: int, kept: int) -> Optional[str]:
-    """Whether too few rounds were quiet to stand on their own: fewer than 3, or fewer than those left out."""
+def busy_machine(left_out: int, kept: int, *, where: str = "") -> Optional[str]:
+    """Whether too few rounds were quiet to stand on their own: fewer than 3, or fewer than those left out.
+
+    `where` names the timing when it is not the candidate's worker's (the referee's of the reference alone)."""
     if not left_out or (kept >= 3 and kept >= left_out):
         return None
-    return (f"{BUSY_REASON}: in {left_out} of {left_out + kept} timed rounds the reference's threads waited for a CPU "
+    return (f"{BUSY_REASON}{where}: in {left_out} of {left_out + kept} timed rounds the reference's threads waited for a CPU "
             "for over a tenth of its call, because another process was running on the worker's cores. Measure again when "
             "the machine is idle (or give the worker cores no other process uses)")
 

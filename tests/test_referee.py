@@ -222,6 +222,28 @@ def test_the_reference_is_slowed_only_when_its_times_beside_and_alone_are_apart(
     assert slowed_beside_the_candidate([0.25, 0.26, 0.25], [0.104, 0.105, 0.103])
 
 
+def test_a_reference_crowded_off_its_cpu_while_timed_alone_is_a_busy_machine_not_a_failure():
+    """A machine that grew busy between the candidate's timing and the referee's: the search must read the
+    busy machine's words, to wait and time the candidate again."""
+    from kernelscout.sandbox.stats import BUSY_REASON
+    from kernelscout.tools.schema import Measurement
+
+    def measured():
+        return Measurement(status=MeasureStatus.ok, correct=True, speedup=2.0, timing_valid=True, message="ok")
+
+    crowded = measured()
+    referee._compare_reference(crowded, [1.0] * 20, lambda: ([], 40))  # every round alone left out
+    assert not crowded.timing_valid
+    assert crowded.timing_invalid_reason.startswith(BUSY_REASON)
+    assert "timed the reference alone" in crowded.timing_invalid_reason and "Measure again when the machine is idle" in crowded.message
+    short = measured()
+    referee._compare_reference(short, [1.0] * 20, lambda: ([1.0, 1.0], 0))  # quiet, yet too few rounds: not the machine
+    assert not short.timing_valid and not short.timing_invalid_reason.startswith(BUSY_REASON)
+    quiet = measured()
+    referee._compare_reference(quiet, [1.0] * 20, lambda: ([1.0] * 10, 2))
+    assert quiet.timing_valid and quiet.reference_alone_ms == 1.0
+
+
 @linux_only
 @pytest.mark.parametrize("make, why", [
     (lambda p: p.symlink_to("/etc/hostname"), "as a plain file"),
