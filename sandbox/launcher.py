@@ -124,8 +124,9 @@ def enter_pid_namespace(channel, proc):
 def restrict_files():
     """Landlock (Linux 5.13+, unprivileged, inherited by every child): from here on the worker can create,
     change or delete files only below the folders and files the supervisor names (its scratch folder, the
-    compile caches, the usual device files), and read nothing in the user's home folder but what the
-    supervisor names (Python, the import path, the caches). Running programs stays open (compilers).
+    compile caches, the usual device files), and read nothing in the user's home folder, the folder kscout
+    was started in (its kscout.toml) or the kscout config folder but what the supervisor names (Python, the
+    import path, this package, the caches; `pool.readable_paths`). Running programs stays open (compilers).
     Without it a candidate could find the run directory and rewrite its SQLite files (forge a measurement,
     hand back budget), or read the user's keys from their files."""
     if os.environ.get("KSCOUT_SANDBOX_FILES") == "open":
@@ -169,7 +170,7 @@ def restrict_files():
     os.close(ruleset)
     folders = [p for p in writable if not p.startswith("/dev/")]
     return "writes only below " + ", ".join(folders) + " and to " + str(len(writable) - len(folders)) + " device files" + (
-        "; no reads in the home folder but Python's and the caches" if read else "") + " (Landlock ABI " + str(abi) + (
+        "; no reads in the home folder or the working folder but Python's, this package's and the caches" if read else "") + " (Landlock ABI " + str(abi) + (
         "; signals and abstract sockets scoped to the worker)" if scoped else ")")
 
 

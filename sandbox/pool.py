@@ -147,36 +147,78 @@ def device_files() -> list[str]:
     return sorted({path for pattern in _DEVICE_FILES for path in glob.glob(pattern)})
 
 
-def readable_paths() -> list[str]:
-    """What a worker may read: everything but the user's home folder, and in it only the Python
-    installation, the import path, this package and the compile caches.
+def private_folders() -> list[Path]:
+    """The folders whose files a worker must not read: the user's home, the folder kscout was started in (where
+    `kscout.toml` may hold an API key) and the user's kscout config folder where XDG_CONFIG_HOME puts it outside home.
 
-    Why: a candidate runs as the user, and the environment is scrubbed of keys, but the files in home
-    were not: a review's candidate read an API key from ~/.config/kscout/config.toml and printed it into
-    the verdict, which the LLM policy then sent to the provider with its repair request. SSH keys, cloud
-    credentials and shell history live there too. Landlock can only allow, so "all but home" is the
-    folders beside each of home's ancestors. Returns [] (no read restriction) when home is / or absent.
-    `KSCOUT_SANDBOX_READ` adds folders."""
+    A folder other than home stays readable when something the worker needs contains it (Python itself, this
+    package, the compile caches, `KSCOUT_SANDBOX_READ`), since Landlock can only allow: kscout run from inside a
+    virtual environment's own folder keeps that folder readable. A folder holding a virtual environment (the usual
+    project layout) stays private, with the environment inside it allowed."""
     home = Path.home().resolve()
     if home == Path(home.anchor) or not home.is_dir():
         return []
-    allowed: set[str] = set()
-    for parent, step in zip(reversed(home.parents), [*reversed(home.parents)][1:] + [home]):
+    config_home = Path(os.environ["XDG_CONFIG_HOME"]) if os.environ.get("XDG_CONFIG_HOME") else home / ".config"
+    needed = [Path(p) for p in _needed_paths()]
+    folders = [home]
+    for folder in (Path.cwd(), config_home / "kscout"):  # the two places agent/llm_config.py reads kscout.toml from
         try:
-            allowed.update(str(child) for child in parent.iterdir() if child != step)
+            folder = folder.resolve()
         except OSError:
             continue
+        if folder.is_dir() and folder != Path(folder.anchor) and not folder.is_relative_to(home) and folder not in folders \
+                and not any(folder.is_relative_to(path) for path in needed):
+            folders.append(folder)
+    return folders
+
+
+def _needed_paths() -> list[str]:
+    """What a worker cannot run without, wherever it lies: Python, this package, the compile caches, and what
+    the user adds with `KSCOUT_SANDBOX_READ`."""
     import kernelscout
     import kernelscout.sandbox
 
-    inside = [sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable)), *sys.path,
-              *kernelscout.__path__, *kernelscout.sandbox.__path__, *(str(CACHE_DIR / name) for name in COMPILE_CACHES),
-              *(p for p in os.environ.get("KSCOUT_SANDBOX_READ", "").split(os.pathsep) if p)]
-    for path in inside:
-        if path and os.path.exists(path):
-            real = Path(os.path.realpath(path))
-            if real.is_relative_to(home):
-                allowed.add(str(real))
+    paths = [sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable)),
+             *kernelscout.__path__, *kernelscout.sandbox.__path__, *(str(CACHE_DIR / name) for name in COMPILE_CACHES),
+             *(p for p in os.environ.get("KSCOUT_SANDBOX_READ", "").split(os.pathsep) if p)]
+    return [os.path.realpath(p) for p in paths if p and os.path.exists(p)]
+
+
+def readable_paths() -> list[str]:
+    """What a worker may read: everything but the private folders (`private_folders`), and in them only the Python
+    installation, the import path, this package and the compile caches.
+
+    Why: a candidate runs as the user, and the environment is scrubbed of keys, but the user's files were not:
+    a review's candidate read an API key from ~/.config/kscout/config.toml and printed it into the verdict,
+    which the LLM policy then sent to the provider with its repair request; a later one (sixty-fifth session)
+    read it from ./kscout.toml in a project folder outside home. SSH keys, cloud credentials and shell history
+    live in home too. Landlock can only allow, so "all but these" is the folders beside each of their
+    ancestors. Returns [] (no read restriction) when home is / or absent. An import-path entry that holds a
+    private folder (the working folder itself, under `python -m`) is left out: the worker imports nothing from it."""
+    private = private_folders()
+    if not private:
+        return []
+    allowed: set[str] = set()
+
+    def beside(folder: Path) -> None:  # `folder` holds a private folder: allow every child that holds none
+        try:
+            children = list(folder.iterdir())
+        except OSError:
+            return
+        for child in children:
+            if child in private:
+                continue
+            if any(p.is_relative_to(child) for p in private):
+                beside(child)
+            else:
+                allowed.add(str(child))
+
+    beside(Path(private[0].anchor))
+    optional = [os.path.realpath(p) for p in sys.path if p and os.path.exists(p)]
+    for path in [*_needed_paths(), *optional]:
+        real = Path(path)
+        if any(real.is_relative_to(p) for p in private) and not any(p.is_relative_to(real) for p in private):
+            allowed.add(str(real))
     return sorted(allowed)
 
 

@@ -650,6 +650,56 @@ def test_a_candidate_cannot_read_the_users_home_folder(tmp_path, write, monkeypa
         shutil.rmtree(home, ignore_errors=True)
 
 
+def test_a_candidate_cannot_read_the_project_folder_kscout_was_started_in(tmp_path, write, monkeypatch):
+    # ./kscout.toml may hold an API key (agent/llm_config.py reads it there), and projects often live outside home
+    # (/work, /scratch, /data). A red-team candidate read it and raised it into its verdict.
+    import shutil
+    import tempfile
+
+    project = Path(tempfile.mkdtemp(prefix="kscout-project-"))  # outside home and the folders workers may write
+    config = Path(tempfile.mkdtemp(prefix="kscout-xdg-"))
+    try:
+        (project / "kscout.toml").write_text('[llm]\napi_key = "sk-SECRET-IN-PROJECT"\n')
+        (config / "kscout").mkdir()
+        (config / "kscout" / "config.toml").write_text('[llm]\napi_key = "sk-SECRET-IN-XDG"\n')
+        (project / "sibling_ok.txt").write_text("fine")
+        monkeypatch.chdir(project)
+        monkeypatch.setenv("XDG_CONFIG_HOME", str(config))
+        lines = ("report = ''\n"
+                 f"for path in ({str(project / 'kscout.toml')!r}, {str(config / 'kscout' / 'config.toml')!r}):\n"
+                 "    try:\n        report += open(path).read()\n    except OSError as exc:\n        report += type(exc).__name__ + ' '\n")
+        with WorkerPool(spares=False) as own:
+            with borrowed_worker(own) as worker:
+                if "no reads in the home folder" not in worker.info["files"]:
+                    pytest.skip(f"this kernel gives the sandbox no read restriction: {worker.info['files']!r}")
+            m = measure(MeasureRequest(problem=str(write("problem.py", SMALL_PROBLEM)), candidate=str(write("c.py", probe(lines))),
+                                       device="cpu", run_dir=str(tmp_path / "run"), harness=QUICK), pool=own)
+        assert "REPORT PermissionError PermissionError" in m.message, m.message
+        assert "SECRET" not in m.message
+    finally:
+        shutil.rmtree(project, ignore_errors=True)
+        shutil.rmtree(config, ignore_errors=True)
+
+
+def test_the_private_folders_leave_python_and_the_package_readable(monkeypatch, tmp_path):
+    from kernelscout.sandbox import pool as sandbox_pool
+
+    project = tmp_path / "project"
+    (project / ".venv").mkdir(parents=True)
+    monkeypatch.chdir(project)
+    monkeypatch.setattr(sandbox_pool.sys, "path", [*sandbox_pool.sys.path, str(project), str(project / ".venv")])
+    readable = sandbox_pool.readable_paths()
+    assert project.resolve() in sandbox_pool.private_folders()
+    assert str(project.resolve()) not in readable  # an import-path entry that is the working folder opens nothing
+    assert str((project / ".venv").resolve()) in readable  # one inside it is allowed on its own
+    assert any(Path(sys.prefix).resolve().is_relative_to(p) for p in map(Path, readable)), "Python itself stays readable"
+    # a working folder inside what the worker needs to read (here: this package's own folder) cannot be hidden
+    import kernelscout.sandbox
+
+    monkeypatch.chdir(kernelscout.sandbox.__path__[0])
+    assert Path(kernelscout.sandbox.__path__[0]).resolve() not in sandbox_pool.private_folders()
+
+
 def test_a_candidate_writes_only_harmless_device_files_and_the_compile_caches(tmp_path, write, pool):
     from kernelscout.sandbox.pool import CACHE_DIR
 
