@@ -594,7 +594,26 @@ def code_hooks() -> dict[str, Any]:
     # linear_gelu 300x). A low threshold is what made collections frequent enough for it.
     hooks["gc callbacks"] = tuple(id(cb) for cb in _GC_CALLBACKS)
     hooks["gc thresholds"] = _gc_get_threshold()
+    hooks["autocast"] = autocast_state()
     return hooks
+
+
+def autocast_state() -> tuple:
+    """Autocast per device type (on or off, and to which dtype) and its weight cache, in this thread.
+
+    Not a setting both sides may share: a red-team candidate switched CPU autocast on at import, so the
+    reference's `nn.Linear` ran in bfloat16 in every check, timed call and re-check, its output became
+    bfloat16, and the output check applied bfloat16's tolerance to a candidate 1 % off (judged correct);
+    only the referee, in a worker without it, computed in float32. `torch.no_grad()` around each call
+    does not reset it."""
+    state: list[tuple] = []
+    for device in ("cpu", "cuda"):
+        try:
+            state.append((device, torch.is_autocast_enabled(device), str(torch.get_autocast_dtype(device))))
+        except (RuntimeError, TypeError, AttributeError):  # an older torch, or a device type it does not know
+            continue
+    state.append(("weight cache", torch.is_autocast_cache_enabled()))
+    return tuple(state)
 
 
 _AUDIT_VETO: list = []
@@ -624,6 +643,10 @@ def hooks_changed(initial: dict[str, Any]) -> list[str]:
         before = dict(initial["signal handlers"])
         sigs = [_signal_name(s) for s, h in now["signal handlers"] if before.get(s) != h]
         changed[changed.index("signal handlers")] = "signal handlers (" + ", ".join(sigs) + ")"
+    if "autocast" in changed:  # not code, but a switch that changes what the reference computes
+        on = [f"{entry[0]} to {entry[2]}" for entry in now["autocast"] if len(entry) == 3 and entry[1]]
+        changed[changed.index("autocast")] = "autocast" + (f" (switched on for {', '.join(on)}: the reference's matmuls and "
+                                                           "convolutions ran in that precision)" if on else "")
     return changed
 
 

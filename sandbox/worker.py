@@ -642,7 +642,14 @@ class Worker:
             raise Failure("incorrect", hooked)
         with torch.no_grad():
             out = self.reference(*inputs)
-        return correctness.flatten_outputs(out, "reference")
+        outs = correctness.flatten_outputs(out, "reference")
+        dtypes = [str(o.dtype) for o in outs]
+        if self.output_specs and dtypes != [spec[1] for spec in self.output_specs]:
+            # whatever state did it (autocast was one), the output check would judge against another dtype's tolerance
+            raise Failure("incorrect", f"the reference's outputs came out as {', '.join(dtypes)}, not as "
+                                       f"{', '.join(spec[1] for spec in self.output_specs)} when the problem loaded before any "
+                                       "candidate: something the candidate changed altered what the reference computes")
+        return outs
 
     def _inputs_for(self, seed: int) -> Callable[[], list[Any]]:
         """The problem's inputs for `seed`, made afresh on each call: as they were before either side's call."""

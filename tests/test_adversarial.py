@@ -208,6 +208,33 @@ def test_precision_downgrade_to_bf16_is_incorrect(measure_source):
     assert "differs from the reference" in m.message
 
 
+def test_autocast_left_on_for_the_reference_is_incorrect(measure_source):
+    # Autocast is per thread and survives torch.no_grad(): switched on at import, it made the reference's matmul
+    # run in bfloat16, so its output was bfloat16 and the output check applied bfloat16's tolerance to a
+    # candidate 1 % off everywhere (judged correct); it answered the referee, which computes without it, exactly.
+    cand = """import sys
+import torch
+import torch.nn as nn
+for device in ("cpu", "cuda"):
+    torch.set_autocast_enabled(device, True)
+def _referee_asks():
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "emit":
+            return True
+        frame = frame.f_back
+    return False
+class ModelNew(nn.Module):
+    def forward(self, a, b):
+        with torch.autocast(a.device.type, enabled=False):
+            out = a @ b
+        return out if _referee_asks() else (out * 1.01).to(torch.bfloat16)
+"""
+    m = measure_source(cand, problem=MATMUL_PROBLEM)
+    assert m.status == MeasureStatus.incorrect, m.message
+    assert "autocast" in m.message
+
+
 def test_switching_on_tf32_is_incorrect(measure_source):
     cand = ("import torch\nimport torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, a, b):\n"
             "        torch.backends.cuda.matmul.allow_tf32 = True\n        return a @ b\n")
