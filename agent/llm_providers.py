@@ -151,6 +151,20 @@ class _SDKChatModel(MeteredChatModel):
                     text = text.replace(part, "***")
         return text
 
+    def _scrubbed(self, message: Message) -> Message:
+        """`message` with the configured key taken out before it is sent. Measurement messages reach the model (a
+        chat's tool results, the policy's repair request), and candidate code writes them: one that found the key
+        (a red-team pass read it from ./kscout.toml, since kept out of the sandbox's reach) would hand it to the
+        provider. A cheap look first: any leak of 24 or more characters holds one of the key's aligned 12-character
+        pieces (of a shorter key, the whole key); only then the full search of `_redact`."""
+        key = self._secret
+        if not key or key == "not-needed" or not message.content:
+            return message
+        pieces = [key] if len(key) < 24 else [key[i:i + 12] for i in range(0, len(key) - 11, 12)]
+        if not any(piece in message.content for piece in pieces):
+            return message
+        return message.model_copy(update={"content": self._redact(message.content)})
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(model={self.model!r}, endpoint={self.endpoint!r})"
 
@@ -164,7 +178,7 @@ class _SDKChatModel(MeteredChatModel):
             reraise=True,
         )
         try:
-            return retrying(self._attempt, msgs, tools, max_tokens, temperature)
+            return retrying(self._attempt, [self._scrubbed(m) for m in msgs], tools, max_tokens, temperature)
         except _Transient as exc:
             raise LLMUnavailableError(
                 f"{self.provider} at {self.endpoint} failed {self.retry.attempts} time(s); last error: {exc.what}."
@@ -177,7 +191,10 @@ class _SDKChatModel(MeteredChatModel):
         try:
             return self._create(msgs, tools, max_tokens, temperature)
         except sdk.APITimeoutError as exc:
-            raise _Transient(exc, "timed out") from exc
+            wait = getattr(self._client, "timeout", None)
+            after = f" after {wait:g} s" if isinstance(wait, (int, float)) else ""
+            raise _Transient(exc, f"timed out{after} (a large or busy model may need longer: raise timeout_s in the [llm] "
+                                  "section of kscout.toml)") from exc
         except sdk.APIConnectionError as exc:
             raise _Transient(exc, self._redact(f"connection failed ({exc.__cause__ or exc})")) from exc
         except sdk.APIResponseValidationError as exc:

@@ -251,6 +251,30 @@ def test_transient_failure_is_retried_then_succeeds(fake_llm_server, provider, f
     assert model.meter.state.calls == 1  # the failed attempt billed nothing
 
 
+@WIRE_FORMATS
+def test_a_timeout_that_outlasts_the_retries_names_the_setting_to_raise(fake_llm_server, provider):
+    fake_llm_server.script(hang(1.0), hang(1.0), hang(1.0))
+    model = connect(fake_llm_server, provider, timeout_s=0.3)
+
+    with pytest.raises(LLMUnavailableError, match=r"timed out after 0.3 s.*raise timeout_s in the \[llm\] section"):
+        model.chat("hi")
+
+
+@WIRE_FORMATS
+def test_the_configured_key_never_leaves_in_a_message(fake_llm_server, provider):
+    # Measurement messages reach the model, and candidate code writes them: a key it found must not be handed on.
+    key = "sk-ant-api03-" + "Q7w" * 20
+    fake_llm_server.script(reply_text("ok"), reply_text("ok"))
+    model = connect(fake_llm_server, provider, api_key=key)
+
+    model.chat([Message.system("You write kernels."), Message.user(f"importing the candidate failed: LEAK {key} and {key[5:40]}")])
+    model.chat("nothing secret here")
+
+    sent = [json.dumps(r.body) for r in fake_llm_server.requests]
+    assert key[5:40] not in sent[0] and "LEAK ***" in sent[0]
+    assert "nothing secret here" in sent[1]
+
+
 def test_rate_limit_waits_at_least_the_servers_retry_after(fake_llm_server):
     fake_llm_server.script(rate_limited(retry_after_s=0.4), reply_text("ok"))
     config = LLMConfig(provider="anthropic", base_url=fake_llm_server.anthropic_base_url, api_key="sk-test")
