@@ -192,8 +192,17 @@ class ChatAgent:
         except LLM_ERRORS as exc:
             return {"error": f"{type(exc).__name__}: {exc}"}
         update: dict = {"messages": [response.to_message().model_dump()]}
-        if response.text:
-            update["events"] = [{"type": "assistant", "text": response.text}]
+        events = [{"type": "assistant", "text": response.text}] if response.text else []
+        # what the reply alone would not tell the user: that it is incomplete, or that there is none
+        if response.stop_reason == "max_tokens":
+            events.append({"type": "note", "text": f"the model's reply was cut off at its output limit of {self.settings.max_tokens} "
+                                                   "tokens; ask it to go on, or to answer more briefly"})
+        elif response.stop_reason == "refusal":
+            events.append({"type": "note", "text": "the model declined to answer (its provider reported a refusal)"})
+        elif not response.text and not response.tool_calls:
+            events.append({"type": "note", "text": "the model returned an empty reply; ask again, or rephrase"})
+        if events:
+            update["events"] = events
         return update
 
     def _after_agent(self, state: ChatState) -> str:

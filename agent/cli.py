@@ -289,8 +289,12 @@ def _print_search(result) -> None:
     table.add_row("measurements", str(result.measurements_used))
     per = f" ({result.considered_per_measurement:.1f} per measurement)" if result.measurements_used else ""
     table.add_row("considered", f"{result.candidates_considered}{per}")
-    if result.llm_tokens:
-        table.add_row("LLM", f"{result.llm_tokens:,} tokens, ${result.llm_usd:.4f}")
+    if result.llm_tokens:  # in `kscout show`'s words: calls, tokens in and out, and which models were counted at $0
+        from kernelscout.agent.llm_pricing import stored_usage, usage_line
+        from kernelscout.tools.rundir import RunDir
+
+        usage = stored_usage(RunDir(result.run_dir))
+        table.add_row("LLM", escape(usage_line(usage)) if usage else f"{result.llm_tokens:,} tokens, ${result.llm_usd:.4f}")
     if result.best_path:
         table.add_row("best kernel", result.best_path)
     table.add_row("run directory", result.run_dir)

@@ -180,7 +180,11 @@ class ChatREPL:
         try:
             self._finish_earlier_turn()
             while True:
-                line = self.input("you> ").strip()
+                try:
+                    line = self.input("you> ").strip()
+                except KeyboardInterrupt:  # at the idle prompt nothing is under way: leave as /quit does
+                    self.console.print()
+                    break
                 if not line:
                     continue
                 if line.startswith("/"):
@@ -297,6 +301,8 @@ class ChatREPL:
             if event["type"] == "assistant":
                 self.console.print("[bold cyan]agent>[/bold cyan]")
                 self.console.print(Markdown(event["text"]))
+            elif event["type"] == "note":
+                self.console.print(f"[yellow]({_escape(event['text'])})[/yellow]", highlight=False)
             else:
                 self.render_tool(ToolResult.model_validate({k: v for k, v in event.items() if k != "type"}))
         if outcome.status in ("error", "limit"):
@@ -423,8 +429,10 @@ def _measurement(m: dict) -> Table:
     t.add_row("  correct", str(m.get("correct", False)))
     if m.get("runtime_ms") is not None:
         t.add_row("  time", f"{m['runtime_ms']:.4g} ms vs reference {m.get('ref_runtime_ms', 0):.4g} ms")
-    if m.get("speedup") is not None:
+    if m.get("speedup") is not None and m.get("timing_valid"):
         t.add_row("  speedup", f"[bold]{m['speedup']:.3f}x[/bold] (measured)")
+    elif m.get("speedup") is not None:  # a ratio of void timings: shown, never as a result (`/history` says failed)
+        t.add_row("  speedup", f"{m['speedup']:.3f}x as timed, which does not count: the timing is not valid")
     t.add_row("  timing valid", "yes" if m.get("timing_valid") else f"no: {_escape(m.get('timing_invalid_reason') or 'not timed')}")
     t.add_row("  charged", "yes" if m.get("charged") else "no")
     for warning in m.get("warnings") or []:
@@ -468,8 +476,9 @@ def _candidates(v: dict) -> Any:
     if not rows:
         return "  nothing measured in this run yet"
     t = Table(box=None, pad_edge=False, padding=(0, 1))
-    for col in ("candidate", "origin", "state", "speedup", "charged"):
-        t.add_column(col)
+    t.add_column("candidate", overflow="fold")  # a long path folds onto more lines: its file name is never cut off
+    for col in ("origin", "state", "speedup", "charged"):
+        t.add_column(col, no_wrap=True)
     for e in rows:
         m = e.get("measurement") or {}
         t.add_row(_escape(str(e.get("path"))), e.get("origin", ""), e.get("state", ""),

@@ -253,8 +253,9 @@ class UsageMeter:
                     raise BudgetExceeded(
                         f"LLM token cap reached: {s.input_tokens + s.output_tokens} of {s.max_tokens_total} tokens used"
                         f" ({self._reserved_tokens} in flight) and the next call to {model} could use up to {tokens}"
-                        f" (~{prompt_tokens} prompt + max_tokens {max_output_tokens}); raise the cap"
-                        " (max_tokens_total / KSCOUT_LLM_MAX_TOKENS) to continue.",
+                        f" (~{prompt_tokens} prompt + max_tokens {max_output_tokens})"
+                        + (f": a cap under {tokens} leaves no room for a single call" if tokens > s.max_tokens_total else "")
+                        + "; raise the cap (--max-tokens, max_tokens_total in kscout.toml, or KSCOUT_LLM_MAX_TOKENS) to continue.",
                         cap="tokens",
                         state=s.model_copy(deep=True),
                     )
@@ -264,7 +265,7 @@ class UsageMeter:
                     raise BudgetExceeded(
                         f"LLM spending cap reached: ${s.cost_usd:.4f} of ${s.max_usd:.2f} spent"
                         f" (${self._reserved_usd:.4f} in flight) and the next call to {model} could cost up to"
-                        f" ${usd:.4f}; raise the cap (max_usd / KSCOUT_LLM_MAX_USD) to continue.",
+                        f" ${usd:.4f}; raise the cap (--max-usd, max_usd in kscout.toml, or KSCOUT_LLM_MAX_USD) to continue.",
                         cap="usd",
                         state=s.model_copy(deep=True),
                     )

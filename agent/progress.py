@@ -63,7 +63,7 @@ class SearchProgress:
         if kind == "predict":
             self.considered = d.get("total_considered", self.considered)
             if d.get("uninformative") and d["uninformative"] == d["considered"]:  # nothing was forecast, so nothing chose
-                why = f" ({clip_line(d['why_uninformative'], 80)})" if d.get("why_uninformative") else ""
+                why = f" ({clip_line(d['why_uninformative'], 240)})" if d.get("why_uninformative") else ""
                 return f"{d['considered']} candidates, no usable forecast{why}: measuring {d['measure'] or 'none'} in the policy's order"
             return f"forecast {d['considered']} candidates, measuring {d['measure'] or 'none'}"
         if kind in ("measure", "confirm") and d.get("cap"):  # raised mid-search with `kscout budget --set`

@@ -130,6 +130,9 @@ def change_limits(run: RunDir, spec: SearchSpec, **limits: Any) -> SearchSpec:
 
 def load_spec(run: RunDir) -> SearchSpec:
     text = run.get_meta(SPEC_KEY)
+    if not text and run.get_meta("chat_problem"):  # cli_chat.PROBLEM_META: the folder of a chat session
+        raise ValueError(f"{run.path} holds a `kscout chat` session, not a search; continue it with "
+                         f"`kscout chat --run-dir {run.path}`")
     if not text:
         raise ValueError(f"{run.path} holds no search to resume (no {SPEC_KEY} in run.db)")
     return SearchSpec.model_validate_json(text)
@@ -220,9 +223,22 @@ def summarise(run: RunDir, spec: SearchSpec, state: dict, notes: Sequence[str] =
         measurements_used=used, candidates_considered=considered,
         considered_per_measurement=round(considered_per_measurement(archive, used), 3), run_dir=str(run.path),
         policy=spec.policy, surrogate=spec.surrogate, device=spec.device, message=message, **_llm_use(run),
-        notes=list(notes),
+        notes=list(notes) + _surrogate_never_forecast(archive, spec),
         continue_with=None if unusable else continue_command(run, state),
     )
+
+
+def _surrogate_never_forecast(archive: Archive, spec: SearchSpec) -> list[str]:
+    """A note when the LLM surrogate asked for gave no usable forecast at all: the search then measured in the
+    policy's order, which the progress lines said one iteration at a time and the closing table did not."""
+    if spec.surrogate != "llm":
+        return []
+    rows = archive.forecasts(lazy=True)
+    if not rows or any(r["forecast"].get("informative", True) for r in rows):
+        return []
+    why = rows[-1]["forecast"].get("rationale") or rows[-1]["reason"] or ""
+    return [f"the LLM surrogate gave no usable forecast for any of the {len(rows)} candidates it was asked about, so they "
+            f"were measured in the policy's order; the last reason: {why}"]
 
 
 def continue_command(run: RunDir, state: dict) -> Optional[str]:

@@ -425,3 +425,56 @@ def test_a_new_message_after_an_interrupted_turn_gives_the_model_a_valid_convers
     assert [m.role for m in convo[-3:]] == ["assistant", "tool", "user"]
     assert convo[-2].tool_call_id == "call_measure_1" and "interrupted" in convo[-2].content
     assert Budget(RunDir(tmp_path / "run")).status().used == 0
+
+
+def test_a_speedup_from_a_void_timing_is_not_shown_as_measured():
+    from rich.console import Console
+
+    from kernelscout.agent.cli_chat import _measurement
+
+    def shown(**m) -> str:
+        console = Console(record=True, width=200)
+        console.print(_measurement({"status": "ok", "correct": True, "charged": True, "runtime_ms": 1.0, "ref_runtime_ms": 2.74, **m}))
+        return console.export_text()
+
+    valid = shown(speedup=2.74, timing_valid=True)
+    assert "2.740x (measured)" in valid
+    busy = shown(speedup=2.74, timing_valid=False, timing_invalid_reason="the machine was busy: ...")
+    assert "(measured)" not in busy and "does not count" in busy and "the machine was busy" in busy
+
+
+def test_ctrl_c_at_the_idle_prompt_leaves_as_quit_does_and_resume_points_back_at_chat(tmp_path, problem, pool):
+    import subprocess
+    import sys
+
+    class CtrlC(Terminal):
+        def input(self, prompt: str) -> str:
+            if not self.lines:
+                raise KeyboardInterrupt
+            return super().input(prompt)
+
+    run_dir = tmp_path / "run"
+    session = open_chat(str(problem), str(run_dir), device="cpu", budget=2, harness=QUICK, pool=pool, model=None)
+    term = CtrlC("/budget")
+    try:
+        ChatREPL(session, term.input, term.console).run()
+    finally:
+        session.close()
+    assert f"continue it with `kscout chat --run-dir {run_dir}`" in " ".join(term.text.split())  # as rich wrapped it
+    # a user who reaches for `kscout resume` is told which command continues this folder
+    resumed = subprocess.run([sys.executable, "-m", "kernelscout", "resume", str(run_dir)], capture_output=True, text=True)
+    assert resumed.returncode != 0
+    assert f"kscout chat --run-dir {run_dir}" in " ".join(resumed.stderr.split()), resumed.stderr
+
+
+def test_an_empty_or_cut_off_reply_is_said_to_be_one(tmp_path, problem, pool):
+    cut = ChatResponse(text="The fused kernel should first load the row into", stop_reason="max_tokens",
+                       usage=Usage(input_tokens=120, output_tokens=4096))
+    agent = Agent(ChatResponse(text="", usage=Usage(input_tokens=120, output_tokens=0)), cut)
+    session = open_chat(str(problem), str(tmp_path / "run"), device="cpu", budget=2, harness=QUICK, pool=pool, model=model_for(agent))
+    try:
+        out = " ".join(run_repl(session, "one", "two").text.split())
+    finally:
+        session.close()
+    assert "(the model returned an empty reply; ask again, or rephrase)" in out
+    assert "load the row into" in out and "cut off at its output limit" in out

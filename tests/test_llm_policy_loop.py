@@ -230,3 +230,17 @@ def test_the_same_question_that_got_nothing_new_is_not_paid_for_again(tmp_path, 
     assert policy.propose(parent({first[0].sha}), 6, None) == []  # asked: the answer is already tried
     assert policy.propose(parent({first[0].sha}), 6, None) == []  # the same question again: not asked
     assert len(model.requests) == 2 and "not asked again" in policy.notes[-1]
+
+
+def test_an_llm_surrogate_that_never_answers_is_named_in_the_result(tmp_path, local_llm):
+    from kernelscout.sandbox.replay import recorded_spaces_dir
+
+    space = recorded_spaces_dir() / "gemm_RTX_3090.json.gz"
+    if not space.exists():
+        pytest.skip("needs the recorded spaces (shared/data/benchmark_hub)")
+    local_llm.script(*[Status(503, "upstream down")] * 50)
+    result = start_search(None, str(space), budget=3, policy="tuner", surrogate="llm", run_dir=str(tmp_path / "run"),
+                          quiet=True, confirm=0, report=False)
+    assert result.measurements_used == 3  # measured in the policy's order, as documented
+    note = next(n for n in result.notes if "LLM surrogate gave no usable forecast" in n)
+    assert "503" in note

@@ -230,7 +230,7 @@ def test_the_reports_plots_judge_the_forecasts_the_scores_judge(tmp_path):
 
 
 @needs_hub
-def test_show_and_the_report_say_what_the_llm_calls_used_and_which_model_was_counted_at_0(tmp_path):
+def test_show_and_the_report_say_what_the_llm_calls_used_and_which_model_was_counted_at_0(tmp_path, monkeypatch):
     """A search with an LLM: its meter (what agent/factory.py keeps in run.db after every call) is printed
     with its caps, and the local model with no known price is named, so "$0.0000" of it does not read as free."""
     run = tmp_path / "run"
@@ -252,6 +252,20 @@ def test_show_and_the_report_say_what_the_llm_calls_used_and_which_model_was_cou
     assert (usage["calls"], usage["input_tokens"], usage["output_tokens"]) == (12, 10_234, 2_111)
     assert usage["cost_usd"] == pytest.approx(0.0523) and usage["max_usd"] == 2.0 and usage["max_tokens_total"] is None
     assert usage["unpriced_models"] == ["qwen2.5-coder:7b"] and usage["by_model"]["qwen2.5-coder:7b"]["calls"] == 2
+
+    # `kscout optimize`'s closing table says it in the same words
+    from rich.console import Console
+
+    from kernelscout.agent import cli as cli_module
+
+    closing = type("Result", (), {"status": "finished", "message": "m", "stop_reason": "s", "measurements_used": 2,
+                                  "considered_per_measurement": 1.0, "candidates_considered": 2, "llm_tokens": 12_345,
+                                  "llm_usd": 0.0523, "best_path": None, "run_dir": str(run), "notes": [], "continue_with": None})()
+    console = Console(record=True, width=200)
+    monkeypatch.setattr(cli_module, "out", console)
+    cli_module._print_search(closing)
+    printed = console.export_text()
+    assert "12 calls, 12,345 tokens (10,234 in, 2,111 out)" in printed and "no price known for qwen2.5-coder:7b" in printed
 
 
 @needs_hub
