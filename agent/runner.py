@@ -81,6 +81,9 @@ def resolve_choices(policy: str, surrogate: str, space: bool = False) -> tuple[s
     note = []
     if policy == "auto" and space:
         policy = "tuner"
+        if _llm_configured():  # the user set up an LLM and may expect it here: say why it is not used
+            note.append("policy: tuner (a recorded space has no code for an LLM to write; --surrogate llm has it forecast "
+                        "the configurations)")
     elif policy == "auto":
         policy = "llm" if _llm_configured() else "tuner"
         note.append(f"policy: {policy} ({'an LLM provider is configured' if policy == 'llm' else 'no LLM provider configured'})")

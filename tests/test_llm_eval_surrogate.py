@@ -152,7 +152,9 @@ def test_with_a_provider_configured_a_recorded_space_still_defaults_to_the_space
     for k, v in {"KSCOUT_PROVIDER": "openai-compatible", "KSCOUT_BASE_URL": "http://127.0.0.1:9/v1", "KSCOUT_MODEL": "m"}.items():
         monkeypatch.setenv(k, v)  # configured; nothing is sent
     assert resolve_choices("auto", "auto")[:2] == ("llm", "llm")  # a problem file: the LLM edits code
-    assert resolve_choices("auto", "auto", space=True)[:2] == ("tuner", "learned")
+    policy, surrogate, said = resolve_choices("auto", "auto", space=True)
+    assert (policy, surrogate) == ("tuner", "learned")
+    assert "no code for an LLM to write" in said and "--surrogate llm" in said  # why the configured LLM is not used
     assert resolve_choices("auto", "llm", space=True)[:2] == ("tuner", "llm")
 
 
