@@ -120,6 +120,8 @@ def render(view: RunView) -> None:
         head.add_row("reference", escape(view.reference + timed + seeded))
     for note in view.space_notes:
         head.add_row("space note", escape(note))
+    for note in view.surrogate_notes:
+        head.add_row("[yellow]note[/yellow]", escape(note))
     how = "replayed beside it (recorded times)" if view.kind == "space" else "timed beside it"
     beside = f" against the reference's {_ms(view.best_reference_ms)} {how}" if view.best_reference_ms else ""
     best = _best_line(view.best) + (f"; {_ms(view.best_runtime_ms)} a call{beside}" if view.best_runtime_ms else "") if view.best else None

@@ -91,6 +91,8 @@ class RunView(BaseModel):
     reference_ms: Optional[float] = Field(None, description="the reference's time, median over the run's measurements")
     space_notes: list[str] = Field(default_factory=list, description="what the recorded space's file says that the search "
                                    "did not replay (a GFLOP/s objective, records with no time), as the search found it")
+    surrogate_notes: list[str] = Field(default_factory=list, description="that the LLM surrogate asked for gave no usable "
+                                       "forecast at all, so candidates were measured in the policy's order")
     best_runtime_ms: Optional[float] = Field(None, description="the best's time (of its re-measurements, where it has any)")
     best_reference_ms: Optional[float] = Field(None, description="the reference's time in the best's own measurements (the "
                                                "same ones as best_runtime_ms): best_reference_ms / best_runtime_ms is its speedup")
@@ -179,6 +181,16 @@ def reference_of(run: RunDir, spec: Any) -> str:
     return f"the configuration --seed {spec.settings.seed} drew: {text}"
 
 
+def surrogate_notes(surrogate: str, forecasts: list) -> list[str]:
+    """A note when the LLM surrogate asked for gave no usable forecast at all (`forecasts`: the archive's rows): the
+    search then measured in the policy's order, which its progress lines said one iteration at a time."""
+    if surrogate != "llm" or not forecasts or any(r["forecast"].get("informative", True) for r in forecasts):
+        return []
+    why = forecasts[-1]["forecast"].get("rationale") or forecasts[-1]["reason"] or ""
+    return [f"the LLM surrogate gave no usable forecast for any of the {len(forecasts)} candidates it was asked about, so they "
+            f"were measured in the policy's order; the last reason: {why}"]
+
+
 def space_notes(run: RunDir) -> list[str]:
     """The recorded space's notes as the search read them (kept in the run since 2026-12-05; none for an older run)."""
     from kernelscout.agent.targets import SPACE_NOTES_KEY
@@ -250,6 +262,7 @@ def _view(run: RunDir, top: int) -> RunView:
         best=_row(archive, best, deciding) if best else None, best_file=best_file if best else None, top=rows[:top],
         failed=failed, failures=[failure_row(run, rec, m) for rec, m in failures], measured_again=measured_again, remeasurements=remeasurements,
         seed=spec.settings.seed, reference=reference, reference_ms=reference_ms(run, valid_only=True), space_notes=space_notes(run),
+        surrogate_notes=surrogate_notes(spec.surrogate, forecasts),
         best_runtime_ms=archive.reported_runtime_ms(best) if best else None,
         best_reference_ms=archive.reported_reference_ms(best) if best else None,
         forecast_check=check_forecasts(archive, forecasts=forecasts),

@@ -10,6 +10,7 @@ from typing import Any, Callable, Literal, Optional, Sequence
 from pydantic import BaseModel, Field
 
 from kernelscout.agent.graph import PROBLEM_UNUSABLE, SOLVED, SearchLoop, considered_count, considered_per_measurement
+from kernelscout.agent.run_view import surrogate_notes
 from kernelscout.agent.search_spec import SPEC_KEY, SearchSpec
 from kernelscout.agent.stops import Stop, stop_of
 from kernelscout.tools.archive import CLEAR_GAIN, Archive, clear_gain
@@ -223,22 +224,9 @@ def summarise(run: RunDir, spec: SearchSpec, state: dict, notes: Sequence[str] =
         measurements_used=used, candidates_considered=considered,
         considered_per_measurement=round(considered_per_measurement(archive, used), 3), run_dir=str(run.path),
         policy=spec.policy, surrogate=spec.surrogate, device=spec.device, message=message, **_llm_use(run),
-        notes=list(notes) + _surrogate_never_forecast(archive, spec),
+        notes=list(notes) + surrogate_notes(spec.surrogate, archive.forecasts(lazy=True)),
         continue_with=None if unusable else continue_command(run, state),
     )
-
-
-def _surrogate_never_forecast(archive: Archive, spec: SearchSpec) -> list[str]:
-    """A note when the LLM surrogate asked for gave no usable forecast at all: the search then measured in the
-    policy's order, which the progress lines said one iteration at a time and the closing table did not."""
-    if spec.surrogate != "llm":
-        return []
-    rows = archive.forecasts(lazy=True)
-    if not rows or any(r["forecast"].get("informative", True) for r in rows):
-        return []
-    why = rows[-1]["forecast"].get("rationale") or rows[-1]["reason"] or ""
-    return [f"the LLM surrogate gave no usable forecast for any of the {len(rows)} candidates it was asked about, so they "
-            f"were measured in the policy's order; the last reason: {why}"]
 
 
 def continue_command(run: RunDir, state: dict) -> Optional[str]:

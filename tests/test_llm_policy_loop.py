@@ -244,3 +244,6 @@ def test_an_llm_surrogate_that_never_answers_is_named_in_the_result(tmp_path, lo
     assert result.measurements_used == 3  # measured in the policy's order, as documented
     note = next(n for n in result.notes if "LLM surrogate gave no usable forecast" in n)
     assert "503" in note
+    from kernelscout.agent.run_view import view_run
+
+    assert view_run(str(tmp_path / "run")).surrogate_notes == [note]  # `kscout show` says it too
