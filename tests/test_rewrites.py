@@ -83,6 +83,25 @@ def measure_rewrite(tmp_path: Path, pool):
     return _measure
 
 
+def test_a_rendered_candidate_carries_its_parent_and_problem_and_reads_neither_file(tmp_path: Path, pool):
+    # The sandbox's worker may not read the user's home or the folder kscout runs in, where problems and run
+    # directories live; rendered candidates loaded both by path and failed there with PermissionError.
+    project = tmp_path / "project"
+    project.mkdir()
+    problem = project / "problem.py"
+    problem.write_text(textwrap.dedent(CONV_PROBLEM))
+    first = project / "channels_last.py"
+    first.write_text(render("channels_last", problem, {}, device="cpu"))
+    second = project / "on_top.py"
+    second.write_text(render("inference_mode", first, {}, problem_path=problem, device="cpu"))
+    elsewhere = tmp_path / "elsewhere"
+    project.rename(elsewhere)  # neither the parent nor the problem is where the candidate was told they were
+    req = MeasureRequest(problem=str(elsewhere / "problem.py"), candidate=str(elsewhere / "on_top.py"), device="cpu",
+                         run_dir=str(tmp_path / "run"), harness=CONFIG, again=True)
+    m = measure(req, pool=pool)
+    assert m.status == MeasureStatus.ok and m.correct, m.message
+
+
 def test_static_scan_finds_convolutions_training_modules_and_op_counts():
     conv = scan_source(CONV_PROBLEM)
     assert conv.uses_conv and conv.conv_dims == 2 and conv.has_parameters
