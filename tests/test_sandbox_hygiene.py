@@ -624,6 +624,18 @@ def probe(lines: str) -> str:
     return candidate(init=lines + "\nraise KeyError('REPORT ' + report)")
 
 
+def _probe_in_a_new_pool(tmp_path, write, lines: str):
+    """The verdict on a probe running `lines`, from workers started now (what they may read is fixed when they
+    start, from HOME, the working folder and XDG_CONFIG_HOME as the test set them); a skip where the kernel gives
+    the sandbox no read restriction."""
+    with WorkerPool(spares=False) as own:
+        with borrowed_worker(own) as worker:
+            if "no reads in the home folder" not in worker.info["files"]:
+                pytest.skip(f"this kernel gives the sandbox no read restriction: {worker.info['files']!r}")
+        return measure(MeasureRequest(problem=str(write("problem.py", SMALL_PROBLEM)), candidate=str(write("c.py", probe(lines))),
+                                      device="cpu", run_dir=str(tmp_path / "run"), harness=QUICK), pool=own)
+
+
 def test_a_candidate_cannot_read_the_users_home_folder(tmp_path, write, monkeypatch):
     # The environment is scrubbed of keys; files in home were not, until reads there were confined.
     # Python, the import path and the caches stay readable, so a candidate still imports and runs.
@@ -638,12 +650,7 @@ def test_a_candidate_cannot_read_the_users_home_folder(tmp_path, write, monkeypa
         monkeypatch.setenv("HOME", str(home))
         lines = (f"try:\n    report = open({str(secret)!r}).read()\nexcept OSError as exc:\n    report = type(exc).__name__\n"
                  f"report += ' ' + str(os.path.exists({str(home)!r}))")
-        with WorkerPool(spares=False) as own:
-            with borrowed_worker(own) as worker:
-                if "no reads in the home folder" not in worker.info["files"]:
-                    pytest.skip(f"this kernel gives the sandbox no read restriction: {worker.info['files']!r}")
-            m = measure(MeasureRequest(problem=str(write("problem.py", SMALL_PROBLEM)), candidate=str(write("c.py", probe(lines))),
-                                       device="cpu", run_dir=str(tmp_path / "run"), harness=QUICK), pool=own)
+        m = _probe_in_a_new_pool(tmp_path, write, lines)
         assert "REPORT PermissionError True" in m.message, m.message
         assert "SECRET" not in m.message
     finally:
@@ -662,18 +669,12 @@ def test_a_candidate_cannot_read_the_project_folder_kscout_was_started_in(tmp_pa
         (project / "kscout.toml").write_text('[llm]\napi_key = "sk-SECRET-IN-PROJECT"\n')
         (config / "kscout").mkdir()
         (config / "kscout" / "config.toml").write_text('[llm]\napi_key = "sk-SECRET-IN-XDG"\n')
-        (project / "sibling_ok.txt").write_text("fine")
         monkeypatch.chdir(project)
         monkeypatch.setenv("XDG_CONFIG_HOME", str(config))
         lines = ("report = ''\n"
                  f"for path in ({str(project / 'kscout.toml')!r}, {str(config / 'kscout' / 'config.toml')!r}):\n"
                  "    try:\n        report += open(path).read()\n    except OSError as exc:\n        report += type(exc).__name__ + ' '\n")
-        with WorkerPool(spares=False) as own:
-            with borrowed_worker(own) as worker:
-                if "no reads in the home folder" not in worker.info["files"]:
-                    pytest.skip(f"this kernel gives the sandbox no read restriction: {worker.info['files']!r}")
-            m = measure(MeasureRequest(problem=str(write("problem.py", SMALL_PROBLEM)), candidate=str(write("c.py", probe(lines))),
-                                       device="cpu", run_dir=str(tmp_path / "run"), harness=QUICK), pool=own)
+        m = _probe_in_a_new_pool(tmp_path, write, lines)
         assert "REPORT PermissionError PermissionError" in m.message, m.message
         assert "SECRET" not in m.message
     finally:
