@@ -224,7 +224,7 @@ def summarise(run: RunDir, spec: SearchSpec, state: dict, notes: Sequence[str] =
         measurements_used=used, candidates_considered=considered,
         considered_per_measurement=round(considered_per_measurement(archive, used), 3), run_dir=str(run.path),
         policy=spec.policy, surrogate=spec.surrogate, device=spec.device, message=message, **_llm_use(run),
-        notes=list(notes) + surrogate_notes(spec.surrogate, archive.forecasts(lazy=True)),
+        notes=list(notes) + surrogate_notes(spec.surrogate, archive.forecasts(lazy=True) if spec.surrogate == "llm" else []),  # the table read only where it can say something
         continue_with=None if unusable else continue_command(run, state),
     )
 

@@ -147,19 +147,20 @@ def device_files() -> list[str]:
     return sorted({path for pattern in _DEVICE_FILES for path in glob.glob(pattern)})
 
 
-def private_folders() -> list[Path]:
+def private_folders(needed: Optional[list[str]] = None) -> list[Path]:
     """The folders whose files a worker must not read: the user's home, the folder kscout was started in (where
     `kscout.toml` may hold an API key) and the user's kscout config folder where XDG_CONFIG_HOME puts it outside home.
 
     A folder other than home stays readable when something the worker needs contains it (Python itself, this
     package, the compile caches, `KSCOUT_SANDBOX_READ`), since Landlock can only allow: kscout run from inside a
     virtual environment's own folder keeps that folder readable. A folder holding a virtual environment (the usual
-    project layout) stays private, with the environment inside it allowed."""
+    project layout) stays private, with the environment inside it allowed. `needed`: `_needed_paths()`, when the
+    caller has it already."""
     home = Path.home().resolve()
     if home == Path(home.anchor) or not home.is_dir():
         return []
     config_home = Path(os.environ["XDG_CONFIG_HOME"]) if os.environ.get("XDG_CONFIG_HOME") else home / ".config"
-    needed = [Path(p) for p in _needed_paths()]
+    needs = [Path(p) for p in (_needed_paths() if needed is None else needed)]
     folders = [home]
     for folder in (Path.cwd(), config_home / "kscout"):  # the two places agent/llm_config.py reads kscout.toml from
         try:
@@ -167,7 +168,7 @@ def private_folders() -> list[Path]:
         except OSError:
             continue
         if folder.is_dir() and folder != Path(folder.anchor) and not folder.is_relative_to(home) and folder not in folders \
-                and not any(folder.is_relative_to(path) for path in needed):
+                and not any(folder.is_relative_to(path) for path in needs):
             folders.append(folder)
     return folders
 
@@ -195,7 +196,8 @@ def readable_paths() -> list[str]:
     live in home too. Landlock can only allow, so "all but these" is the folders beside each of their
     ancestors. Returns [] (no read restriction) when home is / or absent. An import-path entry that holds a
     private folder (the working folder itself, under `python -m`) is left out: the worker imports nothing from it."""
-    private = private_folders()
+    needed = _needed_paths()
+    private = private_folders(needed)
     if not private:
         return []
     allowed: set[str] = set()
@@ -215,7 +217,7 @@ def readable_paths() -> list[str]:
 
     beside(Path(private[0].anchor))
     optional = [os.path.realpath(p) for p in sys.path if p and os.path.exists(p)]
-    for path in [*_needed_paths(), *optional]:
+    for path in [*needed, *optional]:
         real = Path(path)
         if any(real.is_relative_to(p) for p in private) and not any(p.is_relative_to(real) for p in private):
             allowed.add(str(real))
