@@ -392,6 +392,7 @@ def test_leaving_the_reference_fewer_threads_is_caught(measure_source):
     assert "torch threads" in (m.timing_invalid_reason or ""), m.timing_invalid_reason
 
 
+@pytest.mark.multicore
 @pytest.mark.skipif(len(getattr(__import__("os"), "sched_getaffinity", lambda _: {0})(0)) < 2, reason="needs two cores")
 def test_pinning_the_references_threads_to_one_core_is_refused(measure_source, pool):
     # Every core for itself, all of the process's threads pinned to one core for the reference that
@@ -1205,6 +1206,7 @@ def test_work_deferred_into_a_list_subclass_iterator_is_not_run(measure_source):
     assert m.status == MeasureStatus.incorrect, m
 
 
+@pytest.mark.multicore
 def test_a_thread_count_chosen_at_import_is_put_back_for_both_sides(measure_source):
     # One thread for everyone, chosen at import, ran the softmax example at 2.6x against 2.35x for the
     # same kernel without it: the reference was written for the machine's cores, so they are put back.
@@ -1218,6 +1220,7 @@ def test_a_thread_count_chosen_at_import_is_put_back_for_both_sides(measure_sour
         assert any("torch threads from 1 back to" in w for w in m.warnings), m.warnings
 
 
+@pytest.mark.multicore
 def test_mkls_own_per_thread_thread_count_is_a_shared_setting(measure_source):
     # MKL keeps a per-thread count that torch's thread count and OpenMP do not show: set to 1 at the
     # end of the candidate's call, the linear_gelu reference's matmul ran on one thread (2.13x against
@@ -1227,6 +1230,8 @@ def test_mkls_own_per_thread_thread_count_is_a_shared_setting(measure_source):
 
     if not hasattr(ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")), "MKL_Set_Num_Threads_Local"):
         pytest.skip("no MKL in this torch build")
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one core (as under pytest -n): one MKL thread is what the reference has anyway")
     header = """import ctypes, os
 _MKL = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))"""
     _assert_serialising_around_the_call_is_caught(measure_source, header, "_MKL.MKL_Set_Num_Threads_Local(0)",

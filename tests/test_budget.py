@@ -96,12 +96,13 @@ def test_a_candidate_that_could_not_import_is_measured_afresh_not_replayed(tmp_p
 
 
 @pytest.mark.slow
-def test_eight_racing_processes_with_a_cap_of_five(tmp_path, write):
+def test_five_racing_processes_with_a_cap_of_three(tmp_path, write):
+    # five, not eight as before: the same race (more processes than the cap allows) for less of the suite's time
     problem = write("problem.py", SMALL_PROBLEM)
     run = tmp_path / "run"
-    Budget(RunDir(run)).set_cap(5)
+    Budget(RunDir(run)).set_cap(3)
     procs = []
-    for i in range(8):
+    for i in range(5):
         cand = write(f"cand{i}.py", GOOD_CANDIDATE + f"\n# racer {i}\n")
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "kernelscout", "measure", str(problem), str(cand), "--device", "cpu",
@@ -112,9 +113,9 @@ def test_eight_racing_processes_with_a_cap_of_five(tmp_path, write):
     for p in procs:
         out, errout = p.communicate(timeout=600)
         statuses.append(json.loads(out)["status"])
-    assert sorted(statuses) == ["budget_exhausted"] * 3 + ["ok"] * 5
+    assert sorted(statuses) == ["budget_exhausted"] * 2 + ["ok"] * 3
     status = Budget(RunDir(run)).status()
-    assert status.used == 5 and status.reserved == 0
+    assert status.used == 3 and status.reserved == 0
 
 
 def test_kscout_budget_never_reads_a_mistyped_run_directory_as_uncapped(tmp_path):
