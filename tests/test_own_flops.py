@@ -203,3 +203,17 @@ def test_the_strict_count_prices_common_torch_work_and_names_what_it_cannot(work
         work(x, w)
     assert (counter.uncovered() is None) == covered, counter.uncovered()
     assert counter.total() > 0
+
+
+def test_a_candidate_that_breaks_after_a_call_under_the_counter_is_counted_after_its_second_opinion(measure_source):
+    """torch.compile(fullgraph=True) raises in every call after one under the counter's dispatch mode ("found no
+    compiled frames"): counted before the second worker's check, a re-measured best of the tuner's came out as a
+    runtime error (the README's main job, 2026-12-06). This candidate breaks the same way."""
+    breaks = SAME_WORK.replace("""        return self.lin(x).sum(dim=1, keepdim=True)""", """        if torch._C._len_torch_dispatch_stack() > 0:
+            self.counted = True
+        elif getattr(self, "counted", False):
+            raise RuntimeError("called again after the flop counter")
+        return self.lin(x).sum(dim=1, keepdim=True)""")
+    m = measure_source(breaks, problem=GEMM_SUM, config=COUNTED)
+    assert m.status == MeasureStatus.ok and m.correct and m.candidate_flops, m.message
+    assert any("judged by a second worker" in c for c in m.checks), m.checks
