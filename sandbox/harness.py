@@ -287,19 +287,19 @@ def _drive(pool: WorkerPool, worker: WorkerProcess, problem: SourceFile, candida
             m.warnings.append("the candidate changed how many cores both sides compute on while it was imported or built ("
                               + ", ".join(reset) + "); put back, so the reference ran as the problem set it up")
     m.warnings += allowed
+    allowance_s = config.timeout_s + _reference_allowance(call_s, config, referee=True)  # what the referee, and the FLOP count after it, may each take
     if m.status == MeasureStatus.ok and m.correct:
         m = referee.second_opinion(
             pool, worker, m, device=config.device, stage=lambda other: _stage(other, problem, "problem", phase),
             problem_sha=problem.sha, init_seed=init_seed, beside_ms=beside,
             rounds=(config.warmup_rounds, config.min_rounds, config.timing_budget_s), deadline=deadline,
-            allowance_s=config.timeout_s + _reference_allowance(call_s, config, referee=True), start_timeout=START_TIMEOUT_S)
+            allowance_s=allowance_s, start_timeout=START_TIMEOUT_S)
     if config.count_flops and m.status == MeasureStatus.ok and m.correct:
         # last of all the candidate's calls: a compiled forward run once under the counter's dispatch mode is slow from
         # then on, and one compiled with fullgraph=True raises in every later call ("found no compiled frames"), which
         # made the second opinion's call fail and a re-measured best a runtime error. Its own allowance: the referee's
         # time since `deadline` was set is not the candidate's.
-        counted = worker.request_by("count_flops", time.monotonic() + config.timeout_s + _reference_allowance(call_s, config, referee=True),
-                                    seed=_seed()) if count else {"status": "ok"}
+        counted = worker.request_by("count_flops", time.monotonic() + allowance_s, seed=_seed()) if count else {"status": "ok"}
         if counted["status"] != "ok":
             m = _fail(counted)
             m.checks = checks

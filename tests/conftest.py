@@ -33,6 +33,12 @@ def _share_the_cores_under_xdist() -> None:
 _share_the_cores_under_xdist()
 
 
+def usable_cores() -> int:
+    """The cores this test process may run on: one under `pytest -n 2` (see above), where a test of what only
+    two cores can show is marked `multicore` and run in the README's second, single-process pass."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def sigint_as_from_a_terminal() -> None:
     """Ctrl-C tests send SIGINT and expect an interrupt. A suite started as a background job of a shell without job
     control (`nohup pytest &`, `bash -c '... & wait'`) inherits SIGINT ignored, Python then leaves it ignored, and

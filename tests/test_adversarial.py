@@ -10,7 +10,7 @@ import torch
 from kernelscout.sandbox import integrity
 from kernelscout.sandbox.harness import HarnessConfig
 from kernelscout.tools.schema import MeasureStatus
-from conftest import EXAMPLES, SMALL_PROBLEM, TEST_DEVICE
+from conftest import EXAMPLES, SMALL_PROBLEM, TEST_DEVICE, usable_cores
 
 
 def _caught(m) -> bool:
@@ -1230,7 +1230,7 @@ def test_mkls_own_per_thread_thread_count_is_a_shared_setting(measure_source):
 
     if not hasattr(ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")), "MKL_Set_Num_Threads_Local"):
         pytest.skip("no MKL in this torch build")
-    if (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1) < 2:
+    if usable_cores() < 2:
         pytest.skip("one core (as under pytest -n): one MKL thread is what the reference has anyway")
     header = """import ctypes, os
 _MKL = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))"""

@@ -7,25 +7,20 @@ and the timing passed every other check at 5.0x against 2.4x on the idle machine
 
 import contextlib
 import json
-import os
 import subprocess
 import sys
 import time
 
 from kernelscout.tools.schema import MeasureStatus
-from conftest import EXAMPLES
+from conftest import EXAMPLES, usable_cores
 from test_space_usage_errors import kscout
 
 SOFTMAX = EXAMPLES / "softmax"  # an op-by-op reference of a few ms: long enough that a busy core always reaches it
 
 
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 @contextlib.contextmanager
 def every_core_busy():
-    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(_cores())]
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(usable_cores())]
     try:
         time.sleep(0.3)  # running, not starting
         yield
