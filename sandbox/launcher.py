@@ -406,7 +406,7 @@ def zygote_main(control_fd):
 
     Protocol on `control_fd` (a SOCK_SEQPACKET socket to the supervisor): a request is a JSON message
     {env, cwd, log} carrying the worker's two pipe ends; the answer is {"forked": pid}; when a child exits,
-    {"exit": pid, "code": exit code as subprocess gives it}. End of file from the supervisor ends the zygote
+    {"exit": pid, "code": exit code as subprocess gives it}; once it has warmed Inductor, {"warmed": true}. End of file from the supervisor ends the zygote
     (and, through PR_SET_PDEATHSIG, its workers)."""
     import json
     import select
@@ -458,6 +458,7 @@ def zygote_main(control_fd):
             warm_inductor(torch)
             freeze_heap()
             warmed = True
+            control.sendall(json.dumps({"warmed": True}).encode())  # a long-lived worker may now be forked (the referee)
             continue
         if control not in readable:
             continue

@@ -27,10 +27,13 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional, Union
 
 from kernelscout.sandbox import protocol, zygote
 from kernelscout.sandbox.scratch import ScratchDir
+
+FORK_IF_WARMED = "if warmed"
+Fork = Union[bool, Literal["if warmed"]]  # WorkerProcess's `fork`
 
 LOG_LIMIT = 64 * 1024  # bytes of sandbox output kept per measurement (head and tail)
 
@@ -485,9 +488,11 @@ class WorkerProcess:
         return self._scratch.path
 
     def __init__(self, device: str = "cpu", threads: Optional[int] = None, memory_bytes: Optional[int] = None,
-                 fork: bool = True, cpus: Sequence[int] = ()):
+                 fork: Fork = True, cpus: Sequence[int] = ()):
         """`fork`: from the zygote where it serves (CPU, Linux; sandbox/zygote.py), else launched. A one-off
         measurement launches: starting a zygote and forking from it takes about 0.5 s longer than one launch.
+        `FORK_IF_WARMED`: from this process's zygote only if one is running and has warmed Inductor (none is
+        started), else launched: for a one-off pool in a process that already has one, and for referees.
         `cpus`: the cores it runs on (all of the supervisor's when empty), fixed before candidate code runs."""
         self.device = device
         self.threads = threads or default_threads()
@@ -502,7 +507,10 @@ class WorkerProcess:
         protect_supervisor()
         self.proc: Any = None
         self.forked = False  # from the zygote (sandbox/zygote.py), or launched
-        if fork and zygote.enabled(device) and (parent := zygote.zygote_for(self.threads, env)) is not None:
+        parent = None
+        if fork and zygote.enabled(device):
+            parent = zygote.warmed_zygote(self.threads, env) if fork == FORK_IF_WARMED else zygote.zygote_for(self.threads, env)
+        if parent is not None:
             try:
                 self.proc = parent.spawn(env, self.workdir, self.log_path, (cmd_r, res_w))
                 self.forked = True
@@ -747,7 +755,7 @@ def _rss_bytes(pids: list[int]) -> int:
 class _Spare(threading.Thread):
     """A worker being started in the background, to replace one that was retired."""
 
-    def __init__(self, device: str, threads: Optional[int], memory_bytes: Optional[int], fork: bool = True,
+    def __init__(self, device: str, threads: Optional[int], memory_bytes: Optional[int], fork: Fork = True,
                  cpus: Sequence[int] = ()):
         super().__init__(name=f"kscout-spare-{device}", daemon=True)
         self.device, self.threads, self.memory_bytes, self.fork, self.cpus = device, threads, memory_bytes, fork, cpus
@@ -794,13 +802,14 @@ class WorkerPool:
         candidates that are one's own (the test suite's shared pool), never for a search's; even then a worker
         is retired after that many (a long-lived worker's heap and threads drift from a fresh one's, and the
         referee, a fresh process, then reads the reference as slowed beside an honest candidate). `fork`: workers from the zygote
-        (sandbox/zygote.py); by default where a pool starts more than one (`spares`). `cpus`: the cores its
+        (sandbox/zygote.py); by default where a pool starts more than one (`spares`), else only from a zygote this
+        process already has warm (`FORK_IF_WARMED`); False launches every one. `cpus`: the cores its
         CPU workers are pinned to (`--workers N` gives each slot its own share); all of them when empty."""
         self.threads = threads
         self.cpus = tuple(cpus)
         self.memory_bytes = memory_bytes
         self.spares = spares
-        self.fork = spares if fork is None else fork
+        self.fork: Fork = (True if spares else FORK_IF_WARMED) if fork is None else fork
         self.candidates_per_worker = max(1, candidates_per_worker)
         self._idle: dict[str, list[WorkerProcess]] = {}
         self._starting: dict[str, _Spare] = {}
@@ -849,11 +858,17 @@ class WorkerPool:
         worker = self._referees.get(device)
         if (worker is not None and worker.alive) or device in self._referee_starting:
             return
-        # launched, never forked: the zygote warms Inductor for its later forks only once none of them is alive,
-        # and a referee lives as long as the pool (compiled candidates took 4 s longer each with a forked one)
-        spare = _Spare(device, self.threads, self.memory_bytes, fork=False, cpus=self.cpus)
+        spare = _Spare(device, self.threads, self.memory_bytes, fork=self._referee_fork, cpus=self.cpus)
         self._referee_starting[device] = spare
         spare.start()
+
+    @property
+    def _referee_fork(self) -> Fork:
+        """Forked only from a zygote that has warmed Inductor, else launched: the zygote warms for its later forks
+        only while none of them is alive, and a referee lives as long as the pool (compiled candidates took 4 s
+        longer each when it was forked before). So a search's first referee is launched (an interpreter importing
+        torch, 3.5 s on a slow VM) and a later pool's in the same process is forked (headless runs, one pool a problem)."""
+        return FORK_IF_WARMED if self.fork else False
 
     def wait_for_referee(self, device: str) -> None:
         """Before timing begins: a referee still starting would take CPU from the timed calls."""
@@ -875,7 +890,7 @@ class WorkerPool:
         if spare is not None and (worker := spare.take()) is not None:
             self._referees[device] = worker
             return worker
-        worker = WorkerProcess(device, self.threads, self.memory_bytes, fork=False, cpus=self.cpus)
+        worker = WorkerProcess(device, self.threads, self.memory_bytes, fork=self._referee_fork, cpus=self.cpus)
         try:
             worker.start(start_timeout)
         except Exception:

@@ -84,6 +84,7 @@ class Zygote:
         self._forks: queue.Queue[Optional[ForkedProcess]] = queue.Queue()
         self._spawn_lock = threading.Lock()
         self.gone = False
+        self.warmed = False  # Inductor warmed (`warm_inductor`): from then on a fork that lives long costs its later forks nothing
         ours.settimeout(start_timeout)
         try:
             hello = json.loads(ours.recv(1 << 16) or b"{}")
@@ -120,6 +121,8 @@ class Zygote:
             if "forked" in message:
                 child = self._children[int(message["forked"])] = ForkedProcess(int(message["forked"]))
                 self._forks.put(child)
+            elif "warmed" in message:
+                self.warmed = True
             elif "exit" in message and (child := self._children.pop(int(message["exit"]), None)) is not None:
                 child.exited(int(message["code"]))
         # the zygote is gone, and its children with it (each has PR_SET_PDEATHSIG)
@@ -171,12 +174,26 @@ def enabled(device: str) -> bool:
     return sys.platform.startswith("linux") and device.startswith("cpu") and os.environ.get("KSCOUT_SANDBOX_ZYGOTE") != "off"
 
 
+def _key(threads: int, env: dict[str, str]) -> tuple:
+    return (threads, env.get("KSCOUT_SANDBOX_NETWORK"), env.get("KSCOUT_SANDBOX_PIDS"), sys.executable)
+
+
+def warmed_zygote(threads: int, env: dict[str, str]) -> Optional[Zygote]:
+    """This process's zygote for such workers if it is running and has warmed Inductor; None otherwise (none
+    is started). A worker that lives as long as its pool (the referee) is forked only from such a one: the
+    zygote warms only while none of its children is alive, so one forked before would keep every later
+    compiled candidate from the warm-up (4 s more each)."""
+    with _LOCK:
+        zygote = _ZYGOTES.get(_key(threads, env))
+    return zygote if zygote is not None and zygote.alive and zygote.warmed else None
+
+
 def zygote_for(threads: int, env: dict[str, str]) -> Optional[Zygote]:
     """This process's zygote for workers with `threads` threads (a thread count is read when torch loads),
     started on first use and again if it died; None where one could not be started (the pool then
     launches workers as before, and says why once in the log). `env` is a CPU worker's environment: the
     zygote imports torch under it, so allocator and compile settings read at load are the workers'."""
-    key = (threads, env.get("KSCOUT_SANDBOX_NETWORK"), env.get("KSCOUT_SANDBOX_PIDS"), sys.executable)
+    key = _key(threads, env)
     with _LOCK:
         if key in _REFUSED:
             return None

@@ -122,6 +122,35 @@ def test_a_search_pool_measures_each_candidate_in_a_new_forked_worker(tmp_path):
     assert all(forked for _, forked in seen)
 
 
+def test_a_referee_is_forked_only_from_a_zygote_that_has_warmed(tmp_path):
+    # A referee lives as long as its pool, and the zygote warms Inductor only while none of its children is alive:
+    # forked before that, it would cost every later compiled candidate the warm-up. Launched, it cost each new pool
+    # (each problem of a headless run, each one-off measurement) an interpreter importing torch (about 4 s here).
+    problem, candidate = tmp_path / "problem.py", tmp_path / "candidate.py"
+    problem.write_text(SMALL_PROBLEM)
+    candidate.write_text(GOOD_CANDIDATE)
+    threads = 3  # a zygote of its own, started by this test: no other test's has this thread count
+
+    def measured_with(pool: WorkerPool) -> WorkerProcess:
+        m = measure(MeasureRequest(problem=str(problem), candidate=str(candidate), device="cpu",
+                                   run_dir=str(tmp_path / "run"), harness=QUICK, again=True), pool=pool)
+        assert m.status == MeasureStatus.ok and m.correct, m.message
+        return pool.referee("cpu")
+
+    with WorkerPool(threads=threads) as pool:
+        assert not measured_with(pool).forked  # the zygote started with this pool's first worker: not warm yet
+    deadline = time.monotonic() + 120
+    while not any(z.warmed and z.alive for k, z in zygote._ZYGOTES.items() if k[0] == threads):
+        assert time.monotonic() < deadline, "the zygote never said it had warmed"
+        time.sleep(0.1)
+    warm = next(z for k, z in zygote._ZYGOTES.items() if k[0] == threads)
+    with WorkerPool(threads=threads) as pool:  # a search's next pool, or the next problem's
+        referee = measured_with(pool)
+        assert referee.forked and parent_of(referee.pid) == warm.proc.pid
+    with WorkerPool(threads=threads, spares=False) as pool:  # a one-off measurement's: its worker too
+        assert measured_with(pool).forked
+
+
 SEARCH_SUPERVISOR = '''
 import sys
 from kernelscout.sandbox.harness import HarnessConfig
