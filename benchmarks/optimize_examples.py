@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from statistics import median
 
-from kernelscout.agent.policies.rewrites import render
+from kernelscout.agent.policies.rewrites import REWRITES, render
 from kernelscout.agent.runner import resume_search, start_search
 from kernelscout.sandbox.pool import WorkerPool
 from kernelscout.tools.archive import ROOT_ID, Archive
@@ -55,13 +55,19 @@ def compile_baseline(problem: Path, run_dir: str, pool: WorkerPool, device: str,
     return f"{median(speedups):.2f}x"
 
 
+# a rendered kernel records every knob it was given; the table names the mode, the layout and what differs from the default
+KNOB_DEFAULTS = {name: field.default for rewrite in REWRITES.values() for name, field in rewrite.Params.model_fields.items()}
+ALWAYS_SHOWN = {"MODE", "NDIM"}
+_UNSET = object()
+
+
 def describe_best(run_dir: str) -> str:
     """Where the best kernel came from, newest step first (`rewrite:torch_compile (MODE=max-autotune) <- user`), so a
     reader can tell a tuned start kernel from a compiler rewrite without the run directory, which is temporary here."""
     archive = Archive(RunDir(run_dir))
     rec, steps = archive.reported_best(), []
     while rec is not None and len(steps) < 4:
-        params = ", ".join(f"{k}={v}" for k, v in sorted(rec.params.items()))
+        params = ", ".join(f"{k}={v}" for k, v in sorted(rec.params.items()) if k in ALWAYS_SHOWN or KNOB_DEFAULTS.get(k, _UNSET) != v)
         steps.append(f"{rec.origin or '?'}" + (f" ({params})" if params else ""))
         rec = archive.get(rec.parent_id) if rec.parent_id not in (None, ROOT_ID) else None
     return " <- ".join(steps) or "-"
