@@ -413,7 +413,8 @@ class SearchLoop:
         """The stop for an LLM call the run's cost cap refused (before it was sent), with the setting it hit."""
         self._emit("llm_cap", reason=str(exc))
         setting = "max_llm_tokens" if getattr(exc, "cap", None) == "tokens" else "max_usd"
-        return {"stop_reason": f"LLM cost cap reached: {exc}", "stop_limit": {"setting": setting, "value": getattr(self.settings, setting)}}
+        # the cap's own message names it ("LLM token cap reached: ...", "LLM spending cap reached: ..."); the kind is in stop_limit
+        return {"stop_reason": str(exc), "stop_limit": {"setting": setting, "value": getattr(self.settings, setting)}}
 
     def _requeue_busy(self) -> None:
         """Candidates whose timing a busy machine voided were never judged: the stop told the user to resume

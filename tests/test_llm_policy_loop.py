@@ -174,7 +174,7 @@ def test_a_search_stopped_by_its_llm_cap_goes_on_when_resumed_with_a_higher_cap(
     # each policy question reserves its prompt and 8192 reply tokens up front: 5000 refuses the first
     result = start_search(str(problem), None, budget=2, policy="llm", surrogate="none", device="cpu", run_dir=str(run_dir),
                           quiet=True, confirm=0, report=False, max_llm_tokens=5000)
-    assert result.stop_reason.startswith("LLM cost cap reached: LLM token cap reached") and result.measurements_used == 0
+    assert result.stop_reason.startswith("LLM token cap reached") and result.measurements_used == 0
     assert local_llm.request_count == 0  # refused before anything was sent
     assert result.continue_with == f"kscout resume {run_dir} --max-tokens 10000"
     local_llm.script(*(reply_text(json.dumps({"experiments": [_exp(GOOD.format(tag=f"t{i}"))]})) for i in range(6)))
@@ -208,7 +208,7 @@ def test_an_llm_cap_reached_while_repairing_a_failed_candidate_ends_the_search_c
     target = CodeTarget(problem, "cpu", run, pool=pool, harness=QUICK)
     predictor = make_forecaster("none", None, lambda: reference_ms(run), lambda rec: dict(rec.features))
     state = SearchLoop(run, target, CappedPolicy(), predictor, SearchSettings(budget=3, max_usd=1.0)).run_to_end()
-    assert state["stop_reason"] == "LLM cost cap reached: LLM spending cap reached: $1.0000 of $1.00 spent"
+    assert state["stop_reason"] == "LLM spending cap reached: $1.0000 of $1.00 spent"
     assert state["stop_limit"] == {"setting": "max_usd", "value": 1.0}
     assert [r.state for r in Archive(run).all()] == ["failed"]  # measured, recorded, and not lost to the stop
     assert Budget(run).status().used == 1
