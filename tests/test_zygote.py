@@ -148,7 +148,10 @@ def test_a_referee_is_forked_only_from_a_zygote_that_has_warmed(tmp_path):
         referee = measured_with(pool)
         assert referee.forked and parent_of(referee.pid) == warm.proc.pid
     with WorkerPool(threads=threads, spares=False) as pool:  # a one-off measurement's: its worker too
+        acquire, workers = pool.acquire, []
+        pool.acquire = lambda *args, **kwargs: workers.append(acquire(*args, **kwargs)) or workers[-1]
         assert measured_with(pool).forked
+        assert workers and all(worker.forked for worker in workers)
 
 
 SEARCH_SUPERVISOR = '''
