@@ -18,6 +18,7 @@ forecast and each measurement, exactly as they came back.
 
 from __future__ import annotations
 
+import math
 import operator
 import sqlite3
 from pathlib import Path
@@ -30,7 +31,7 @@ from pydantic import BaseModel, Field
 
 from kernelscout.agent.checkpoint_trim import keep_latest_checkpoint
 from kernelscout.agent.chat_tools import ChatToolbox, ToolResult
-from kernelscout.agent.llm import LLM_ERRORS, ChatModel, Message
+from kernelscout.agent.llm import LLM_ERRORS, BudgetExceeded, ChatModel, Message
 from kernelscout.prompts import load as load_prompt
 from kernelscout.tools.budget import Budget
 from kernelscout.tools.schema import BudgetStatus
@@ -75,6 +76,24 @@ class ChatState(TypedDict, total=False):
     approvals: Annotated[dict[str, bool], _merge]  # "<message index>:<call id>" -> the user's answer
     rounds: int  # tool rounds in the current turn
     error: Optional[str]  # the provider failed this turn (its message says what to do)
+
+
+def raise_cap_hint(exc: BudgetExceeded, run_dir: Path) -> str:
+    """The command that continues this chat under a cap that lets the refused call through (twice the one reached, or
+    more where one call needs more): a chat's caps are set when it starts and its spend is kept, so leaving and coming
+    back with the flag is the way on."""
+    reached = (exc.state.max_usd if exc.cap == "usd" else exc.state.max_tokens_total) or 0
+    offer = _round_up(max(2 * reached, exc.needed or 0))
+    flag = f"--max-usd {offer:g}" if exc.cap == "usd" else f"--max-tokens {int(offer)}"
+    return f"The chat is saved: leave (/quit) and continue it with a higher cap, `kscout chat --run-dir {run_dir} {flag}`."
+
+
+def _round_up(x: float) -> float:
+    """Up to two significant figures, so an offered cap reads as one a person would type."""
+    if x <= 0:
+        return x
+    step = 10 ** (math.floor(math.log10(x)) - 1)
+    return round(math.ceil(round(x / step, 6)) * step, 12)
 
 
 def system_prompt(problem: Path, device: str, run_dir: Path, confirm: bool) -> str:
@@ -189,6 +208,8 @@ class ChatAgent:
         convo = [Message.system(prompt)] + [Message.model_validate(m) for m in history]
         try:
             response = self.model.chat(convo, tools=self.toolbox.specs(), max_tokens=self.settings.max_tokens)
+        except BudgetExceeded as exc:  # the user's own limit, not a failure: say how to go on
+            return {"error": f"{exc} {raise_cap_hint(exc, self.run.path)}"}
         except LLM_ERRORS as exc:
             return {"error": f"{type(exc).__name__}: {exc}"}
         update: dict = {"messages": [response.to_message().model_dump()]}

@@ -124,7 +124,13 @@ def make_model(run: RunDir, flags: Any = None) -> tuple[Any, str]:
                 how = how.split("\n", 1)[-1]
             return None, "To talk to the agent, configure an LLM provider:\n" + how + "\nSee docs/llm.md."
         state = stored_usage(run, CHAT_USAGE_META) or UsageState()
-        state.max_usd, state.max_tokens_total = resolved.max_usd, resolved.max_tokens_total  # today's caps, not a past session's
+        # a cap given now (flag, environment, kscout.toml) replaces the stored one; none given keeps it, as `kscout
+        # resume` keeps a search's: the caps cover the whole chat across restarts, and what is stored is what is in force
+        if resolved.max_usd is not None:
+            state.max_usd = resolved.max_usd
+        if resolved.max_tokens_total is not None:
+            state.max_tokens_total = resolved.max_tokens_total
+        run.set_meta(CHAT_USAGE_META, state.model_dump_json())
         meter = UsageMeter(prices=PriceTable(resolved.prices), state=state,
                            on_update=lambda s: run.set_meta(CHAT_USAGE_META, s.model_dump_json()))
         return build_chat_model(resolved, meter=meter), ""

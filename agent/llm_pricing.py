@@ -168,10 +168,13 @@ def usage_line(state: UsageState) -> str:
 class BudgetExceeded(RuntimeError):
     """A per-run cap refused a call. Raised *before* the call, so nothing was sent or billed."""
 
-    def __init__(self, message: str, *, cap: Literal["tokens", "usd"], state: UsageState):
+    def __init__(self, message: str, *, cap: Literal["tokens", "usd"], state: UsageState, needed: Optional[float] = None):
+        """`needed`: the smallest cap under which the refused call would have gone ahead (its worst case on top of the
+        use so far and the calls in flight), for a message that offers a cap that works."""
         super().__init__(message)
         self.cap = cap
         self.state = state
+        self.needed = needed
 
 
 class Reservation:
@@ -258,6 +261,7 @@ class UsageMeter:
                         + "; raise the cap (--max-tokens, max_tokens_total in kscout.toml, or KSCOUT_LLM_MAX_TOKENS) to continue.",
                         cap="tokens",
                         state=s.model_copy(deep=True),
+                        needed=worst,
                     )
             if s.max_usd is not None:
                 worst_usd = s.cost_usd + self._reserved_usd + usd
@@ -268,6 +272,7 @@ class UsageMeter:
                         f" ${usd:.4f}; raise the cap (--max-usd, max_usd in kscout.toml, or KSCOUT_LLM_MAX_USD) to continue.",
                         cap="usd",
                         state=s.model_copy(deep=True),
+                        needed=worst_usd,
                     )
             self._reserved_tokens += tokens
             self._reserved_usd += usd

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import textwrap
 from pathlib import Path
@@ -478,3 +479,31 @@ def test_an_empty_or_cut_off_reply_is_said_to_be_one(tmp_path, problem, pool):
         session.close()
     assert "(the model returned an empty reply; ask again, or rephrase)" in out
     assert "load the row into" in out and "cut off at its output limit" in out
+
+
+def test_a_token_cap_covers_the_chat_across_restarts_and_its_refusal_says_how_to_go_on(tmp_path, problem, fake_llm_server, monkeypatch):  # noqa: F811
+    from kernelscout.agent.llm_config import LLMConfig
+
+    _configure_local_server(fake_llm_server, tmp_path, monkeypatch)
+    fake_llm_server.script(reply_text("Hello."))
+
+    def chat(line: str, **caps) -> str:
+        session = open_chat("problem.py", "run", device="cpu", budget=2, llm_flags=LLMConfig(**caps) if caps else None)
+        try:
+            return " ".join(run_repl(session, line).text.split())
+        finally:
+            session.close()
+
+    def stored_cap() -> int:
+        return json.loads(RunDir(tmp_path / "run").get_meta("chat_llm_usage"))["max_tokens_total"]
+
+    said = chat("hi", max_tokens_total=50)  # no room for one call
+    assert "LLM token cap reached: 0 of 50 tokens used" in said and "BudgetExceeded" not in said
+    # the command offered continues the chat under a cap with room for the call refused
+    next_call = int(re.search(r"the next call to local-coder could use up to (\d+)", said).group(1))
+    offered = int(re.search(r"`kscout chat --run-dir run --max-tokens (\d+)`", said).group(1))
+    assert next_call <= offered < 2 * next_call
+    assert "LLM token cap reached" in chat("hi")  # continued without the flag: the cap is still in force
+    assert stored_cap() == 50 and not fake_llm_server.requests  # refused before anything was sent
+    assert "Hello." in chat("hi", max_tokens_total=offered)
+    assert stored_cap() == offered
