@@ -26,7 +26,7 @@ app = typer.Typer(
 err = Console(stderr=True)
 out = Console()
 
-EXIT_CODES = {"ok": 0, "incorrect": 1, "runtime_error": 1, "timeout": 1, "crashed": 1, "compile_error": 2, "invalid_problem": 2, "budget_exhausted": 3}
+EXIT_CODES = {"ok": 0, "incorrect": 1, "runtime_error": 1, "timeout": 1, "crashed": 1, "compile_error": 2, "invalid_problem": 2, "run_dir_unusable": 2, "budget_exhausted": 3}
 
 
 def _version(value: bool) -> None:
@@ -78,7 +78,7 @@ def measure(
              "takes it up without charging it again", as_json, code=interrupted_code())
     if as_json:
         print(result.model_dump_json())
-    elif result.measurement_id is None and not result.charged and result.status.value in ("compile_error", "invalid_problem"):
+    elif result.measurement_id is None and not result.charged and result.status.value in ("compile_error", "invalid_problem", "run_dir_unusable"):
         fail(result.message, as_json)  # a file or device refused before anything ran: a usage error, not a measurement
     else:
         _print_measurement(result)

@@ -147,13 +147,18 @@ def open_chat(problem: Optional[str], run_dir: Optional[str] = None, *, device: 
     from kernelscout.tools.mcp_server import ensure_cap
 
     from kernelscout.sandbox.problem import InputFileError
-    from kernelscout.tools.measure import resolve_device
+    from kernelscout.tools.measure import resolve_device, search_in
 
     path, run_path = resolve_problem(problem, run_dir)
     try:
         device = resolve_device(device)  # the header and every tool name the device that measures, not "auto"
     except InputFileError as exc:
         raise ChatSetupError(f"--device {exc}") from None
+    search = search_in(run_path)
+    if search:  # a chat measures, and a search's folder takes only the search's measurements
+        raise ChatSetupError(f"{run_path} holds {search}, whose folder takes only the search's own measurements; chat in "
+                             f"another folder (--run-dir), or go on with the search: `kscout budget {run_path} --set N && "
+                             f"kscout resume {run_path}`")
     ensure_cap(str(run_path), budget, default_more=DEFAULT_CHAT_BUDGET)  # a bad --budget refused before the folder exists
     run = RunDir(run_path)
     reason = ""

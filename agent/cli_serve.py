@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -63,7 +64,7 @@ def run(run_dir: Optional[str] = None, budget: Optional[int] = None, device: str
 
     from kernelscout.sandbox.harness import HarnessConfig
     from kernelscout.sandbox.problem import InputFileError
-    from kernelscout.tools.measure import DEFAULT_RUN_DIR, resolve_device
+    from kernelscout.tools.measure import DEFAULT_RUN_DIR, resolve_device, search_in
 
     if log_level.upper() not in LOG_LEVELS:
         typer.echo(f"error: --log-level {log_level}: use one of {', '.join(LOG_LEVELS)}", err=True)
@@ -95,6 +96,10 @@ def run(run_dir: Optional[str] = None, budget: Optional[int] = None, device: str
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2)
     log.info("budget of %s: %d used of %s, %s left", directory, status.used, status.cap, status.remaining)
+    search = search_in(Path(directory))
+    if search:  # its views work; its measure tool refuses, and says why
+        log.warning("%s holds %s: this server reads it (budget_status, list_candidates, best_candidate, forecast_check) "
+                    "but measures nothing there; serve another --run-dir to measure", directory, search)
     if not http:
         # An IDE stops a stdio server with SIGTERM, possibly with stdin still open, where unwinding would wait for the
         # thread blocked reading it: stop the idle workers and leave. The ledger is built for this (a reservation left

@@ -37,7 +37,7 @@ from kernelscout.agent.policies.tuner import USER_ORIGIN
 from kernelscout.agent.search_spec import SearchSettings
 from kernelscout.agent.selection import Node, select
 from kernelscout.agent.stops import (AT_SOL, BUDGET_SPENT, MACHINE_BUSY, NEAR_SOL, NOTHING_LEFT, PROBLEM_UNUSABLE,  # noqa: F401
-                                     SOLVED, SOLVED_AFTER)
+                                     RUN_DIR_UNUSABLE, SOLVED, SOLVED_AFTER)
 from kernelscout.sandbox.stats import BUSY_REASON
 from kernelscout.tools.archive import ROOT_ID, Archive, CandidateRecord
 from kernelscout.tools.budget import Budget
@@ -217,6 +217,9 @@ class SearchLoop:
                         self._emit("budget_exhausted", candidate=rec.id)
                         stop, queue = BUDGET_SPENT, []
                         continue
+                    if m.status == MeasureStatus.run_dir_unusable:  # nothing ran: the candidate stays queued for a resume
+                        stop, queue = stop or f"{RUN_DIR_UNUSABLE}: {m.message}", []
+                        continue
                     if m.status == MeasureStatus.invalid_problem and stop is None:
                         stop, queue = f"{PROBLEM_UNUSABLE}: {m.message}", []
                     busy = _busy_machine(m)
@@ -352,6 +355,9 @@ class SearchLoop:
             m = self.target.confirm(best, label if attempt == 0 else f"{label}:again:{attempt}")
             if m.status == MeasureStatus.budget_exhausted:
                 self._emit("confirm_skipped", candidate=best.id, reason="no budget left to re-measure the best")
+                break
+            if m.status == MeasureStatus.run_dir_unusable:  # nothing ran, nothing charged: the slot waits for a resume
+                self._emit("confirm_skipped", candidate=best.id, reason=m.message)
                 break
             suspect = self.target.below_speed_of_light(m)
             ok = bool(m.status == MeasureStatus.ok and m.correct and m.timing_valid and m.speedup and not suspect)

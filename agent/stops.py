@@ -13,6 +13,9 @@ BUDGET_SPENT = "measurement budget spent"
 PROBLEM_UNUSABLE = "the problem cannot be measured"
 """Stop reason (followed by the measurement's message) when a measurement blames the problem, not the
 candidate: a reference that raises fails every candidate the same way, so searching on wastes the run."""
+RUN_DIR_UNUSABLE = "the run directory cannot be used"
+"""Stop reason (followed by the measurement's message) when the run directory refused a measurement before anything
+ran (a folder that can no longer be written to, say): nothing was charged, and the candidate waits for a resume."""
 MACHINE_BUSY = "the machine is busy"
 """Stop reason when measurements in a row came back void because other processes held the worker's
 cores (`sandbox.stats.busy_machine`): each was charged and none taught the search anything, so the rest
@@ -28,7 +31,7 @@ NEAR_SOL = "of speed-of-light: a problem this close gets at most half the budget
 NOTHING_LEFT = "the policy has nothing left worth measuring"
 
 StopKind = Literal["budget", "limit", "solved", "nothing_left", "speed_of_light", "near_speed_of_light", "machine_busy",
-                   "problem_unusable"]
+                   "problem_unusable", "run_dir_unusable"]
 
 
 class Stop(BaseModel):
@@ -53,7 +56,8 @@ def stop_of(reason: Optional[str], limit: Optional[dict] = None) -> Optional[Sto
     kinds: list[tuple[bool, StopKind]] = [
         (reason == BUDGET_SPENT, "budget"), (reason.startswith(SOLVED), "solved"), (reason.startswith(NOTHING_LEFT), "nothing_left"),
         (reason == AT_SOL, "speed_of_light"), (NEAR_SOL in reason, "near_speed_of_light"),
-        (reason.startswith(MACHINE_BUSY), "machine_busy"), (reason.startswith(PROBLEM_UNUSABLE), "problem_unusable")]
+        (reason.startswith(MACHINE_BUSY), "machine_busy"), (reason.startswith(PROBLEM_UNUSABLE), "problem_unusable"),
+        (reason.startswith(RUN_DIR_UNUSABLE), "run_dir_unusable")]
     return next((Stop(kind=kind) for hit, kind in kinds if hit), None)
 
 

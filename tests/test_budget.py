@@ -295,7 +295,7 @@ def test_a_measurement_into_a_folder_another_process_is_searching_in_is_refused_
     with search_running_in(run.path):
         m = measure(MeasureRequest(problem=str(problem), candidate=str(cand), device="cpu", run_dir=str(run.path), budget=12,
                                    harness=QUICK))
-    assert m.status == MeasureStatus.invalid_problem and not m.charged
+    assert m.status == MeasureStatus.run_dir_unusable and not m.charged
     assert "in use by a search that is still running (kscout search, pid" in m.message and "another run directory" in m.message
     assert Budget(run).status().cap == 4 and Budget(run).status().used == 0
 
@@ -324,29 +324,33 @@ def test_a_search_cannot_start_in_a_folder_between_a_measurements_check_and_its_
     assert holder(run_dir) is None  # free again once the measurement is done
 
 
-def test_a_search_refused_by_a_running_measurement_names_its_process(tmp_path, write, monkeypatch):
-    from kernelscout.agent.runner import start_search
+def test_a_finished_searchs_folder_takes_only_the_searchs_own_measurements(tmp_path, write):
+    # a server measured two files into a finished search's folder: charged to its budget, and `kscout show` (which
+    # reads the search's candidates) named neither; now they are refused, nothing charged, with the ways on
+    from kernelscout.agent.runner import resume_search, start_search
     from kernelscout.sandbox.replay import recorded_spaces_dir
+    from kernelscout.tools.mcp_server import ensure_cap
+    from kernelscout.tools.measure import would_charge
 
     problem, cand = write("problem.py", SMALL_PROBLEM), write("cand.py", GOOD_CANDIDATE)
     run_dir = tmp_path / "run"
     start_search(problem=None, space=str(recorded_spaces_dir() / "pnpoly_RTX_3090.json.gz"), budget=3, run_dir=str(run_dir),
                  quiet=True, report=False)
-    seen, settle = {}, Budget.settle
+    m = measure(MeasureRequest(problem=str(problem), candidate=str(cand), device="cpu", run_dir=str(run_dir), harness=QUICK))
+    assert m.status == MeasureStatus.run_dir_unusable and not m.charged
+    assert "holds a search of" in m.message and "pnpoly_RTX_3090" in m.message
+    assert f"kscout budget {run_dir} --set N && kscout resume {run_dir}" in m.message and "another run directory" in m.message
+    assert not would_charge(RunDir(run_dir), str(problem), str(cand), "cpu")  # a chat would not ask to spend it
+    with pytest.raises(ValueError, match="whose budget is the search's own"):  # `kscout serve --budget 12`, `kscout chat --budget 12`
+        ensure_cap(str(run_dir), 12)
+    assert ensure_cap(str(run_dir), None).cap == 3  # a server may still read the folder
+    from kernelscout.agent.cli_chat import ChatSetupError, open_chat
 
-    def resume_then_settle(self, reservation, charged, db=None):  # the measurement has run, and is not yet charged
-        if "resume" not in seen:
-            seen["resume"] = subprocess.run([sys.executable, "-m", "kernelscout.agent.cli", "resume", str(run_dir)],
-                                            capture_output=True, text=True)
-        return settle(self, reservation, charged, db)
-
-    monkeypatch.setattr(Budget, "settle", resume_then_settle)
-    m = measure(MeasureRequest(problem=str(problem), candidate=str(cand), device="cpu", run_dir=str(run_dir), budget=4, harness=QUICK))
-    assert m.status == MeasureStatus.ok and m.charged
-    assert seen["resume"].returncode == 2
-    assert (f"a measurement made outside a search (`kscout measure`, the MCP server or a chat), pid {os.getpid()} on "
-            in seen["resume"].stderr.replace("\n", " "))
-    assert "wait for it to finish, then resume" in seen["resume"].stderr.replace("\n", " ")  # not "another folder"
+    with pytest.raises(ChatSetupError, match="takes only the search's own measurements"):
+        open_chat(str(problem), str(run_dir), device="cpu", model=None)
+    assert Budget(RunDir(run_dir)).status().used == 3
+    Budget(RunDir(run_dir)).set_cap(5)
+    assert resume_search(str(run_dir), quiet=True).measurements_used == 5  # the search itself measures there as before
 
 
 def test_a_measurement_will_not_set_a_cap_below_what_the_folder_has_used(tmp_path, write):
@@ -356,7 +360,7 @@ def test_a_measurement_will_not_set_a_cap_below_what_the_folder_has_used(tmp_pat
         ledger.reserve(key)
     m = measure(MeasureRequest(problem=str(write("problem.py", SMALL_PROBLEM)), candidate=str(write("cand.py", GOOD_CANDIDATE)),
                                device="cpu", run_dir=str(run.path), budget=2, harness=QUICK))
-    assert m.status == MeasureStatus.invalid_problem and not m.charged
+    assert m.status == MeasureStatus.run_dir_unusable and not m.charged
     assert "below the 3 measurements" in m.message and "--budget 3" in m.message
     assert ledger.cap is None
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import sqlite3
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
@@ -87,6 +88,39 @@ def refuse_if_searched(folder: Path) -> None:
         raise _searched_elsewhere(folder, searching)
 
 
+def search_in(folder: Path) -> Optional[str]:
+    """What search the folder holds ("a search of PATH"), unless this process is that search: a measurement made
+    there from outside would be charged to the search's budget and left out of what `kscout show` and `kscout resume`
+    make of it (they read the search's own candidates). Reads only; None for a folder that holds no search."""
+    from kernelscout.agent.search_spec import SPEC_KEY, SearchSpec
+
+    if runlock.searching_here(folder) or not (folder / "run.db").is_file():
+        return None
+    try:
+        stored = RunDir(folder, read_only=True).get_meta(SPEC_KEY)
+    except (RunDirError, sqlite3.Error):  # not a run directory this can read: the opening that follows says why
+        return None
+    if not stored:
+        return None
+    spec = SearchSpec.model_validate_json(stored)
+    return f"a search of {spec.path}" + (" (a recorded space)" if spec.kind == "space" else "")
+
+
+def refuse_if_search_folder(folder: Path, cap: bool = False) -> None:
+    """RunDirError when `folder` holds a search other than this process's: a measurement made there would be counted
+    as the search's own, and a cap set there would change the search's budget behind its back (`cap`)."""
+    search = search_in(folder)
+    if not search:
+        return
+    go_on = f"`kscout budget {folder} --set N && kscout resume {folder}`"
+    if cap:
+        raise RunDirError(f"{folder} holds {search}, whose budget is the search's own: raise it and go on with the search "
+                          f"with {go_on}, or use another run directory (--run-dir)")
+    raise RunDirError(f"{folder} holds {search}, and a measurement made there outside it would be charged to its budget "
+                      f"and left out of what `kscout show` reports of it; measure into another run directory (--run-dir), "
+                      f"or let the search measure more: {go_on}")
+
+
 def open_run(run_dir: Optional[str], budget: Optional[int]) -> RunDir:
     """The run directory a measurement is charged to, its cap set to `budget` when one is given.
 
@@ -96,6 +130,8 @@ def open_run(run_dir: Optional[str], budget: Optional[int]) -> RunDir:
     folder while it runs (runlock.shared); this check is for callers that only open the folder."""
     folder = Path(run_dir or DEFAULT_RUN_DIR)
     refuse_if_searched(folder)
+    if budget is not None:
+        refuse_if_search_folder(folder, cap=True)
     run = RunDir(folder)
     if budget is not None:
         ledger = Budget(run)
@@ -126,11 +162,12 @@ def measure(request: MeasureRequest, pool: Optional[WorkerPool] = None,
         with runlock.shared(folder):
             try:
                 run = open_run(str(folder), request.budget)
+                refuse_if_search_folder(folder)
             except RunDirError as exc:
-                return Measurement(status=MeasureStatus.invalid_problem, message=str(exc), device=device)
+                return Measurement(status=MeasureStatus.run_dir_unusable, message=str(exc), device=device)
             return _measure_in(run, request, problem, candidate, device, pool, execute)
     except runlock.RunBusy as exc:
-        return Measurement(status=MeasureStatus.invalid_problem, message=str(_searched_elsewhere(folder, exc.holder)), device=device)
+        return Measurement(status=MeasureStatus.run_dir_unusable, message=str(_searched_elsewhere(folder, exc.holder)), device=device)
 
 
 def _measure_in(run: RunDir, request: MeasureRequest, problem: SourceFile, candidate: SourceFile, device: str,
@@ -179,7 +216,7 @@ def would_charge(run: RunDir, problem: str, candidate: str, device: str, again: 
         key = measurement_key(load_problem(problem).sha, load_candidate(candidate).sha, resolve_device(device))
     except InputFileError:
         return False
-    if runlock.held_elsewhere(run.path) or Budget(run).status().remaining == 0:
+    if runlock.held_elsewhere(run.path) or search_in(run.path) or Budget(run).status().remaining == 0:
         return False
     return again or find_measurement(run, key) is None
 

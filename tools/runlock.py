@@ -62,8 +62,12 @@ def this_command(argv: Optional[list[str]] = None) -> str:
 def exclusive(folder: Path | str, what: str) -> Iterator[None]:
     """Hold the folder's search lock for the block; RunBusy at once when another process holds it."""
     folder = Path(folder)
-    if fcntl is None:
-        yield
+    if fcntl is None:  # no lock to take, but this process still knows it is searching here
+        _HELD.add(folder.resolve())
+        try:
+            yield
+        finally:
+            _HELD.discard(folder.resolve())
         return
     folder.mkdir(parents=True, exist_ok=True)
     handle = open(folder / LOCK_FILE, "a+")
@@ -140,8 +144,13 @@ def holder(folder: Path | str) -> Optional[str]:
     return None
 
 
+def searching_here(folder: Path | str) -> bool:
+    """Whether this process is searching in the folder now (its measurements there are the search's own)."""
+    return Path(folder).resolve() in _HELD
+
+
 def held_elsewhere(folder: Path | str) -> Optional[str]:
     """Who is searching in the folder, unless it is this process (whose own measurements belong there)."""
-    if Path(folder).resolve() in _HELD:
+    if searching_here(folder):
         return None
     return holder(folder)

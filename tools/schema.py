@@ -24,6 +24,7 @@ class MeasureStatus(str, Enum):
     crashed = "crashed"
     budget_exhausted = "budget_exhausted"
     invalid_problem = "invalid_problem"
+    run_dir_unusable = "run_dir_unusable"  # the run directory refused it (a search holds it, ...): nothing ran or was charged
 
 
 class TimingStats(BaseModel):
