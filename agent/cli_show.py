@@ -84,18 +84,7 @@ def render(view: RunView) -> None:
         _llm_rows(head, view)
         out.print(head)
         if view.measured_files:
-            from kernelscout.sandbox.problem import problem_name
-
-            table = Table(title="files measured here (the latest measurement of each)", title_justify="left")
-            for name in ("candidate", "problem", "device", "status", "speedup", "charged"):
-                table.add_column(name, justify="right" if name == "speedup" else "left")
-            for f in view.measured_files:
-                m = f.measurement
-                status = m.status.value if m.status.value != "ok" else ("ok" if f.usable else
-                                                                         "ok, incorrect" if not m.correct else "ok, timing invalid")
-                table.add_row(escape(f.candidate or "?"), escape(problem_name(f.problem) if f.problem else "?"), f.device or "-",
-                              status, _x(m.speedup) if f.usable else "-", "yes" if m.charged else "no")
-            out.print(table)
+            _render_measured_files(out, view.measured_files, "files measured here (the latest measurement of each)")
         if view.forecast_check and view.forecast_check.forecasts:
             _render_check(out, view.forecast_check)
         return
@@ -111,7 +100,9 @@ def render(view: RunView) -> None:
     if view.remeasurements:
         again += (f"; {view.remeasurements} of them " + ("a re-measurement" if view.remeasurements == 1 else "re-measurements")
                   + " of the best after the search")
-    head.add_row("measurements", f"{spent}{flight}, {view.considered} candidates considered{per}{again}")
+    outside = (f"; {len(view.measured_files)} file(s) measured here outside the search, listed below"
+               if view.measured_files else "")
+    head.add_row("measurements", f"{spent}{flight}, {view.considered} candidates considered{per}{again}{outside}")
     # "failed" in the archive covers a correct candidate whose timing was void (a Triton kernel on the CPU, say)
     head.add_row("candidates", ", ".join(f"{n} {_STATE_WORDS.get(s, s)}" for s, n in sorted(view.states.items())))
     if view.reference:
@@ -154,6 +145,10 @@ def render(view: RunView) -> None:
         if not forecasts:
             out.print("no forecast columns: none of these was measured on an informative forecast")
 
+    if view.measured_files:  # a version before 2026-12-06 let a server or `kscout measure` measure into a search's folder
+        _render_measured_files(out, view.measured_files, "files measured here outside the search (charged to its budget, "
+                               "not among its candidates; the latest measurement of each)")
+
     if view.failures:
         shown = f"the latest {len(view.failures)} of {view.failed}" if view.failed > len(view.failures) else str(view.failed)
         table = Table(title=f"measurements that did not count ({shown})", title_justify="left")
@@ -167,6 +162,24 @@ def render(view: RunView) -> None:
 
     if view.forecast_check is not None:
         _render_check(out, view.forecast_check, view.surrogate)
+
+
+def _render_measured_files(out, files: list, title: str) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from kernelscout.sandbox.problem import problem_name
+
+    table = Table(title=title, title_justify="left")
+    for name in ("candidate", "problem", "device", "status", "speedup", "charged"):
+        table.add_column(name, justify="right" if name == "speedup" else "left")
+    for f in files:
+        m = f.measurement
+        status = m.status.value if m.status.value != "ok" else ("ok" if f.usable else
+                                                                 "ok, incorrect" if not m.correct else "ok, timing invalid")
+        table.add_row(escape(f.candidate or "?"), escape(problem_name(f.problem) if f.problem else "?"), f.device or "-",
+                      status, _x(m.speedup) if f.usable else "-", "yes" if m.charged else "no")
+    out.print(table)
 
 
 def _target_name(view: RunView) -> str:
@@ -184,7 +197,7 @@ def _stop_words(stop) -> str:
         return f"{stop.setting} reached"
     return {"budget": "budget spent", "solved": "solved", "nothing_left": "nothing left to measure",
             "speed_of_light": "at speed of light", "near_speed_of_light": "near speed of light", "machine_busy": "machine busy",
-            "problem_unusable": "problem unusable"}[stop.kind]
+            "problem_unusable": "problem unusable", "run_dir_unusable": "run directory unusable"}[stop.kind]
 
 
 def render_comparison(views: list[RunView]) -> None:

@@ -106,8 +106,9 @@ class RunView(BaseModel):
     llm_usage: Optional[UsageState] = Field(None, description="the search's LLM calls: tokens, USD, the caps they ran under "
                                             "and the models counted at $0 for want of a price; None when it made none")
     chat_llm_usage: Optional[UsageState] = Field(None, description="the same for `kscout chat`'s own calls in this run directory")
-    measured_files: list[MeasuredFile] = Field(default_factory=list, description="in a run without a search: each file "
-                                               "measured directly (kscout measure, MCP, chat) with its latest measurement")
+    measured_files: list[MeasuredFile] = Field(default_factory=list, description="each file measured directly (kscout "
+                                               "measure, MCP, chat) with its latest measurement; in a search's folder, which "
+                                               "refuses them since 2026-12-06, those an earlier version let in")
 
 
 def open_run(path: str | Path, read_only: bool = True) -> RunDir:
@@ -268,6 +269,7 @@ def _view(run: RunDir, top: int) -> RunView:
         forecast_check=check_forecasts(archive, forecasts=forecasts),
         report=str(run.path / "report.html") if (run.path / "report.html").is_file() else None,
         llm_usage=llm_calls(run), chat_llm_usage=llm_calls(run, CHAT_USAGE_META),
+        measured_files=measured_files(run, exclude_shas={c.sha for c in candidates}),
     )
 
 

@@ -13,6 +13,7 @@ from kernelscout.agent.llm_pricing import ModelTally, UsageState, usage_line
 from kernelscout.agent.runner import start_search
 from kernelscout.sandbox.replay import recorded_spaces_dir
 from kernelscout.tools.archive import Archive
+from kernelscout.tools.budget import Budget
 from kernelscout.tools.forecast_check import check_forecasts
 from kernelscout.tools.rundir import RunDir
 from kernelscout.tools.schema import Measurement, MeasureStatus
@@ -207,6 +208,29 @@ def test_show_lists_files_measured_directly_with_their_latest_result(tmp_path):
     asked = CliRunner().invoke(app, ["show", str(tmp_path / "run"), "--report"], env={"COLUMNS": "160"})
     assert "no report written" in asked.output and "1.900x" in asked.output  # said, and the files still listed
     assert not (tmp_path / "run" / "report.html").exists()
+
+
+def test_files_an_earlier_version_measured_into_a_searchs_folder_are_listed_apart_from_its_candidates(tmp_path):
+    """Before 2026-12-06 `kscout serve` could measure into a finished search's folder: charged to its budget, and
+    `show` named none of it. Such a folder now lists those files under a title of their own."""
+    from kernelscout.tools.measure import MeasurementRecord, ledgered
+
+    space = tmp_path / "three.json"
+    space.write_text(json.dumps({"device_name": "GPU", "kernel_name": "k", "tune_params_keys": ["bs"], "objective": "time",
+                                 "tune_params": {"bs": [1, 2, 3]}, "cache": {str(v): {"bs": v, "time": v} for v in (1, 2, 3)}}))
+    run_dir = tmp_path / "run"
+    start_search(problem=None, space=str(space), budget=2, run_dir=str(run_dir), quiet=True, report=False, confirm=0)
+    run = RunDir(run_dir)
+    Budget(run).set_cap(3)
+    rec = MeasurementRecord(key="outside", problem_sha="p", candidate_sha="c", problem_path="examples/softmax/problem.py",
+                            candidate_path="mine.py", device="cpu")  # what the older server wrote, past today's refusal
+    ledgered(run, rec, lambda: Measurement(status="ok", correct=True, timing_valid=True, charged=True, speedup=1.693))
+    view = json.loads(CliRunner().invoke(app, ["show", str(run_dir), "--json"]).output)
+    assert [f["candidate"] for f in view["measured_files"]] == ["mine.py"]
+    assert view["budget"]["used"] == 3 and view["best"]["speedup"] != 1.693  # not passed off as the search's best
+    text = " ".join(CliRunner().invoke(app, ["show", str(run_dir)], env={"COLUMNS": "200"}).output.split())
+    assert "1 file(s) measured here outside the search, listed below" in text
+    assert "files measured here outside the search (charged to its budget" in text and "1.693x" in text
 
 
 def test_the_reports_plots_judge_the_forecasts_the_scores_judge(tmp_path):
