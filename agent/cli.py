@@ -12,7 +12,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from kernelscout import __version__
-from kernelscout.agent.cli_errors import fail, interrupt_unhandled, interrupted_code, stop_on_sigterm, validation_message
+from kernelscout.agent.cli_errors import (fail, finish_without_interruption, interrupt_unhandled, interrupted_code, running_as_command,
+                                          stop_on_sigterm, validation_message)
 from kernelscout.agent.search_config import announce_defaults, help_default, search_config
 from kernelscout.sandbox import harness_defaults
 
@@ -272,6 +273,7 @@ def _interrupted(exc, as_json: bool) -> None:
 
 
 def _finish_search(result, as_json: bool) -> None:
+    finish_without_interruption()  # the result is complete and stored: what is left is to say it
     if as_json:
         print(result.model_dump_json())
     else:
@@ -323,6 +325,7 @@ _register_tool_commands()
 
 def main() -> None:
     stop_on_sigterm()
+    running_as_command()
     try:
         app()
     except KeyboardInterrupt:
@@ -332,6 +335,7 @@ def main() -> None:
         if interrupt_unhandled(exc.code):  # say so, and 143 after SIGTERM
             err.print("interrupted")
             sys.exit(interrupted_code())
+        finish_without_interruption()
         raise
 
 

@@ -79,3 +79,23 @@ def interrupt_unhandled(code: object) -> bool:
     """Whether an exit with `code` is Typer's for an interrupt no command caught: it ends every KeyboardInterrupt
     (SIGTERM's included) in a bare, silent exit 130."""
     return code == 130 and not _INTERRUPT_HANDLED
+
+
+_AS_COMMAND = False  # set by the `kscout` entry point: signal handlers are the process's, not a test runner's
+
+
+def running_as_command() -> None:
+    global _AS_COMMAND
+    _AS_COMMAND = True
+
+
+def finish_without_interruption() -> None:
+    """From the moment a command's result is complete and stored, through printing it, Click's unwinding and the
+    interpreter's teardown (threads joined, modules freed: a few tenths of a second), Ctrl-C is ignored, so the process
+    ends with the command's own code. It used not to be: a Ctrl-C then ended `kscout optimize --json` by SIGINT (exit
+    -2, nothing said), in a traceback from an atexit hook, or in "interrupted" with 130, after its result was out.
+    Ignored, not handled: the interpreter resets a Python handler to the default action early in its teardown, but
+    leaves an ignored signal ignored. (SIGTERM and Ctrl-\\ still end it at once.) Only under the `kscout` command:
+    a CLI test runner's process keeps its handlers."""
+    if _AS_COMMAND:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -300,6 +300,23 @@ def _interrupted_after_3_measurements(cmd: list[str], run_dir: Path, sig: int = 
 
 
 @needs_hub
+def test_ctrl_c_once_the_result_is_printed_leaves_the_exit_code_and_says_nothing_more(tmp_path):
+    # the interpreter's teardown after the result took a few tenths of a second, and a Ctrl-C then ended the
+    # process by SIGINT (-2, nothing said) or in a traceback from `threading`, after a search that had finished
+    cmd = [sys.executable, "-m", "kernelscout", "optimize", "--space", str(SPACE), "--budget", "5", "--run-dir",
+           str(tmp_path / "run"), "--json"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_as_from_a_terminal)
+    result = json.loads(proc.stdout.readline())
+    while proc.poll() is None:  # pressed again and again until it has gone
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.01)
+    err = proc.stderr.read()
+    assert result["status"] == "finished" and result["measurements_used"] == 5
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "interrupted" not in err
+
+
+@needs_hub
 def test_ctrl_c_says_where_the_run_stands_and_resume_finishes_it(tmp_path):
     run_dir = tmp_path / "run"
     budget = 3000  # far more than it can spend before the interrupt, however fast the machine
