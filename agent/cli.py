@@ -69,7 +69,7 @@ def measure(
         )
     except ValidationError as exc:
         fail(validation_message(exc, _MEASURE_FLAGS), as_json)
-    if not as_json and _files_pass_static_checks(problem, candidate):  # else the one error line comes alone
+    if not as_json and _files_pass_static_checks(problem, candidate) and not _refused_folder(run_dir):  # else the error comes alone
         err.print(f"[dim]measuring {candidate} against {problem} ...[/dim]", soft_wrap=True)
     try:
         result = run_measure(request)
@@ -88,6 +88,17 @@ def measure(
 
 _MEASURE_FLAGS = {"timeout_s": "--timeout", "compile_timeout_s": "--compile-timeout", "timing_budget_s": "--timing-budget",
                   "budget": "--budget"}
+
+
+def _refused_folder(run_dir: Optional[str]) -> bool:
+    """Whether the run directory will refuse the measurement (a search runs in it or holds it), before it is tried."""
+    from pathlib import Path
+
+    from kernelscout.tools.measure import DEFAULT_RUN_DIR, search_in
+    from kernelscout.tools.runlock import held_elsewhere
+
+    folder = Path(run_dir or DEFAULT_RUN_DIR)
+    return bool(held_elsewhere(folder) or search_in(folder))
 
 
 def _files_pass_static_checks(problem: str, candidate: str) -> bool:

@@ -77,9 +77,28 @@ class ChatSession:
 # -- opening a session ---------------------------------------------------------------------------------------------
 
 
+def refuse_search_folder(run_path: Path) -> None:
+    """A chat measures, and a search's folder takes only the search's measurements: refused, running or not, with the
+    way on that works now (a running search cannot be resumed until it stops)."""
+    from kernelscout.tools.measure import refuse_if_searched, search_in
+    from kernelscout.tools.rundir import RunDirError
+
+    try:
+        refuse_if_searched(run_path)
+    except RunDirError as exc:
+        raise ChatSetupError(str(exc).replace("measure into another", "chat in another")) from None
+    search = search_in(run_path)
+    if search:
+        raise ChatSetupError(f"{run_path} holds {search}, whose folder takes only the search's own measurements; chat in "
+                             f"another folder (--run-dir), or go on with the search: `kscout budget {run_path} --set N && "
+                             f"kscout resume {run_path}`")
+
+
 def resolve_problem(problem: Optional[str], run_dir: Optional[str]) -> tuple[Path, Path]:
     """(problem file, run directory): a folder means its problem.py; a run directory remembers its problem."""
     run_path = Path(run_dir) if run_dir else None
+    if run_path is not None:
+        refuse_search_folder(run_path)
     remembered = RunDir(run_path).get_meta(PROBLEM_META) if run_path and (run_path / "run.db").exists() else None
     if problem is None:
         if remembered is None and run_path is not None:
@@ -147,18 +166,14 @@ def open_chat(problem: Optional[str], run_dir: Optional[str] = None, *, device: 
     from kernelscout.tools.mcp_server import ensure_cap
 
     from kernelscout.sandbox.problem import InputFileError
-    from kernelscout.tools.measure import resolve_device, search_in
+    from kernelscout.tools.measure import resolve_device
 
     path, run_path = resolve_problem(problem, run_dir)
     try:
         device = resolve_device(device)  # the header and every tool name the device that measures, not "auto"
     except InputFileError as exc:
         raise ChatSetupError(f"--device {exc}") from None
-    search = search_in(run_path)
-    if search:  # a chat measures, and a search's folder takes only the search's measurements
-        raise ChatSetupError(f"{run_path} holds {search}, whose folder takes only the search's own measurements; chat in "
-                             f"another folder (--run-dir), or go on with the search: `kscout budget {run_path} --set N && "
-                             f"kscout resume {run_path}`")
+    refuse_search_folder(run_path)
     ensure_cap(str(run_path), budget, default_more=DEFAULT_CHAT_BUDGET)  # a bad --budget refused before the folder exists
     run = RunDir(run_path)
     reason = ""
@@ -580,7 +595,7 @@ def register(app: typer.Typer) -> None:
             console.print(f"[red]error:[/red] {_escape(validation_message(exc, _CHAT_FLAGS))}")
             raise typer.Exit(2) from None
         except ValueError as exc:
-            console.print(f"[red]error:[/red] {_escape(str(exc))}")
+            console.print(f"[red]error:[/red] {_escape(str(exc))}", soft_wrap=True)  # a command in it stays on one line
             raise typer.Exit(2) from None
         has_flags = any(v is not None for v in (provider, model, base_url, max_usd, max_tokens))
         device = search_config(False).pick("device", device)
@@ -589,7 +604,7 @@ def register(app: typer.Typer) -> None:
                                 harness=harness,
                                 llm_flags=flags if has_flags else None)
         except (ChatSetupError, ToolFailure, ValueError) as exc:
-            console.print(f"[red]error:[/red] {_escape(str(exc))}")
+            console.print(f"[red]error:[/red] {_escape(str(exc))}", soft_wrap=True)  # a command in it stays on one line
             raise typer.Exit(2) from None
         log_to_console(console)
         try:

@@ -346,8 +346,9 @@ def test_a_finished_searchs_folder_takes_only_the_searchs_own_measurements(tmp_p
     assert ensure_cap(str(run_dir), None).cap == 3  # a server may still read the folder
     from kernelscout.agent.cli_chat import ChatSetupError, open_chat
 
-    with pytest.raises(ChatSetupError, match="takes only the search's own measurements"):
-        open_chat(str(problem), str(run_dir), device="cpu", model=None)
+    for asked in (str(problem), None):  # a new chat there, or "the earlier chat" of that folder
+        with pytest.raises(ChatSetupError, match="takes only the search's own measurements"):
+            open_chat(asked, str(run_dir), device="cpu", model=None)
     assert Budget(RunDir(run_dir)).status().used == 3
     Budget(RunDir(run_dir)).set_cap(5)
     assert resume_search(str(run_dir), quiet=True).measurements_used == 5  # the search itself measures there as before
@@ -365,7 +366,7 @@ def test_a_measurement_will_not_set_a_cap_below_what_the_folder_has_used(tmp_pat
     assert ledger.cap is None
 
 
-def test_serve_and_chat_leave_the_cap_of_a_search_running_in_their_folder_alone(tmp_path):
+def test_serve_and_chat_leave_the_cap_of_a_search_running_in_their_folder_alone(tmp_path, write):
     # `kscout serve --run-dir FOLDER --budget 12` set the cap first and refused the folder after: the search went on to 12
     from kernelscout.tools.mcp_server import ensure_cap
 
@@ -374,6 +375,11 @@ def test_serve_and_chat_leave_the_cap_of_a_search_running_in_their_folder_alone(
     with search_running_in(run.path), pytest.raises(ValueError, match="in use by a search that is still running"):
         ensure_cap(str(run.path), 12)
     assert Budget(run).status().cap == 4
+    from kernelscout.agent.cli_chat import ChatSetupError, open_chat
+
+    problem = write("problem.py", SMALL_PROBLEM)
+    with search_running_in(run.path), pytest.raises(ChatSetupError, match="still running .*chat in another run directory"):
+        open_chat(str(problem), str(run.path), device="cpu", model=None)  # not "resume it", which fails while it runs
     assert ensure_cap(str(run.path), 12).cap == 12  # once the search is gone, the cap is the user's to set
 
 

@@ -75,9 +75,9 @@ def measurement_key(problem_sha: str, candidate_sha: str, device: str, repeat: s
 
 
 def _searched_elsewhere(folder: Path, searching: str) -> RunDirError:
-    return RunDirError(f"{folder} is in use by a search that is still running ({searching}), and a measurement here "
-                       "would be charged to its budget; measure into another run directory (--run-dir), or wait "
-                       "for the search to finish")
+    return RunDirError(f"{folder} is in use by a search that is still running ({searching}), and takes only that "
+                       "search's measurements: one made here would be charged to its budget; measure into another run "
+                       "directory (--run-dir)")
 
 
 def refuse_if_searched(folder: Path) -> None:

@@ -131,7 +131,8 @@ class RunDir:
             raise RunDirError(f"{self.path} is a file, not a folder; give the run directory as a folder (new or earlier)")
         if (self.path / MULTI_PROBLEM_MARK).is_file():  # what is written here could not be reached again
             raise RunDirError(f"{self.path} is a multi-problem run (kscout run), whose searches are in "
-                              f"{self.path / 'problems'}/NAME; give one of those, or another folder")
+                              f"{self.path / 'problems'}/NAME, each taking only its own measurements; give another folder "
+                              f"(`kscout show {self.path}` reads the run, `kscout resume {self.path}` goes on with it)")
         self.db_path = self.path / "run.db"
         self._local = threading.local()
         longest = len(str(self.db_path.absolute())) + len("-journal")
