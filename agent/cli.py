@@ -58,8 +58,11 @@ def measure(
     """Check a candidate against its problem and time both in one sandboxed session."""
     from pydantic import ValidationError
 
+    from pathlib import Path
+
     from kernelscout.sandbox.harness import HarnessConfig
-    from kernelscout.tools.measure import MeasureRequest, measure as run_measure
+    from kernelscout.tools.measure import DEFAULT_RUN_DIR, MeasureRequest, refused_folder
+    from kernelscout.tools.measure import measure as run_measure
 
     device = search_config(as_json).pick("device", device)
     try:
@@ -69,7 +72,8 @@ def measure(
         )
     except ValidationError as exc:
         fail(validation_message(exc, _MEASURE_FLAGS), as_json)
-    if not as_json and _files_pass_static_checks(problem, candidate) and not _refused_folder(run_dir):  # else the error comes alone
+    if not as_json and _files_pass_static_checks(problem, candidate) and not refused_folder(Path(run_dir or DEFAULT_RUN_DIR)):
+        # else the error comes alone
         err.print(f"[dim]measuring {candidate} against {problem} ...[/dim]", soft_wrap=True)
     try:
         result = run_measure(request)
@@ -88,17 +92,6 @@ def measure(
 
 _MEASURE_FLAGS = {"timeout_s": "--timeout", "compile_timeout_s": "--compile-timeout", "timing_budget_s": "--timing-budget",
                   "budget": "--budget"}
-
-
-def _refused_folder(run_dir: Optional[str]) -> bool:
-    """Whether the run directory will refuse the measurement (a search runs in it or holds it), before it is tried."""
-    from pathlib import Path
-
-    from kernelscout.tools.measure import DEFAULT_RUN_DIR, search_in
-    from kernelscout.tools.runlock import held_elsewhere
-
-    folder = Path(run_dir or DEFAULT_RUN_DIR)
-    return bool(held_elsewhere(folder) or search_in(folder))
 
 
 def _files_pass_static_checks(problem: str, candidate: str) -> bool:

@@ -95,7 +95,8 @@ def refuse_search_folder(run_path: Path) -> None:
 
 
 def resolve_problem(problem: Optional[str], run_dir: Optional[str]) -> tuple[Path, Path]:
-    """(problem file, run directory): a folder means its problem.py; a run directory remembers its problem."""
+    """(problem file, run directory): a folder means its problem.py; a run directory remembers its problem. A folder
+    that holds a search is refused here, before its memory is read (it has none)."""
     run_path = Path(run_dir) if run_dir else None
     if run_path is not None:
         refuse_search_folder(run_path)
@@ -119,6 +120,7 @@ def resolve_problem(problem: Optional[str], run_dir: Optional[str]) -> tuple[Pat
     if run_path is None:
         name = problem_name(path)
         run_path = Path("runs") / f"chat-{name}"
+        refuse_search_folder(run_path)
         remembered = RunDir(run_path).get_meta(PROBLEM_META) if (run_path / "run.db").exists() else None
     if remembered is not None and Path(remembered) != path:
         raise ChatSetupError(f"{run_path} holds a chat about {remembered}; pass another --run-dir for {path}, or omit the "
@@ -173,7 +175,6 @@ def open_chat(problem: Optional[str], run_dir: Optional[str] = None, *, device: 
         device = resolve_device(device)  # the header and every tool name the device that measures, not "auto"
     except InputFileError as exc:
         raise ChatSetupError(f"--device {exc}") from None
-    refuse_search_folder(run_path)
     ensure_cap(str(run_path), budget, default_more=DEFAULT_CHAT_BUDGET)  # a bad --budget refused before the folder exists
     run = RunDir(run_path)
     reason = ""

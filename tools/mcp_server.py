@@ -42,8 +42,7 @@ from kernelscout.sandbox.problem import InputFileError, load_problem
 from kernelscout.tools.archive import CLEAR_GAIN, Archive, CandidateRecord, clear_gain
 from kernelscout.tools.budget import Budget, CapBelowUsed
 from kernelscout.tools.forecast_check import ForecastCheck, check_forecasts
-from kernelscout.tools.measure import (DEFAULT_RUN_DIR, MeasureRequest, measured_files, open_run, refuse_if_search_folder,
-                                      refuse_if_searched, resolve_device)
+from kernelscout.tools.measure import DEFAULT_RUN_DIR, MeasureRequest, measured_files, open_run, refuse_if_searched, resolve_device
 from kernelscout.tools.measure import measure as run_measure
 from kernelscout.tools.predict_file import CandidateForecast, PredictFileRequest, PredictInputError, llm_surrogate, predict_file, usable_measurements
 from kernelscout.tools.rundir import RunDir
@@ -461,9 +460,7 @@ def ensure_cap(run_dir: str, budget: Optional[int], default_more: int = DEFAULT_
     """The cap `kscout serve` runs under: --budget if given, else the directory's own, else `default_more` beyond what it has used."""
     if budget is not None and budget < 0:  # said before RunDir makes the folder, not after
         raise ValueError(f"--budget {budget}: a measurement budget cannot be negative; give 0 (measure nothing) or more")
-    refuse_if_searched(Path(run_dir))  # before the cap: a search running there would go on under the new one
-    if budget is not None:
-        refuse_if_search_folder(Path(run_dir), cap=True)
+    refuse_if_searched(Path(run_dir), cap=budget is not None)  # before the cap: a search there would go on under the new one
     ledger = Budget(RunDir(run_dir))
     if budget is not None:
         try:

@@ -80,12 +80,21 @@ def _searched_elsewhere(folder: Path, searching: str) -> RunDirError:
                        "directory (--run-dir)")
 
 
-def refuse_if_searched(folder: Path) -> None:
+def refuse_if_searched(folder: Path, cap: bool = False) -> None:
     """RunDirError while a search in another process holds `folder`: whatever is about to charge or re-cap it would
-    do so under that search (the MCP server's and chat's cap is set before their tools open the folder)."""
+    do so under that search (the MCP server's and chat's cap is set before their tools open the folder). `cap`: a cap
+    is about to be set, which a folder holding a search refuses even when the search has stopped."""
     searching = runlock.held_elsewhere(folder)
     if searching:
         raise _searched_elsewhere(folder, searching)
+    if cap:
+        refuse_if_search_folder(folder, cap=True)
+
+
+def refused_folder(folder: Path) -> bool:
+    """Whether a measurement from this process into `folder` would be refused for the folder's sake (a search runs
+    there, or holds it), by the rules `measure` applies; reads only."""
+    return bool(runlock.held_elsewhere(folder) or search_in(folder))
 
 
 def search_in(folder: Path) -> Optional[str]:
@@ -129,9 +138,7 @@ def open_run(run_dir: Optional[str], budget: Optional[int]) -> RunDir:
     go on to 12), so it is refused before anything is charged. `measure` also keeps searches out of the
     folder while it runs (runlock.shared); this check is for callers that only open the folder."""
     folder = Path(run_dir or DEFAULT_RUN_DIR)
-    refuse_if_searched(folder)
-    if budget is not None:
-        refuse_if_search_folder(folder, cap=True)
+    refuse_if_searched(folder, cap=budget is not None)
     run = RunDir(folder)
     if budget is not None:
         ledger = Budget(run)
@@ -216,7 +223,7 @@ def would_charge(run: RunDir, problem: str, candidate: str, device: str, again: 
         key = measurement_key(load_problem(problem).sha, load_candidate(candidate).sha, resolve_device(device))
     except InputFileError:
         return False
-    if runlock.held_elsewhere(run.path) or search_in(run.path) or Budget(run).status().remaining == 0:
+    if refused_folder(run.path) or Budget(run).status().remaining == 0:
         return False
     return again or find_measurement(run, key) is None
 
