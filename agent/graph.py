@@ -32,6 +32,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
 
 from kernelscout.agent.checkpoint_trim import keep_latest_checkpoint
+from kernelscout.agent.cold_start import COLD_START_ORDER, cold_start_order
 from kernelscout.agent.dispatch import InlineExecutor
 from kernelscout.agent.policies.tuner import USER_ORIGIN
 from kernelscout.agent.search_spec import SearchSettings
@@ -158,8 +159,11 @@ class SearchLoop:
         requeued = {rec.id for rec in recs if rec.requeued}
         for rec, forecast in zip(recs, forecasts):
             judged.append((rec.id, forecast, self.predictor.decide(forecast)))
-        # highest priority first; among equals (e.g. cold start) the policy's own order, oldest first
-        wanted = sorted(((self.predictor.priority(f), -cid), cid) for cid, f, d in judged if d.action == "measure" and cid not in given)[::-1]
+        # highest priority first; among equals (e.g. cold start) a code policy's cold-start order (agent/cold_start.py),
+        # then the policy's own order, oldest first
+        cold = self._cold_order(recs)
+        wanted = sorted(((self.predictor.priority(f), cold.get(cid, (0, 0.0)), -cid), cid)
+                        for cid, f, d in judged if d.action == "measure" and cid not in given)[::-1]
         room = self._room()
         # batch selection: the rule's best, one per free worker, never more than the budget has room for
         per_iteration = len(wanted) if self.predictor.measure_all else max(self.settings.measure_per_iteration, self.workers)
@@ -182,7 +186,8 @@ class SearchLoop:
         ruled_out = {cid for cid, f, d in judged if f.informative and d.action == "skip"}
         self._ruled_out_while_dry = set() if chosen else self._ruled_out_while_dry | ruled_out
         self._emit("predict", considered=len(judged), measure=chosen, total_considered=considered_count(self.archive),
-                   uninformative=len(blind), why_uninformative=blind[0].rationale if blind else None)
+                   uninformative=len(blind), why_uninformative=blind[0].rationale if blind else None,
+                   order=f"this order: {COLD_START_ORDER}" if cold else "the policy's order")
         return {"to_measure": chosen}
 
     def measure(self, state: LoopState) -> LoopState:
@@ -474,6 +479,13 @@ class SearchLoop:
         than it still has the reference's 1.0 to beat, not its least slow candidate's 0.66."""
         best = self.archive.best()
         return max(1.0, (self.archive.reported_speedup(best) or 1.0) if best else 1.0)
+
+    def _cold_order(self, recs: list[CandidateRecord]) -> dict[int, tuple[int, float]]:
+        if not getattr(self.policy, "grows_the_best_first", False):
+            return {}  # a recorded space's design, or a plugin's order, is deliberate: kept as proposed
+        everything = self.archive.all()
+        speedups = {r.id: r.speedup or 1.0 for r in everything}
+        return cold_start_order(recs, everything, lambda pid: 1.0 if pid in (None, ROOT_ID) else speedups.get(pid, 1.0))
 
     def _speedup_of(self, candidate_id: Optional[int]) -> float:
         if candidate_id in (None, ROOT_ID):

@@ -12,6 +12,8 @@ from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 
+POLICY_ORDER = "the policy's order"  # a cold start's order where the predict event names none
+
 
 class SearchProgress:
     def __init__(self, budget: int, title: str, console: Optional[Console] = None, live: Optional[bool] = None):
@@ -64,7 +66,7 @@ class SearchProgress:
             self.considered = d.get("total_considered", self.considered)
             if d.get("uninformative") and d["uninformative"] == d["considered"]:  # nothing was forecast, so nothing chose
                 why = f" ({clip_line(d['why_uninformative'], 240)})" if d.get("why_uninformative") else ""
-                return f"{d['considered']} candidates, no usable forecast{why}: measuring {d['measure'] or 'none'} in the policy's order"
+                return f"{d['considered']} candidates, no usable forecast{why}: measuring {d['measure'] or 'none'} in {d.get('order') or POLICY_ORDER}"
             return f"forecast {d['considered']} candidates, measuring {d['measure'] or 'none'}"
         if kind in ("measure", "confirm") and d.get("cap"):  # raised mid-search with `kscout budget --set`
             self.budget = d["cap"]

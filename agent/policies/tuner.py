@@ -67,6 +67,7 @@ class TunerPolicy:
     """Offline proposals: tunable configurations and generic rewrites, deduplicated against the archive."""
 
     name = "tuner"
+    grows_the_best_first = True  # while nothing can be forecast, the loop measures as agent/cold_start.py orders
 
     def __init__(self, rewrites: Optional[list[Rewrite]] = None, random_configs: int = 2):
         self.rewrites = rewrites

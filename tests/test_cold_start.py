@@ -1,0 +1,53 @@
+"""Before a code problem has a forecast, the search builds on the kernel that won instead of trying every variant
+of a rewrite that lost (agent/cold_start.py)."""
+
+import json
+from pathlib import Path
+
+from conftest import EXAMPLES
+
+from kernelscout.agent.policies.rewrites import LINEAGE_MARK
+from kernelscout.agent.runner import start_search
+from kernelscout.tools.archive import Archive
+from kernelscout.tools.rundir import RunDir
+from kernelscout.tools.schema import Measurement
+
+CONV = EXAMPLES / "conv2d_relu" / "problem.py"
+
+
+def lineage(source: str) -> list[str]:
+    line = next(line for line in source.splitlines() if line.startswith(LINEAGE_MARK))
+    return json.loads(line[len(LINEAGE_MARK):])
+
+
+def as_on_this_vm(pool, problem, candidate, config):
+    """conv2d_relu as the 2-core VM measured it: torch.compile alone slower than eager, channels_last faster, and
+    faster again with anything on top of it. No sandbox runs: only the order of the measurements is under test."""
+    chain = lineage(candidate.source)
+    speedup = 0.82 if chain[0] == "torch_compile" else 1.26 if chain == ["channels_last"] else \
+        1.45 if chain[0] == "channels_last" else 1.0
+    return Measurement(status="ok", correct=True, timing_valid=True, charged=True, speedup=speedup,
+                       runtime_ms=100.0 / speedup, ref_runtime_ms=100.0)
+
+
+def test_before_any_forecast_the_children_of_a_winning_kernel_come_before_more_variants_of_a_losing_rewrite(tmp_path, monkeypatch):
+    import kernelscout.tools.measure as measure_tool
+
+    monkeypatch.setattr(measure_tool, "run_measurement", as_on_this_vm)
+    run = tmp_path / "run"
+    result = start_search(problem=str(CONV), space=None, budget=6, device="cpu", run_dir=str(run), quiet=True,
+                          report=False, confirm=0)
+    assert result.measurements_used == 6
+    archive = Archive(RunDir(run))
+    measured = sorted((r for r in archive.all() if r.state == "measured"), key=lambda r: r.measurement_id)
+    origins = [(r.parent_id, r.origin) for r in measured]
+    assert origins[0] == (0, "rewrite:torch_compile")  # the policy's first proposal: 0.82x, a loss
+    winner = next(r for r in measured if r.origin == "rewrite:channels_last" and r.speedup == 1.26)
+    after = measured[measured.index(winner) + 1:]
+    assert after and after[0].parent_id == winner.id  # built on at once
+    assert all(lineage(Path(r.path).read_text())[0] == "channels_last" for r in after)  # and on what it led to
+    assert (0, "rewrite:torch_compile") not in origins[1:]  # no second torch.compile of the reference
+    assert result.best_speedup == 1.45
+    predicts = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    orders = {e.get("order") for e in predicts if e.get("event") == "predict"}
+    assert orders == {"this order: children of faster kernels first, variants of a rewrite that lost last"}  # the live log says it
