@@ -26,6 +26,7 @@ class SearchProgress:
         self._task = self._bar.add_task(title, total=budget)
         self._live: Optional[Live] = None
         self._t0 = time.monotonic()
+        self._order_said: Optional[str] = None  # a cold start's order, said in full once, then "the same order"
 
     def __enter__(self) -> "SearchProgress":
         if self.live_mode:
@@ -66,7 +67,10 @@ class SearchProgress:
             self.considered = d.get("total_considered", self.considered)
             if d.get("uninformative") and d["uninformative"] == d["considered"]:  # nothing was forecast, so nothing chose
                 why = f" ({clip_line(d['why_uninformative'], 240)})" if d.get("why_uninformative") else ""
-                return f"{d['considered']} candidates, no usable forecast{why}: measuring {d['measure'] or 'none'} in {d.get('order') or POLICY_ORDER}"
+                order = d.get("order") or POLICY_ORDER
+                said, self._order_said = order == self._order_said, order
+                return f"{d['considered']} candidates, no usable forecast{why}: measuring {d['measure'] or 'none'} in " \
+                       f"{'the same order' if said else order}"
             return f"forecast {d['considered']} candidates, measuring {d['measure'] or 'none'}"
         if kind in ("measure", "confirm") and d.get("cap"):  # raised mid-search with `kscout budget --set`
             self.budget = d["cap"]

@@ -67,4 +67,6 @@ def test_before_the_surrogate_can_forecast_the_log_does_not_say_a_forecast_chose
                  capsys)
     assert lines[0].startswith(f"{predicts[0]['considered']} candidates, no usable forecast (cold start")
     assert lines[0].endswith(f"measuring {predicts[0]['measure']} in the policy's order")
+    again = _log([("predict", {k: v for k, v in e.items() if k not in ("ts", "event", "pid")}) for e in predicts[:2]], capsys)
+    assert again[1].endswith(f"measuring {predicts[1]['measure']} in the same order")  # said in full once per log
     assert lines[1] == f"forecast {predicts[-1]['considered']} candidates, measuring {predicts[-1]['measure']}"
