@@ -26,7 +26,7 @@ class SearchProgress:
         self._task = self._bar.add_task(title, total=budget)
         self._live: Optional[Live] = None
         self._t0 = time.monotonic()
-        self._order_said: Optional[str] = None  # a cold start's order, said in full once, then "the same order"
+        self._order_said: Optional[str] = None  # a cold start's order, said in full once, then "the same order" (log only)
 
     def __enter__(self) -> "SearchProgress":
         if self.live_mode:
@@ -68,7 +68,8 @@ class SearchProgress:
             if d.get("uninformative") and d["uninformative"] == d["considered"]:  # nothing was forecast, so nothing chose
                 why = f" ({clip_line(d['why_uninformative'], 240)})" if d.get("why_uninformative") else ""
                 order = d.get("order") or POLICY_ORDER
-                said, self._order_said = order == self._order_said, order
+                # the live view keeps its last few lines only, so there the first saying would scroll away: it says it each time
+                said, self._order_said = order == self._order_said and self._live is None, order
                 return f"{d['considered']} candidates, no usable forecast{why}: measuring {d['measure'] or 'none'} in " \
                        f"{'the same order' if said else order}"
             return f"forecast {d['considered']} candidates, measuring {d['measure'] or 'none'}"

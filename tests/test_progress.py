@@ -1,5 +1,9 @@
 """The plain-log progress a headless run prints: what a user reads in a CI log or a tmux scrollback."""
 
+import io
+
+from rich.console import Console
+
 from kernelscout.agent.progress import SearchProgress
 
 
@@ -69,4 +73,9 @@ def test_before_the_surrogate_can_forecast_the_log_does_not_say_a_forecast_chose
     assert lines[0].endswith(f"measuring {predicts[0]['measure']} in the policy's order")
     again = _log([("predict", {k: v for k, v in e.items() if k not in ("ts", "event", "pid")}) for e in predicts[:2]], capsys)
     assert again[1].endswith(f"measuring {predicts[1]['measure']} in the same order")  # said in full once per log
+    shown = io.StringIO()
+    with SearchProgress(budget=4, title="pnpoly", console=Console(file=shown, width=400), live=True) as view:
+        for e in predicts[:2]:
+            view("predict", {k: v for k, v in e.items() if k not in ("ts", "event", "pid")})
+    assert "in the same order" not in shown.getvalue()  # a live view's few lines scroll: it says the order each time
     assert lines[1] == f"forecast {predicts[-1]['considered']} candidates, measuring {predicts[-1]['measure']}"
