@@ -13,6 +13,11 @@ unmeasured to the end. The order here is the one a person tuning by hand would f
 * then children of faster parents first, so a kernel that won is built on at once;
 * then the policy's own order, oldest first (the loop's last tie-break).
 
+An LLM policy's plan says how much faster it expects each experiment to be (GPU Kernel Scientist's
+"expected uplift"). With no forecast yet, that claim is the only thing that tells two experiments on the
+same parent apart, so there the parent's measured speedup is multiplied by it: the experiment expected to
+end fastest goes first. The claim only orders; it is never shown as a speedup.
+
 It only orders what the policy proposed; nothing is dropped, and with a forecast to go on the
 forecast decides. Knob moves (`tunable:*`) are not held against each other: one neighbour's loss says
 nothing about a different knob's.
@@ -25,6 +30,7 @@ from collections.abc import Callable, Iterable
 from kernelscout.tools.archive import CandidateRecord
 
 COLD_START_ORDER = "children of faster kernels first, variants of a rewrite that lost last"  # said in the live log
+PLANNED_ORDER = "the fastest expected first (the parent's measured speedup times the plan's expected speedup)"
 LOST = 0.95  # a child below this fraction of its parent's speedup lost to it (the CPU spread is 10-35 %, docs/benchmarks.md)
 
 
@@ -32,9 +38,21 @@ def _family(rec: CandidateRecord) -> str | None:
     return rec.origin if rec.origin.startswith("rewrite:") else None
 
 
+def claimed_uplift(rec: CandidateRecord) -> float:
+    """The speedup over its parent that the plan behind this candidate expected (1.0 where no plan said)."""
+    claim = rec.features.get("expected_speedup")
+    return float(claim) if isinstance(claim, (int, float)) and claim > 0 else 1.0
+
+
+def order_said(candidates: Iterable[CandidateRecord]) -> str:
+    """The order in words for the live log: the plans' claims when any candidate carries one."""
+    return PLANNED_ORDER if any("expected_speedup" in rec.features for rec in candidates) else COLD_START_ORDER
+
+
 def cold_start_order(candidates: Iterable[CandidateRecord], archive: Iterable[CandidateRecord],
                      speedup_of: Callable[[int | None], float]) -> dict[int, tuple[int, float]]:
-    """A sort key for each candidate, larger first: (its rewrite has not lost under this parent, the parent's speedup).
+    """A sort key for each candidate, larger first: (its rewrite has not lost under this parent, the parent's speedup
+    times the plan's expected speedup over it).
 
     `archive` is every candidate of the run (read from run.db, so a resume orders as the search that stopped did);
     `speedup_of` gives a parent's measured speedup over the reference (1.0 for the reference itself)."""
@@ -46,4 +64,5 @@ def cold_start_order(candidates: Iterable[CandidateRecord], archive: Iterable[Ca
         if rec.state == "failed" or (rec.state == "measured" and rec.speedup is not None
                                      and rec.speedup < LOST * speedup_of(rec.parent_id)):
             lost.add((rec.parent_id, family))
-    return {rec.id: (int((rec.parent_id, _family(rec)) not in lost), speedup_of(rec.parent_id)) for rec in candidates}
+    return {rec.id: (int((rec.parent_id, _family(rec)) not in lost), speedup_of(rec.parent_id) * claimed_uplift(rec))
+            for rec in candidates}

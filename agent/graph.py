@@ -32,7 +32,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
 
 from kernelscout.agent.checkpoint_trim import keep_latest_checkpoint
-from kernelscout.agent.cold_start import COLD_START_ORDER, cold_start_order
+from kernelscout.agent.cold_start import cold_start_order, order_said
 from kernelscout.agent.dispatch import InlineExecutor
 from kernelscout.agent.policies.tuner import USER_ORIGIN
 from kernelscout.agent.search_spec import SearchSettings
@@ -187,7 +187,7 @@ class SearchLoop:
         self._ruled_out_while_dry = set() if chosen else self._ruled_out_while_dry | ruled_out
         self._emit("predict", considered=len(judged), measure=chosen, total_considered=considered_count(self.archive),
                    uninformative=len(blind), why_uninformative=blind[0].rationale if blind else None,
-                   order=f"this order: {COLD_START_ORDER}" if cold else "the policy's order")
+                   order=f"this order: {order_said(recs)}" if cold else "the policy's order")
         return {"to_measure": chosen}
 
     def measure(self, state: LoopState) -> LoopState:

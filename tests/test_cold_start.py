@@ -51,3 +51,50 @@ def test_before_any_forecast_the_children_of_a_winning_kernel_come_before_more_v
     predicts = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
     orders = {e.get("order") for e in predicts if e.get("event") == "predict"}
     assert orders == {"this order: children of faster kernels first, variants of a rewrite that lost last"}  # the live log says it
+
+
+PLAN_SOURCE = ("import torch\nimport torch.nn as nn\n\nclass ModelNew(nn.Module):\n    def __init__(self, scale):\n"
+               "        super().__init__()\n        self.scale = scale\n\n    def forward(self, x, y):\n"
+               "        return torch.relu(x * self.scale + y) + 0.5 * x  # experiment {tag}\n")
+MEASURED = {"a": 1.05, "b": 1.2, "c": 1.4, "d": 1.1}  # what each experiment measures, whatever its plan claimed
+
+
+def by_tag(pool, problem, candidate, config):
+    tag = candidate.source.rsplit("experiment ", 1)[1].strip()
+    return Measurement(status="ok", correct=True, timing_valid=True, charged=True, speedup=MEASURED[tag],
+                       runtime_ms=100.0 / MEASURED[tag], ref_runtime_ms=100.0)
+
+
+def test_before_any_forecast_an_llm_plan_is_measured_fastest_expected_first(tmp_path, write, monkeypatch):
+    """The plan for the reference claims 1.1x, 3.0x and 1.5x for experiments a, b and c, in that order; the second
+    plan claims 1.05x for d on whichever parent it was given. With the learned surrogate still cold, b (3.0x claimed)
+    is measured first, then c (1.0 x 1.5), not d (at most 1.2 x 1.05) and not a (the oldest)."""
+    import kernelscout.tools.measure as measure_tool
+    from kernelscout.agent.forecaster import make_forecaster
+    from kernelscout.agent.graph import SearchLoop, SearchSettings
+    from kernelscout.agent.llm import ScriptedChatModel
+    from kernelscout.agent.policies.llm_policy import make_llm_policy
+    from kernelscout.agent.targets import CodeTarget, reference_ms
+    from kernelscout.tools.budget import Budget
+    from conftest import SMALL_PROBLEM
+
+    monkeypatch.setattr(measure_tool, "run_measurement", by_tag)
+    plans = iter([[("a", 1.1), ("b", 3.0), ("c", 1.5)]])
+
+    def script(request):
+        plan = next(plans, [("d", 1.05)])
+        return json.dumps({"experiments": [{"hypothesis": f"experiment {tag}", "expected_speedup": claim,
+                                            "source": PLAN_SOURCE.format(tag=tag)} for tag, claim in plan]})
+
+    run = RunDir(tmp_path / "run")
+    Budget(run).set_cap(2)
+    target = CodeTarget(write("problem.py", SMALL_PROBLEM), "cpu", run)
+    policy = make_llm_policy(None, target, model=ScriptedChatModel([script] * 20))
+    predictor = make_forecaster("learned", None, lambda: reference_ms(run), lambda rec: dict(rec.features))
+    SearchLoop(run, target, policy, predictor, SearchSettings(budget=2, measure_per_iteration=1, confirm=0)).run_to_end()
+
+    measured = sorted((r for r in Archive(run).all() if r.state == "measured"), key=lambda r: r.measurement_id)
+    assert [r.hypothesis for r in measured] == ["experiment b", "experiment c"]
+    events = [json.loads(line) for line in (run.path / "events.jsonl").read_text().splitlines()]
+    orders = {e.get("order") for e in events if e.get("event") == "predict"}
+    assert orders == {"this order: the fastest expected first (the parent's measured speedup times the plan's expected speedup)"}

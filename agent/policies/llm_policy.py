@@ -43,6 +43,7 @@ def static_problem(source: str) -> Optional[str]:
 
 class LLMPolicy:
     name = "llm"
+    grows_the_best_first = True  # with no forecast yet, the plans' expected speedups order what is measured (agent/cold_start.py)
 
     def __init__(self, model: Any, digest: Callable[[], str], contrast: Callable[[], Optional[tuple[str, str]]],
                  sol_text: str = "unknown", repair_allowance: int = 2, max_tokens: int = 8192):
