@@ -339,6 +339,7 @@ def test_a_finished_searchs_folder_takes_only_the_searchs_own_measurements(tmp_p
     m = measure(MeasureRequest(problem=str(problem), candidate=str(cand), device="cpu", run_dir=str(run_dir), harness=QUICK))
     assert m.status == MeasureStatus.run_dir_unusable and not m.charged
     assert "holds a search of" in m.message and "pnpoly_RTX_3090" in m.message
+    assert "whose budget is spent (3 of 3)" in m.message and "charged" not in m.message  # nothing could be charged
     assert f"kscout budget {run_dir} --set N && kscout resume {run_dir}" in m.message and "another run directory" in m.message
     assert not would_charge(RunDir(run_dir), str(problem), str(cand), "cpu")  # a chat would not ask to spend it
     with pytest.raises(ValueError, match="whose budget is the search's own"):  # `kscout serve --budget 12`, `kscout chat --budget 12`
@@ -351,6 +352,8 @@ def test_a_finished_searchs_folder_takes_only_the_searchs_own_measurements(tmp_p
             open_chat(asked, str(run_dir), device="cpu", model=None)
     assert Budget(RunDir(run_dir)).status().used == 3
     Budget(RunDir(run_dir)).set_cap(5)
+    m = measure(MeasureRequest(problem=str(problem), candidate=str(cand), device="cpu", run_dir=str(run_dir), harness=QUICK))
+    assert not m.charged and "would be charged to its budget" in m.message  # with room left, that is the reason
     assert resume_search(str(run_dir), quiet=True).measurements_used == 5  # the search itself measures there as before
 
 

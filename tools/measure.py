@@ -125,9 +125,21 @@ def refuse_if_search_folder(folder: Path, cap: bool = False) -> None:
     if cap:
         raise RunDirError(f"{folder} holds {search}, whose budget is the search's own: raise it and go on with the search "
                           f"with {go_on}, or use another run directory (--run-dir)")
-    raise RunDirError(f"{folder} holds {search}, and a measurement made there outside it would be charged to its budget "
-                      f"and left out of what `kscout show` reports of it; measure into another run directory (--run-dir), "
-                      f"or let the search measure more: {go_on}")
+    ledger = _ledger_of(folder)
+    if ledger is not None and ledger.remaining == 0:  # nothing could be charged: the budget is the reason to say
+        charged = f"whose budget is spent ({ledger.used} of {ledger.cap}), and a measurement made there outside it would count as its own"
+    else:
+        charged = "and a measurement made there outside it would be charged to its budget"
+    raise RunDirError(f"{folder} holds {search}, {charged} and be left out of what `kscout show` reports of it; measure into "
+                      f"another run directory (--run-dir), or let the search measure more: {go_on}")
+
+
+def _ledger_of(folder: Path):
+    """The folder's budget, read only; None where it cannot be read (the opening that follows says why)."""
+    try:
+        return Budget(RunDir(folder, read_only=True)).status()
+    except (RunDirError, sqlite3.Error):
+        return None
 
 
 def open_run(run_dir: Optional[str], budget: Optional[int]) -> RunDir:
