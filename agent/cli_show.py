@@ -27,7 +27,11 @@ def _num(value: Optional[float], fmt: str = "{:.3f}") -> str:
 
 
 def _params(row: CandidateRow, width: int = 60) -> str:
+    """The params it changed; for code with none (an LLM's, a rewrite's), the hypothesis and the plan's claim."""
     text = ", ".join(f"{k}={v}" for k, v in row.changed.items())
+    if not text:
+        claim = f" (expected {row.claimed_speedup:.2f}x over parent)" if row.claimed_speedup is not None else ""
+        text = row.hypothesis[: width - len(claim) - 1] + ("…" if len(row.hypothesis) > width - len(claim) - 1 else "") + claim
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
@@ -132,7 +136,7 @@ def render(view: RunView) -> None:
         forecasts = any(r.expected_speedup is not None or r.p_faster is not None for r in view.top)
         table = Table(title="fastest measured candidates (speedup over the reference"
                             + ("; measured and forecast over the parent)" if forecasts else ")"), title_justify="left")
-        columns = [("id", "right"), ("parent", "right"), ("origin", "left"), ("params changed from the parent", "left"), ("speedup", "right")]
+        columns = [("id", "right"), ("parent", "right"), ("origin", "left"), ("what changed from the parent", "left"), ("speedup", "right")]
         columns += [("over parent", "right"), ("forecast", "right"), ("P(faster)", "right")] if forecasts else []
         for name, justify in columns + [("state", "left")]:
             table.add_column(name, justify=justify)  # type: ignore[arg-type]
@@ -162,6 +166,8 @@ def render(view: RunView) -> None:
 
     if view.forecast_check is not None:
         _render_check(out, view.forecast_check, view.surrogate)
+        if view.forecast_check.plan_claims is not None:
+            out.print(escape(view.forecast_check.plan_claims.line()), soft_wrap=True)
 
 
 def _render_measured_files(out, files: list, title: str) -> None:

@@ -211,6 +211,8 @@ def write_report(run_dir: Path | str, title: str = "kernelscout run") -> Path:
             notes = space_notes(run)
             if notes:
                 over += " What the file holds that was not replayed: " + html.escape("; ".join(notes)) + "."
+    said = check.plan_claims.line() if check.plan_claims else ""
+    claims = f"<p>{html.escape(said[:1].upper() + said[1:])}.</p>" if said else ""
     body = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}} img{{margin:0.5em}} table{{border-collapse:collapse;font-size:13px}}
 td,th{{border-bottom:1px solid #ddd;padding:3px 8px;text-align:left}}</style></head><body>
@@ -220,7 +222,7 @@ candidates considered: {len([c for c in candidates])}.{over} Every speedup below
 {llm_paragraph(llm_calls(run))}<img src="data:image/png;base64,{best_so_far_plot(speedups, remeasured)}">
 <img src="data:image/png;base64,{forecast_plot(forecast_pairs)}">
 <img src="data:image/png;base64,{calibration_plot(check.reliability)}">
-<p>{html.escape(forecast_line(check))}</p>
+<p>{html.escape(forecast_line(check))}</p>{claims}
 <h2>Lineage</h2><table><tr><th>id</th><th>parent</th><th>origin</th><th>params</th><th>state</th><th>measured</th><th>last decision</th></tr>
 {''.join(rows)}</table>{failure_table}</body></html>"""
     path = run.path / "report.html"

@@ -47,6 +47,9 @@ class CandidateRow(BaseModel):
     expected_speedup: Optional[float] = Field(None, description="the forecast it was measured on: expected speedup over its parent")
     p_faster: Optional[float] = None
     decision: str = ""
+    hypothesis: str = Field("", description="why the policy proposed it")
+    claimed_speedup: Optional[float] = Field(None, description="the speedup over its parent its LLM plan expected (never measured; "
+                                             "scored in forecast_check.plan_claims)")
 
 
 class FailedRow(BaseModel):
@@ -157,7 +160,8 @@ def _row(archive: Archive, rec: CandidateRecord, deciding: dict[int, dict]) -> C
         remeasured=[sp for _, sp in archive.confirmations(rec.id)], remeasured_uncounted=archive.uncounted_confirmations(rec.id),
         over_parent=rec.speedup / parent_speedup if rec.speedup and parent_speedup else None,
         expected_speedup=fc.get("expected_speedup"),
-        p_faster=fc.get("p_faster"), decision=(f or {}).get("reason") or "",
+        p_faster=fc.get("p_faster"), decision=(f or {}).get("reason") or "", hypothesis=rec.hypothesis,
+        claimed_speedup=claimed if isinstance(claimed := rec.features.get("expected_speedup"), (int, float)) else None,
     )
 
 

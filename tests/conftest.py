@@ -152,3 +152,17 @@ def measure_source(tmp_path: Path, write, pool) -> Callable[..., Measurement]:
         return measure(req, pool=pool)
 
     return _measure
+
+
+@pytest.fixture
+def local_llm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A project whose kscout.toml points at a local OpenAI-compatible server (tests/fake_llm_server.py), as an
+    Ollama user's would; script its replies with `local_llm.script(...)`."""
+    from fake_llm_server import FakeLLMServer
+
+    monkeypatch.chdir(tmp_path)
+    with FakeLLMServer() as server:
+        (tmp_path / "kscout.toml").write_text(
+            f'[llm]\nprovider = "openai-compatible"\nbase_url = "{server.openai_base_url}"\nmodel = "local"\n'
+            'api_key = "sk-local-SECRET-0123456789abcdef"\nmax_attempts = 1\n')
+        yield server

@@ -11,6 +11,7 @@ from kernelscout.agent.runner import start_search
 from kernelscout.tools.archive import Archive
 from kernelscout.tools.rundir import RunDir
 from kernelscout.tools.schema import Measurement
+from fake_llm_server import reply_text
 
 CONV = EXAMPLES / "conv2d_relu" / "problem.py"
 
@@ -65,36 +66,33 @@ def by_tag(pool, problem, candidate, config):
                        runtime_ms=100.0 / MEASURED[tag], ref_runtime_ms=100.0)
 
 
-def test_before_any_forecast_an_llm_plan_is_measured_fastest_expected_first(tmp_path, write, monkeypatch):
+def test_before_any_forecast_an_llm_plan_is_measured_fastest_expected_first(tmp_path, write, monkeypatch, local_llm):
     """The plan for the reference claims 1.1x, 3.0x and 1.5x for experiments a, b and c, in that order; the second
     plan claims 1.05x for d on whichever parent it was given. With the learned surrogate still cold, b (3.0x claimed)
     is measured first, then c (1.0 x 1.5), not d (at most 1.2 x 1.05) and not a (the oldest)."""
     import kernelscout.tools.measure as measure_tool
-    from kernelscout.agent.forecaster import make_forecaster
-    from kernelscout.agent.graph import SearchLoop, SearchSettings
-    from kernelscout.agent.llm import ScriptedChatModel
-    from kernelscout.agent.policies.llm_policy import make_llm_policy
-    from kernelscout.agent.targets import CodeTarget, reference_ms
-    from kernelscout.tools.budget import Budget
+    from typer.testing import CliRunner
+
+    from kernelscout.agent.cli import app
     from conftest import SMALL_PROBLEM
 
     monkeypatch.setattr(measure_tool, "run_measurement", by_tag)
-    plans = iter([[("a", 1.1), ("b", 3.0), ("c", 1.5)]])
 
-    def script(request):
-        plan = next(plans, [("d", 1.05)])
-        return json.dumps({"experiments": [{"hypothesis": f"experiment {tag}", "expected_speedup": claim,
-                                            "source": PLAN_SOURCE.format(tag=tag)} for tag, claim in plan]})
+    def plan(*experiments):
+        return reply_text(json.dumps({"experiments": [{"hypothesis": f"experiment {tag}", "expected_speedup": claim,
+                                                       "source": PLAN_SOURCE.format(tag=tag)} for tag, claim in experiments]}))
 
-    run = RunDir(tmp_path / "run")
-    Budget(run).set_cap(2)
-    target = CodeTarget(write("problem.py", SMALL_PROBLEM), "cpu", run)
-    policy = make_llm_policy(None, target, model=ScriptedChatModel([script] * 20))
-    predictor = make_forecaster("learned", None, lambda: reference_ms(run), lambda rec: dict(rec.features))
-    SearchLoop(run, target, policy, predictor, SearchSettings(budget=2, measure_per_iteration=1, confirm=0)).run_to_end()
+    local_llm.script(plan(("a", 1.1), ("b", 3.0), ("c", 1.5)), *[plan(("d", 1.05))] * 10)
+    run = tmp_path / "run"
+    start_search(problem=str(write("problem.py", SMALL_PROBLEM)), space=None, budget=2, policy="llm", surrogate="learned",
+                 device="cpu", run_dir=str(run), quiet=True, report=False, confirm=0)
 
-    measured = sorted((r for r in Archive(run).all() if r.state == "measured"), key=lambda r: r.measurement_id)
+    measured = sorted((r for r in Archive(RunDir(run)).all() if r.state == "measured"), key=lambda r: r.measurement_id)
     assert [r.hypothesis for r in measured] == ["experiment b", "experiment c"]
-    events = [json.loads(line) for line in (run.path / "events.jsonl").read_text().splitlines()]
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
     orders = {e.get("order") for e in events if e.get("event") == "predict"}
     assert orders == {"this order: the fastest expected first (the parent's measured speedup times the plan's expected speedup)"}
+    shown = CliRunner().invoke(app, ["show", str(run), "--report"], env={"COLUMNS": "200"}).output  # claims beside measurements
+    assert "experiment b (expected 3.00x over parent)" in shown
+    scored = "expected speedups: 4 made, 2 measured; direction right 100%, claimed / measured 1.79x"
+    assert f"the plans' {scored}" in shown and scored in (run / "report.html").read_text()

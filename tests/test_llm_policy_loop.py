@@ -106,17 +106,7 @@ def test_llm_policy_through_the_loop(tmp_path, write, pool):
 import pytest  # noqa: E402
 
 from kernelscout.agent.runner import OptimizeError, resume_search, start_search  # noqa: E402
-from fake_llm_server import Status, fake_llm_server, reply_text  # noqa: E402, F401 - a pytest fixture
-
-
-@pytest.fixture
-def local_llm(tmp_path, monkeypatch, fake_llm_server):
-    """A project whose kscout.toml points at a local OpenAI-compatible server, as an Ollama user's would."""
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "kscout.toml").write_text(
-        f'[llm]\nprovider = "openai-compatible"\nbase_url = "{fake_llm_server.openai_base_url}"\nmodel = "local"\n'
-        'api_key = "sk-local-SECRET-0123456789abcdef"\nmax_attempts = 1\n')
-    return fake_llm_server
+from fake_llm_server import Status, reply_text  # noqa: E402
 
 
 def _search(problem, run_dir):

@@ -69,6 +69,42 @@ def test_a_pending_candidate_is_scored_on_the_forecast_that_got_it_measured(tmp_
     assert check.brier_p_faster == pytest.approx(0.16)  # (0.6 - 1)^2, not (0.1 - 1)^2
 
 
+def test_an_llm_plans_expected_speedups_are_scored_against_what_was_measured(tmp_path):
+    archive = Archive(RunDir(tmp_path / "run"))
+
+    def experiment(n, parent, claim, outcome):
+        features = {"origin": "llm"} if claim is None else {"origin": "llm", "expected_speedup": claim}
+        rec = archive.add(f"sha{n}", None, parent, "llm", {}, f"experiment {n}", features, 1)
+        if outcome == "wrong":
+            archive.record_measurement(rec.id, Measurement(status=MeasureStatus.incorrect, correct=False))
+        elif outcome is not None:
+            archive.record_measurement(rec.id, Measurement(status=MeasureStatus.ok, correct=True, timing_valid=True, speedup=outcome))
+        return rec.id
+
+    a = experiment(1, None, 1.5, 1.2)  # claimed 1.5x, gave 1.2x: right way, 1.25 times overclaimed
+    experiment(2, a, 2.0, 1.8)  # 1.5x over its parent at 1.2x, claimed 2.0x: 1.33 times
+    experiment(3, None, 1.2, 0.8)  # claimed faster, was slower: 1.5 times
+    experiment(4, None, 1.3, "wrong")
+    experiment(5, None, 1.1, None)  # not measured yet
+    experiment(6, None, None, 1.4)  # no claim: not scored
+
+    claims = check_forecasts(archive).plan_claims
+
+    assert (claims.claims, claims.measured, claims.failed) == (5, 3, 1)
+    assert claims.direction_right == pytest.approx(2 / 3)
+    assert claims.median_overclaim == pytest.approx(2.0 / 1.5)
+    assert claims.spearman == pytest.approx(1.0)  # ranked right, however much promised
+    assert claims.line() == ("the plans' expected speedups: 5 made, 3 measured, 1 failed; direction right 67%, "
+                                   "claimed / measured 1.33x at the median (the plans promised more than they gave), "
+                                   "rank correlation 1.00")
+
+
+def test_a_policy_that_claims_nothing_has_no_claims_to_score(tmp_path):
+    archive = Archive(RunDir(tmp_path / "run"))
+    _candidate(archive, 1, None, _forecast(0.8, 1.5, (1.1, 2.5), [0.1, 0.2, 0.7]), 2.0)
+    assert check_forecasts(archive).plan_claims is None
+
+
 def test_an_empty_archive_scores_nothing(tmp_path):
     check = check_forecasts(Archive(RunDir(tmp_path / "run")))
     assert check.scored == 0 and check.brier_p_faster is None and check.reliability == []

@@ -21,6 +21,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from kernelscout.tools.archive import ROOT_ID, Archive
+from kernelscout.tools.claim_check import PlanClaims, check_plan_claims
 from kernelscout.tools.surrogates import metrics
 
 SELECTION_NOTE = ("scored on measured candidates only, which the decision rule chose by their forecasts; "
@@ -55,6 +56,8 @@ class ForecastCheck(BaseModel):
     last_abstention: Optional[str] = Field(None, description="why the search's latest uninformative forecast said nothing (a cold "
                                                              "start names the measurements it still needs); predict tool calls not included")
     note: str = SELECTION_NOTE
+    plan_claims: Optional[PlanClaims] = Field(None, description="the LLM policy's own expected speedups against the measured "
+                                              "ones (tools/claim_check.py); None when the policy made no claims")
 
 
 class _Scores:
@@ -137,7 +140,8 @@ def check_forecasts(archive: Archive, bins: int = 5, forecasts: Optional[list[di
     last_silent = archive.last_abstention() or {}
     check = ForecastCheck(forecasts=sum(1 + f.get("repeats", 0) for f in forecasts) + len(tool), candidates_forecast=len(deciding) + len(tool),
                           uninformative=uninformative, scored=n, audits=audits, from_tools=from_tools,
-                          last_abstention=last_silent.get("rationale") or None, note=TOOLS_NOTE if tool and not forecasts else SELECTION_NOTE)
+                          last_abstention=last_silent.get("rationale") or None, note=TOOLS_NOTE if tool and not forecasts else SELECTION_NOTE,
+                          plan_claims=check_plan_claims(archive))
     if n == 0:
         return check
     pa, fa = np.asarray(scores.p, dtype=float), np.asarray(scores.faster, dtype=float)
