@@ -92,6 +92,9 @@ def test_before_any_forecast_an_llm_plan_is_measured_fastest_expected_first(tmp_
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
     orders = {e.get("order") for e in events if e.get("event") == "predict"}
     assert orders == {"this order: the fastest expected first (the parent's measured speedup times the plan's expected speedup)"}
+    # the model is told how far its expectation was off when it plans the next experiments
+    second_plan = json.dumps(local_llm.requests[1].body["messages"])
+    assert "experiment b: 1.200x (1.20x its parent's speed, where 3.00x was expected)" in second_plan
     shown = CliRunner().invoke(app, ["show", str(run), "--report"], env={"COLUMNS": "200"}).output  # claims beside measurements
     assert "experiment b (expected 3.00x over parent)" in shown
     scored = "expected speedups: 4 made, 2 measured; direction right 100%, claimed / measured 1.79x"

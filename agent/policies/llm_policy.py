@@ -133,15 +133,23 @@ class LLMPolicy:
 
 def make_llm_policy(spec: Any, target: Any, model: Any = None) -> LLMPolicy:
     from kernelscout.agent.llm import require_chat_model
-    from kernelscout.tools.archive import Archive
+    from kernelscout.tools.archive import ROOT_ID, Archive
 
     model = require_chat_model(model, "the llm policy")
     archive = Archive(target.run)
 
     def digest() -> str:
+        """The latest candidates and what they measured; where a plan said what it expected, the claim beside the
+        outcome over the same parent, so the model sees how far its expectations were off (GPU Kernel Scientist's record)."""
+        records = archive.all()
+        speedups = {r.id: r.speedup for r in records}
         lines = []
-        for rec in archive.all()[-20:]:
+        for rec in records[-20:]:
             result = f"{rec.speedup:.3f}x" if rec.speedup else rec.state
+            claim = rec.features.get("expected_speedup")
+            parent = 1.0 if rec.parent_id in (None, ROOT_ID) else speedups.get(rec.parent_id)
+            if isinstance(claim, (int, float)) and rec.speedup and parent:
+                result += f" ({rec.speedup / parent:.2f}x its parent's speed, where {claim:.2f}x was expected)"
             lines.append(f"- #{rec.id} ({rec.origin}) {rec.hypothesis[:100]}: {result}")
         return "\n".join(lines)
 
