@@ -21,7 +21,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormat
 
 from kernelscout.agent.llm_pricing import UsageState, usage_line  # noqa: E402
 from kernelscout.agent.run_view import failure_row, llm_calls  # noqa: E402
-from kernelscout.tools.archive import ROOT_ID, Archive  # noqa: E402
+from kernelscout.tools.archive import ROOT_ID, Archive, CandidateRecord  # noqa: E402
 from kernelscout.tools.budget import Budget  # noqa: E402
 from kernelscout.tools.forecast_check import ForecastCheck, check_forecasts, deciding_forecasts, scored_search_forecasts  # noqa: E402
 from kernelscout.tools.rundir import RunDir  # noqa: E402
@@ -113,6 +113,15 @@ def calibration_plot(reliability: list) -> str:
     return _png(fig)
 
 
+def _what_changed(c: CandidateRecord) -> str:
+    """Its params; for code with none (an LLM's, a rewrite's), its hypothesis and its plan's claim, as `kscout show` has it."""
+    if c.params:
+        return _cut(json.dumps(c.params, default=str), 120)
+    claim = c.features.get("expected_speedup")
+    said = f" (expected {claim:.2f}x over parent)" if isinstance(claim, (int, float)) else ""
+    return _cut(c.hypothesis, 120 - len(said)) + said
+
+
 def forecast_line(check: ForecastCheck) -> str:
     """The forecast scores in one sentence, the same figures `kscout show` prints."""
     if check.scored == 0:
@@ -168,7 +177,7 @@ def write_report(run_dir: Path | str, title: str = "kernelscout run") -> Path:
             measured = f"{archive.reported_speedup(c):.3f}x re-measured ({c.speedup:.3f}x once)"
         rows.append(
             f"<tr><td>#{c.id}</td><td>{'ref' if c.parent_id in (None, ROOT_ID) else '#' + str(c.parent_id)}</td>"
-            f"<td>{html.escape(c.origin)}</td><td>{html.escape(_cut(json.dumps(c.params, default=str), 120))}</td><td>{html.escape(state)}</td>"
+            f"<td>{html.escape(c.origin)}</td><td>{html.escape(_what_changed(c))}</td><td>{html.escape(state)}</td>"
             f"<td>{measured}</td>"
             f"<td>{html.escape(decision['reason']) if decision else ''}</td></tr>"
         )
@@ -223,7 +232,7 @@ candidates considered: {len([c for c in candidates])}.{over} Every speedup below
 <img src="data:image/png;base64,{forecast_plot(forecast_pairs)}">
 <img src="data:image/png;base64,{calibration_plot(check.reliability)}">
 <p>{html.escape(forecast_line(check))}</p>{claims}
-<h2>Lineage</h2><table><tr><th>id</th><th>parent</th><th>origin</th><th>params</th><th>state</th><th>measured</th><th>last decision</th></tr>
+<h2>Lineage</h2><table><tr><th>id</th><th>parent</th><th>origin</th><th>what changed</th><th>state</th><th>measured</th><th>last decision</th></tr>
 {''.join(rows)}</table>{failure_table}</body></html>"""
     path = run.path / "report.html"
     path.write_text(body)

@@ -98,4 +98,5 @@ def test_before_any_forecast_an_llm_plan_is_measured_fastest_expected_first(tmp_
     shown = CliRunner().invoke(app, ["show", str(run), "--report"], env={"COLUMNS": "200"}).output  # claims beside measurements
     assert "experiment b (expected 3.00x over parent)" in shown
     scored = "expected speedups: 4 made, 2 measured; direction right 100%, claimed / measured 1.79x"
-    assert f"the plans' {scored}" in shown and scored in (run / "report.html").read_text()
+    report = (run / "report.html").read_text()
+    assert f"the plans' {scored}" in shown and scored in report and "experiment b (expected 3.00x over parent)" in report
