@@ -75,7 +75,7 @@ def make_predictor(spec: SearchSpec, target: Any) -> Forecaster:
             return llm_space_forecaster(target, ref, model=metered_chat_model(spec, target.run), seed=spec.settings.seed, priors=priors)
         return make_forecaster(spec.surrogate, target.space.param_values, ref, lambda rec: dict(rec.params),
                                priors=priors, seed=spec.settings.seed, valid=target.space.configs)
-    sol = target.bounds.time_ms if getattr(target, "bounds", None) else None
+    sol = getattr(target, "forecast_floor_ms", None)
     if spec.surrogate == "llm":
         return llm_forecaster(target, ref, model=metered_chat_model(spec, target.run), seed=spec.settings.seed)
     prior, note = history_prior(spec, target.run) if spec.surrogate == "learned" else (None, "")
@@ -127,7 +127,7 @@ def llm_forecaster(target: Any, ref, model: Any = None, seed: int = 0, target_ri
         return {"parent_source": read_source(parent_path), "device": target.device, "sol": sol}
 
     return Forecaster(LLMSurrogate(model), ref, lambda rec: dict(rec.features), seed=seed, target_risk=target_risk,
-                      sol_ms=bounds.time_ms if bounds else None, code_context=context, gate=gate)
+                      sol_ms=getattr(target, "forecast_floor_ms", None), code_context=context, gate=gate)
 
 
 def llm_space_forecaster(target: Any, ref, model: Any = None, seed: int = 0, priors: Sequence[Any] = ()) -> Forecaster:

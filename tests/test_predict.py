@@ -123,6 +123,19 @@ def test_speed_of_light_caps_the_speedup(space: ReplaySpace, trained: LearnedSur
     assert f.expected_speedup <= 1.2 + 1e-6
 
 
+def test_a_bound_the_best_measured_time_beat_is_no_floor_for_the_forecast(space: ReplaySpace, trained: LearnedSurrogate) -> None:
+    # a CPU "speed of light" from measured peaks, which the search's best kernel has already run under: a floor there
+    # forecast P(faster) 0 for every child of that best, where most of them then measured faster
+    child, _, _ = _extremes(space)
+    fast_parent = Parent(config=child.config, runtime_ms=float(space.median_times[space.best_index]))  # the best itself
+    sol = fast_parent.runtime_ms * 1.25
+    floored = predict(child, fast_parent, PredictContext(sol_runtime_ms=sol), trained)
+    beaten = predict(child, fast_parent, PredictContext(sol_runtime_ms=sol, incumbent_runtime_ms=fast_parent.runtime_ms), trained)
+    unbounded = predict(child, fast_parent, PredictContext(incumbent_runtime_ms=fast_parent.runtime_ms), trained)
+    assert floored.p_faster == 0.0  # nothing beats the bound, so nothing beats a parent under it
+    assert beaten.p_faster == pytest.approx(unbounded.p_faster) and beaten.p_faster > 0.05
+
+
 def test_predict_many_matches_one_at_a_time(space: ReplaySpace, trained: LearnedSurrogate) -> None:
     _, parent, _ = _extremes(space)
     children = [Candidate(config=space.config(i)) for i in (3, 40, 90)]

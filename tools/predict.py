@@ -114,6 +114,14 @@ def uninformative_forecast(surrogate: str, reason: str, edges: Sequence[float], 
     )
 
 
+def floor_holds(context: PredictContext) -> bool:
+    """Whether the speed-of-light time bounds the forecasts: not once the best measured time is under it, since a
+    bound that a verified kernel beat is not a bound on this device (a floor there forecasts P(faster) 0 for every
+    child of the best)."""
+    sol = context.sol_runtime_ms
+    return bool(sol) and (context.incumbent_runtime_ms is None or context.incumbent_runtime_ms >= sol)
+
+
 def predict_many(
     candidates: Sequence[Candidate],
     parent: Parent | Sequence[Parent],
@@ -133,7 +141,7 @@ def predict_many(
         reason = surrogate.status() if all(configs) else f"{surrogate.name} forecasts configurations only"
         cost = SurrogateCost(latency_ms=(time.perf_counter() - start) * 1e3 / len(candidates))
         return [uninformative_forecast(surrogate.name, reason, edges, cost) for _ in candidates]
-    if context.sol_runtime_ms:
+    if floor_holds(context):
         dist.floor = np.full(len(dist), math.log(context.sol_runtime_ms))
     forecasts = _read_forecasts(dist, parent, context, surrogate, edges, p_fail)
     per = (time.perf_counter() - start) * 1e3 / len(candidates)
