@@ -431,6 +431,11 @@ def test_a_bound_the_reference_itself_beats_is_dropped_not_held_against_candidat
     assert "below the speed-of-light floor" in honest_floor.below_speed_of_light(timed(2.0, 12.0))  # reference above it
     # 6 ms is under the measured CPU bound yet believed (the margin is half of it): a forecast may not rule it out
     assert honest_floor.below_speed_of_light(timed(6.0, 12.0)) is None and honest_floor.forecast_floor_ms == 5.0
+    from kernelscout.agent.factory import make_predictor
+    from kernelscout.agent.search_spec import SearchSpec
+
+    spec = SearchSpec(kind="problem", path=str(tmp_path / "p.py"))
+    assert make_predictor(spec, honest_floor).sol_ms == 5.0  # what the search's forecasts are floored at
 
     # what the candidate's worker reports of the reference, the candidate could have written: a reference time
     # under the floor that the referee's own timing alone does not confirm leaves the bound in force
