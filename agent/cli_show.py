@@ -14,7 +14,7 @@ from typing import Optional
 
 import typer
 
-from kernelscout.agent.run_view import CandidateRow, RunView
+from kernelscout.agent.run_view import CandidateRow, RunView, what_changed
 from kernelscout.tools.runlock import holder
 
 
@@ -27,12 +27,7 @@ def _num(value: Optional[float], fmt: str = "{:.3f}") -> str:
 
 
 def _params(row: CandidateRow, width: int = 60) -> str:
-    """The params it changed; for code with none (an LLM's, a rewrite's), the hypothesis and the plan's claim."""
-    text = ", ".join(f"{k}={v}" for k, v in row.changed.items())
-    if not text:
-        claim = f" (expected {row.claimed_speedup:.2f}x over parent)" if row.claimed_speedup is not None else ""
-        text = row.hypothesis[: width - len(claim) - 1] + ("…" if len(row.hypothesis) > width - len(claim) - 1 else "") + claim
-    return text if len(text) <= width else text[: width - 1] + "…"
+    return what_changed(", ".join(f"{k}={v}" for k, v in row.changed.items()), row.hypothesis, row.claimed_speedup, width)
 
 
 def _ms(ms: float) -> str:

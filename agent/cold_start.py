@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from kernelscout.tools.archive import CandidateRecord
+from kernelscout.tools.claim_check import plan_claim
 
 COLD_START_ORDER = "children of faster kernels first, variants of a rewrite that lost last"  # said in the live log
 PLANNED_ORDER = "the fastest expected first (the parent's measured speedup times the plan's expected speedup)"
@@ -38,15 +39,9 @@ def _family(rec: CandidateRecord) -> str | None:
     return rec.origin if rec.origin.startswith("rewrite:") else None
 
 
-def claimed_uplift(rec: CandidateRecord) -> float:
-    """The speedup over its parent that the plan behind this candidate expected (1.0 where no plan said)."""
-    claim = rec.features.get("expected_speedup")
-    return float(claim) if isinstance(claim, (int, float)) and claim > 0 else 1.0
-
-
 def order_said(candidates: Iterable[CandidateRecord]) -> str:
     """The order in words for the live log: the plans' claims when any candidate carries one."""
-    return PLANNED_ORDER if any("expected_speedup" in rec.features for rec in candidates) else COLD_START_ORDER
+    return PLANNED_ORDER if any(plan_claim(rec) is not None for rec in candidates) else COLD_START_ORDER
 
 
 def cold_start_order(candidates: Iterable[CandidateRecord], archive: Iterable[CandidateRecord],
@@ -64,5 +59,5 @@ def cold_start_order(candidates: Iterable[CandidateRecord], archive: Iterable[Ca
         if rec.state == "failed" or (rec.state == "measured" and rec.speedup is not None
                                      and rec.speedup < LOST * speedup_of(rec.parent_id)):
             lost.add((rec.parent_id, family))
-    return {rec.id: (int((rec.parent_id, _family(rec)) not in lost), speedup_of(rec.parent_id) * claimed_uplift(rec))
+    return {rec.id: (int((rec.parent_id, _family(rec)) not in lost), speedup_of(rec.parent_id) * (plan_claim(rec) or 1.0))
             for rec in candidates}

@@ -20,9 +20,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter  # noqa: E402
 
 from kernelscout.agent.llm_pricing import UsageState, usage_line  # noqa: E402
-from kernelscout.agent.run_view import failure_row, llm_calls  # noqa: E402
-from kernelscout.tools.archive import ROOT_ID, Archive, CandidateRecord  # noqa: E402
+from kernelscout.agent.run_view import clip, failure_row, llm_calls, what_changed  # noqa: E402
+from kernelscout.tools.archive import ROOT_ID, Archive  # noqa: E402
 from kernelscout.tools.budget import Budget  # noqa: E402
+from kernelscout.tools.claim_check import plan_claim  # noqa: E402
 from kernelscout.tools.forecast_check import ForecastCheck, check_forecasts, deciding_forecasts, scored_search_forecasts  # noqa: E402
 from kernelscout.tools.rundir import RunDir  # noqa: E402
 
@@ -113,15 +114,6 @@ def calibration_plot(reliability: list) -> str:
     return _png(fig)
 
 
-def _what_changed(c: CandidateRecord) -> str:
-    """Its params; for code with none (an LLM's, a rewrite's), its hypothesis and its plan's claim, as `kscout show` has it."""
-    if c.params:
-        return _cut(json.dumps(c.params, default=str), 120)
-    claim = c.features.get("expected_speedup")
-    said = f" (expected {claim:.2f}x over parent)" if isinstance(claim, (int, float)) else ""
-    return _cut(c.hypothesis, 120 - len(said)) + said
-
-
 def forecast_line(check: ForecastCheck) -> str:
     """The forecast scores in one sentence, the same figures `kscout show` prints."""
     if check.scored == 0:
@@ -138,11 +130,6 @@ def forecast_line(check: ForecastCheck) -> str:
 def llm_paragraph(usage: Optional[UsageState]) -> str:
     """What the search's LLM calls used, in the words `kscout show` prints; nothing for a run that made none."""
     return "" if usage is None else f"<p>LLM use: {html.escape(usage_line(usage))}.</p>\n"
-
-
-def _cut(text: str, n: int) -> str:
-    """Cut before escaping, so no HTML entity is split; say that it was cut."""
-    return text if len(text) <= n else text[: n - 1] + "…"
 
 
 def write_report(run_dir: Path | str, title: str = "kernelscout run") -> Path:
@@ -177,14 +164,14 @@ def write_report(run_dir: Path | str, title: str = "kernelscout run") -> Path:
             measured = f"{archive.reported_speedup(c):.3f}x re-measured ({c.speedup:.3f}x once)"
         rows.append(
             f"<tr><td>#{c.id}</td><td>{'ref' if c.parent_id in (None, ROOT_ID) else '#' + str(c.parent_id)}</td>"
-            f"<td>{html.escape(c.origin)}</td><td>{html.escape(_what_changed(c))}</td><td>{html.escape(state)}</td>"
+            f"<td>{html.escape(c.origin)}</td><td>{html.escape(what_changed(json.dumps(c.params, default=str) if c.params else '', c.hypothesis, plan_claim(c), 120))}</td><td>{html.escape(state)}</td>"
             f"<td>{measured}</td>"
             f"<td>{html.escape(decision['reason']) if decision else ''}</td></tr>"
         )
     shown = failed_rows[:50]
     failure_rows = "".join(
         f"<tr><td>#{f.id}</td><td>{html.escape(f.candidate(run.path))}</td><td>{f.status}</td>"
-        f"<td>{html.escape(_cut(f.why, 400))}</td></tr>" for f in shown)
+        f"<td>{html.escape(clip(f.why, 400))}</td></tr>" for f in shown)
     failure_table = "" if not shown else (
         f"<h2>Measurements that did not count ({failed if failed == len(shown) else f'the latest {len(shown)} of {failed}'})</h2>"
         f"<table><tr><th>id</th><th>candidate</th><th>status</th><th>why</th></tr>{failure_rows}</table>")

@@ -18,6 +18,7 @@ from kernelscout.agent.llm_pricing import CHAT_USAGE_META, RUN_USAGE_META, Usage
 from kernelscout.agent.stops import Stop, recorded_stop
 from kernelscout.tools.archive import ROOT_ID, Archive, CandidateRecord
 from kernelscout.tools.budget import Budget
+from kernelscout.tools.claim_check import plan_claim
 from kernelscout.tools.forecast_check import ForecastCheck, check_forecasts, deciding_forecasts
 from kernelscout.tools.measure import MeasuredFile, measured_files
 from kernelscout.tools.rundir import RunDir, RunDirError, read_events
@@ -161,8 +162,22 @@ def _row(archive: Archive, rec: CandidateRecord, deciding: dict[int, dict]) -> C
         over_parent=rec.speedup / parent_speedup if rec.speedup and parent_speedup else None,
         expected_speedup=fc.get("expected_speedup"),
         p_faster=fc.get("p_faster"), decision=(f or {}).get("reason") or "", hypothesis=rec.hypothesis,
-        claimed_speedup=claimed if isinstance(claimed := rec.features.get("expected_speedup"), (int, float)) else None,
+        claimed_speedup=plan_claim(rec),
     )
+
+
+def clip(text: str, width: int) -> str:
+    """`text` in at most `width` characters, saying that it was cut."""
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def what_changed(params_text: str, hypothesis: str, claim: Optional[float], width: int) -> str:
+    """A candidate's change in `width` characters: its params; for code with none (an LLM's, a rewrite's), its
+    hypothesis and its plan's claim, as `kscout show` and report.html both list it."""
+    if params_text:
+        return clip(params_text, width)
+    said = f" (expected {claim:.2f}x over parent)" if claim is not None else ""
+    return clip(hypothesis, width - len(said)) + said
 
 
 def reference_of(run: RunDir, spec: Any) -> str:

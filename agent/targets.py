@@ -218,7 +218,7 @@ class CodeTarget:
         """Measured time over the floor; the floor drops the memory side when the data stays in cache."""
         if self.bounds is None:
             return None
-        floor = self.bounds.time_ms if self.device.startswith("cuda") else self.bounds.floor_ms
+        floor = self._floor_ms
         ms = reference_ms(self.run) if rec is None else (m.runtime_ms if (m := self.recorded_measurement(rec)) else None)
         return ms / floor if (ms and floor and floor > 0) else None
 
@@ -232,6 +232,11 @@ class CodeTarget:
         if reason and m.flops_uncounted:
             reason += f"; its own FLOPs were not counted: {m.flops_uncounted}"
         return reason
+
+    @property
+    def _floor_ms(self) -> float:
+        """The bound's floor: a GPU timing flushes caches, so the whole bound; a CPU one only the side cache leaves."""
+        return self.bounds.time_ms if self.device.startswith("cuda") else self.bounds.floor_ms
 
     @property
     def _margin(self) -> float:
@@ -252,7 +257,7 @@ class CodeTarget:
         theirs, so every child of their best was forecast P(faster) 0.00 and 71-78 % of them measured faster."""
         if self.bounds is None:
             return None
-        floor = self.bounds.time_ms if self.device.startswith("cuda") else self.bounds.floor_ms
+        floor = self._floor_ms
         return floor * (1.0 - self._margin) if floor > 0 else None
 
     def _under_reference_bound(self, m: Measurement) -> Optional[str]:

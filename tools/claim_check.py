@@ -15,10 +15,17 @@ from typing import Optional
 import numpy as np
 from pydantic import BaseModel, Field
 
-from kernelscout.tools.archive import ROOT_ID, Archive
+from kernelscout.tools.archive import ROOT_ID, Archive, CandidateRecord
 from kernelscout.tools.surrogates import metrics
 
 TIMED = ("measured", "suspect", "unconfirmed")  # a verified time over the parent, as forecast_check scores
+CLAIM_KEY = "expected_speedup"  # the feature an LLM plan's experiment carries (agent/policies/llm_policy.py)
+
+
+def plan_claim(rec: CandidateRecord) -> Optional[float]:
+    """The speedup over its parent that the plan behind this candidate expected; None where no plan said."""
+    claim = rec.features.get(CLAIM_KEY)
+    return float(claim) if isinstance(claim, (int, float)) and not isinstance(claim, bool) and claim > 0 else None
 
 
 class PlanClaims(BaseModel):
@@ -52,8 +59,8 @@ def check_plan_claims(archive: Archive) -> Optional[PlanClaims]:
     speedups = {r.id: r.speedup for r in records}
     claimed, measured, failed = 0, [], 0
     for rec in records:
-        claim = rec.features.get("expected_speedup")
-        if not isinstance(claim, (int, float)) or claim <= 0:
+        claim = plan_claim(rec)
+        if claim is None:
             continue
         claimed += 1
         if rec.state == "failed":
@@ -61,7 +68,7 @@ def check_plan_claims(archive: Archive) -> Optional[PlanClaims]:
             continue
         parent = 1.0 if rec.parent_id in (None, ROOT_ID) else speedups.get(rec.parent_id)
         if rec.state in TIMED and rec.speedup and parent:
-            measured.append((float(claim), rec.speedup / parent))
+            measured.append((claim, rec.speedup / parent))
     if not claimed:
         return None
     out = PlanClaims(claims=claimed, measured=len(measured), failed=failed)

@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 
 from kernelscout.agent.policies.tuner import ParentInfo, Proposal
 from kernelscout.prompts import load as load_prompt
+from kernelscout.tools.claim_check import CLAIM_KEY
 
 
 class Experiment(BaseModel):
@@ -103,7 +104,7 @@ class LLMPolicy:
 
     def _proposal(self, exp: Experiment, parent: ParentInfo, origin: str = "llm") -> Proposal:
         return Proposal(source=exp.source, origin=origin, params={}, hypothesis=exp.hypothesis, parent_id=parent.id,
-                        features={"origin": origin, "expected_speedup": float(exp.expected_speedup)})
+                        features={"origin": origin, CLAIM_KEY: float(exp.expected_speedup)})
 
     def _checked(self, exp: Experiment, parent: ParentInfo) -> Optional[Proposal]:
         """Repair code that cannot parse before it costs anything."""
@@ -134,6 +135,7 @@ class LLMPolicy:
 def make_llm_policy(spec: Any, target: Any, model: Any = None) -> LLMPolicy:
     from kernelscout.agent.llm import require_chat_model
     from kernelscout.tools.archive import ROOT_ID, Archive
+    from kernelscout.tools.claim_check import plan_claim
 
     model = require_chat_model(model, "the llm policy")
     archive = Archive(target.run)
@@ -146,9 +148,9 @@ def make_llm_policy(spec: Any, target: Any, model: Any = None) -> LLMPolicy:
         lines = []
         for rec in records[-20:]:
             result = f"{rec.speedup:.3f}x" if rec.speedup else rec.state
-            claim = rec.features.get("expected_speedup")
+            claim = plan_claim(rec)
             parent = 1.0 if rec.parent_id in (None, ROOT_ID) else speedups.get(rec.parent_id)
-            if isinstance(claim, (int, float)) and rec.speedup and parent:
+            if claim is not None and rec.speedup and parent:
                 result += f" ({rec.speedup / parent:.2f}x its parent's speed, where {claim:.2f}x was expected)"
             lines.append(f"- #{rec.id} ({rec.origin}) {rec.hypothesis[:100]}: {result}")
         return "\n".join(lines)
