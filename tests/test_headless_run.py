@@ -718,8 +718,8 @@ def test_an_interrupted_run_under_json_still_prints_one_json_object(tmp_path):
         assert time.monotonic() < deadline and p.poll() is None
         time.sleep(0.1)
     p.send_signal(signal.SIGINT)
-    out, _ = p.communicate(timeout=120)
-    assert p.returncode == 130
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130, (out, err)  # seen once in CI as -2 (killed by SIGINT), not reproduced: say what it said
     assert json.loads(out) == {"status": "interrupted", "run_dir": str(run), "continue_with": f"kscout resume {run}",
                                "message": f"interrupted; nothing measured is lost. Continue with: kscout resume {run}"}
 
