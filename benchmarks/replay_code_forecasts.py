@@ -11,6 +11,8 @@ the speed-of-light floor under the forecast:
   bound     the problem's bound itself, always (the floor until 2026-12-06);
   search    the floor a search uses now: the suspect check's floor less its margin, and none once the best measured
             time beat it (CodeTarget.forecast_floor_ms, tools/predict.py floor_holds).
+A fourth row fits the search's floor on each measurement's raw time, as the surrogate did until 2026-12-06 (it now fits
+on the run's reference time over the measurement's speedup: agent/forecaster.py, on_reference_scale).
 It measures nothing: the runs' recorded measurements are read, so it reruns in seconds on any machine.
 """
 
@@ -43,7 +45,7 @@ def floors(run: RunDir, bounds: SolBounds | None) -> dict[str, float | None]:
     return {"none": None, "bound": bounds.time_ms, "search": CodeTarget(Path(spec.path), spec.device, run).forecast_floor_ms}
 
 
-def replay(folder: Path, mode: str) -> list[tuple[float, bool]]:
+def replay(folder: Path, mode: str, raw_times: bool = False) -> list[tuple[float, bool]]:
     """(forecast P(faster than the parent), measured faster) for each measured candidate once the surrogate is warm."""
     run = RunDir(folder, read_only=True)
     stored = run.get_meta("sol_bounds")
@@ -57,7 +59,8 @@ def replay(folder: Path, mode: str) -> list[tuple[float, bool]]:
     ref = statistics.median(refs)  # as the search's reference_ms: the median over the run
     speedups = {r.id: r.speedup for r in records}
     floor = floors(run, bounds)[mode]
-    surrogate, out, best = OpenSpaceSurrogate("learned", seed=0), [], 1.0
+    surrogate = OpenSpaceSurrogate("learned", seed=0, reference_ms=None if raw_times else (lambda: ref))
+    out, best = [], 1.0
     for rec in records:
         parent = 1.0 if rec.parent_id in (None, ROOT_ID) else speedups.get(rec.parent_id)
         if rec.state == "measured" and rec.speedup and parent:
@@ -80,8 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     print("| floor | forecasts | Brier of P(faster) | direction right | mean P(faster) | measured faster | P(faster) < 0.005 (of them faster) |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    for mode in MODES:
-        pairs = [pair for folder in args.runs for pair in replay(folder, mode)]
+    for mode, raw in [(m, False) for m in MODES] + [("search", True)]:
+        pairs = [pair for folder in args.runs for pair in replay(folder, mode, raw)]
+        mode = f"{mode}, raw times" if raw else mode
         if not pairs:
             print(f"| {mode} | 0 | - | - | - | - | - |")
             continue
