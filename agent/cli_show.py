@@ -106,6 +106,10 @@ def render(view: RunView) -> None:
     head.add_row("candidates", ", ".join(f"{n} {_STATE_WORDS.get(s, s)}" for s, n in sorted(view.states.items())))
     if view.reference:
         timed = f"; {_ms(view.reference_ms)} a call, the median over the run" if view.reference_ms else ""
+        if view.reference_range_ms:  # the machine's drift, which a speedup cancels and a raw time does not
+            low, high = view.reference_range_ms
+            timed += (f" ({_ms(low)} to {_ms(high)} over its {view.reference_timings} timings: each speedup is over the "
+                      "reference timed beside that candidate)")
         seeded = "; speedups are over it, so compare runs of other seeds by time" if view.kind == "space" else ""
         head.add_row("reference", escape(view.reference + timed + seeded))
     for note in view.space_notes:

@@ -93,6 +93,9 @@ class RunView(BaseModel):
     reference: Optional[str] = Field(None, description="what the speedups are over: the problem's Model, or the configuration "
                                      "of a recorded space that the run's seed drew")
     reference_ms: Optional[float] = Field(None, description="the reference's time, median over the run's measurements")
+    reference_range_ms: Optional[tuple[float, float]] = Field(None, description="on a code problem, the fastest and slowest "
+                                                              "of those timings: how far the machine's pace moved over the run")
+    reference_timings: int = Field(0, description="how many timings of the reference reference_ms is the median of")
     space_notes: list[str] = Field(default_factory=list, description="what the recorded space's file says that the search "
                                    "did not replay (a GFLOP/s objective, records with no time), as the search found it")
     surrogate_notes: list[str] = Field(default_factory=list, description="that the LLM surrogate asked for gave no usable "
@@ -270,9 +273,10 @@ def _view(run: RunDir, top: int) -> RunView:
     with run.connect() as db:  # the same key charged twice; a re-measurement of the best has a key of its own
         measured_again = db.execute("SELECT COUNT(*) - COUNT(DISTINCT key) FROM measurements WHERE charged = 1").fetchone()[0]
         remeasurements = db.execute("SELECT COUNT(*) FROM confirmations").fetchone()[0]
-    from kernelscout.agent.targets import reference_ms
+    from kernelscout.agent.targets import reference_times
 
     reference = reference_of(run, spec)
+    ref_times = reference_times(run, valid_only=True)
     return RunView(
         run_dir=str(run.path), kind=spec.kind, target=spec.path, device=spec.device, policy=spec.policy, surrogate=spec.surrogate,
         status="running" if live else (finished.get("status") or "finished") if finished else "unfinished", running=live,
@@ -281,7 +285,9 @@ def _view(run: RunDir, top: int) -> RunView:
         states=archive.counts(), considered=considered, considered_per_measurement=round(considered / used, 2) if used else 0.0,
         best=_row(archive, best, deciding) if best else None, best_file=best_file if best else None, top=rows[:top],
         failed=failed, failures=[failure_row(run, rec, m) for rec, m in failures], measured_again=measured_again, remeasurements=remeasurements,
-        seed=spec.settings.seed, reference=reference, reference_ms=reference_ms(run, valid_only=True), space_notes=space_notes(run),
+        seed=spec.settings.seed, reference=reference, reference_ms=ref_times[len(ref_times) // 2] if ref_times else None,
+        reference_range_ms=(ref_times[0], ref_times[-1]) if spec.kind == "problem" and len(ref_times) > 1 else None,
+        reference_timings=len(ref_times), space_notes=space_notes(run),
         surrogate_notes=surrogate_notes(spec.surrogate, forecasts),
         best_runtime_ms=archive.reported_runtime_ms(best) if best else None,
         best_reference_ms=archive.reported_reference_ms(best) if best else None,

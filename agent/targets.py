@@ -38,13 +38,18 @@ def drawn_reference(space: ReplaySpace, seed: int) -> dict[str, Any]:
     return space.config(random.Random(f"reference:{seed}").choice(ok))
 
 
-def reference_ms(run: RunDir, valid_only: bool = False) -> Optional[float]:
-    """Median reference time over the run's successful measurements (each timed it alongside a candidate);
-    `valid_only`: over those whose timing counted (a busy machine's are slow for the reference too)."""
+def reference_times(run: RunDir, valid_only: bool = False) -> list[float]:
+    """The reference's time in each of the run's successful measurements (each timed it alongside a candidate), sorted;
+    `valid_only`: in those whose timing counted (a busy machine's are slow for the reference too)."""
     with run.connect() as db:
         rows = db.execute("SELECT result_json FROM measurements WHERE status = 'ok'").fetchall()
     measured = [Measurement.model_validate_json(row[0]) for row in rows]
-    refs = sorted(m.ref_runtime_ms for m in measured if m.ref_runtime_ms and (m.timing_valid or not valid_only))
+    return sorted(m.ref_runtime_ms for m in measured if m.ref_runtime_ms and (m.timing_valid or not valid_only))
+
+
+def reference_ms(run: RunDir, valid_only: bool = False) -> Optional[float]:
+    """Median reference time over the run's successful measurements (`valid_only`: as in reference_times)."""
+    refs = reference_times(run, valid_only)
     return refs[len(refs) // 2] if refs else None
 
 

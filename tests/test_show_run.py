@@ -135,6 +135,7 @@ def test_show_reports_what_the_search_found_and_its_forecast_scores(tmp_path):
     assert view["reference"] == "the configuration --seed 3 drew: " + ", ".join(f"{k}={v}" for k, v in drawn.items())
     assert view["best_runtime_ms"] == pytest.approx(result.best_runtime_ms)
     assert view["reference_ms"] == pytest.approx(result.best_runtime_ms * result.best_speedup, rel=0.05)
+    assert view["reference_range_ms"] is None  # a replayed machine does not drift: no range to show
     # the two times of the best's own measurement give its speedup exactly, whatever the run's median reference is
     assert view["best_reference_ms"] / view["best_runtime_ms"] == pytest.approx(view["best"]["speedup"], rel=1e-9)
     with sqlite3.connect(tmp_path / "run" / "run.db") as db:  # a run made before the configuration was kept
@@ -500,3 +501,27 @@ def test_a_search_without_a_surrogate_is_not_told_it_has_nothing_to_score_yet(tm
     start_search(problem=None, space=str(SPACE), budget=3, run_dir=str(tmp_path / "run"), quiet=True, surrogate="none")
     text = " ".join(CliRunner().invoke(app, ["show", str(tmp_path / "run")], env={"COLUMNS": "200"}).output.split())
     assert "--surrogate none measures every candidate" in text and "nothing to score yet" not in text
+
+
+def test_show_says_how_far_the_machines_pace_moved_over_a_code_search(tmp_path, monkeypatch, write):
+    """Each measurement times the reference beside its candidate; the range of those times is the drift a speedup
+    cancels (and a raw time does not), so `kscout show` puts it beside the median."""
+    import kernelscout.tools.measure as measure_tool
+    from conftest import SMALL_PROBLEM
+
+    paces = iter([1.0, 1.5, 1.2, 1.1])  # the machine ran half as slow again during the second measurement
+
+    def drifting(pool, problem, candidate, config):  # no sandbox: only what show reads is under test
+        ref = 4.0 * next(paces)
+        return Measurement(status="ok", correct=True, timing_valid=True, charged=True, speedup=2.0, runtime_ms=ref / 2.0,
+                           ref_runtime_ms=ref)
+
+    monkeypatch.setattr(measure_tool, "run_measurement", drifting)
+    run = tmp_path / "run"
+    start_search(problem=str(write("problem.py", SMALL_PROBLEM)), space=None, budget=3, device="cpu", run_dir=str(run),
+                 quiet=True, report=False, confirm=0)
+    view = json.loads(CliRunner().invoke(app, ["show", str(run), "--json"]).output)
+    assert view["reference_timings"] == 3 and view["reference_ms"] == 4.8 and view["reference_range_ms"] == [4.0, 6.0]
+    text = " ".join(CliRunner().invoke(app, ["show", str(run)], env={"COLUMNS": "250"}).output.split())
+    assert "4.8 ms a call, the median over the run (4 ms to 6 ms over its 3 timings: each speedup is over the reference " \
+           "timed beside that candidate)" in text
