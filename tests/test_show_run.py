@@ -525,3 +525,6 @@ def test_show_says_how_far_the_machines_pace_moved_over_a_code_search(tmp_path, 
     text = " ".join(CliRunner().invoke(app, ["show", str(run)], env={"COLUMNS": "250"}).output.split())
     assert "4.8 ms a call, the median over the run (4 ms to 6 ms over its 3 timings: each speedup is over the reference " \
            "timed beside that candidate)" in text
+    assert CliRunner().invoke(app, ["show", str(run), "--report"]).exit_code == 0
+    assert ("(median 4.8 ms a call over the search's measurements, from 4 to 6 ms: each speedup is over the reference "
+            "timed beside that candidate)") in (run / "report.html").read_text()
