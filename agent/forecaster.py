@@ -62,12 +62,13 @@ def on_reference_scale(m: Measurement, reference_ms: Optional[float]) -> Measure
     """A timed measurement as the run's reference time over its speedup, the time it would have taken had the machine
     run at the pace the forecasts are made at.
 
-    On a real machine the pace drifts (this 2-core VM timed the reference 6-56 % slower at its slowest than at its
-    fastest within one 20-measurement search of an example, 2026-12-06), and each measurement times the reference
-    beside the candidate, so its speedup carries the candidate's merit and its raw time the machine's mood as well.
+    On a real machine the pace drifts (this 2-core VM timed the reference 6-64 % slower at its slowest than at its
+    fastest within one 20-measurement search of an example, 24 searches on 2026-12-06), and each measurement times the
+    reference beside the candidate, so its speedup carries the candidate's merit and its raw time the machine's mood
+    as well.
     Forecasts are compared with the parent's time on that scale (the reference over the parent's speedup), so the fit
-    learns on it too: replayed over twelve CPU searches of the examples (108 forecasts), P(faster) scored Brier 0.203
-    fit so, 0.251 on raw times (docs/benchmarks.md). Left as it is without a reference or a speedup (a failure)."""
+    learns on it too: replayed over 24 CPU searches of the examples (216 forecasts), P(faster) scored Brier 0.203 fit
+    so, 0.232 on raw times (docs/benchmarks.md). Left as it is without a reference or a speedup (a failure)."""
     if reference_ms and m.status == MeasureStatus.ok and m.runtime_ms and m.speedup:
         return m.model_copy(update={"runtime_ms": reference_ms / m.speedup})
     return m
