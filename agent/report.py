@@ -191,14 +191,14 @@ def write_report(run_dir: Path | str, title: str = "kernelscout run") -> Path:
     if spec_text:  # what the speedups are over, as `kscout show` says it
         from kernelscout.agent.run_view import reference_of
         from kernelscout.agent.search_spec import SearchSpec
-        from kernelscout.agent.targets import reference_times
+        from kernelscout.agent.targets import reference_timings
 
-        times = reference_times(run, valid_only=True)
         spec = SearchSpec.model_validate_json(spec_text)
-        drift = (f", from {times[0]:.4g} to {times[-1]:.4g} ms: each speedup is over the reference timed beside that candidate"
-                 if spec.kind == "problem" and len(times) > 1 else "")  # as `kscout show` gives it
+        timed = reference_timings(run, spec.kind)
+        drift = (f", from {timed.range_ms[0]:.4g} to {timed.range_ms[1]:.4g} ms: each speedup is over the reference timed "
+                 "beside that candidate" if timed.range_ms else "")
         over = (f" Speedups are over {html.escape(reference_of(run, spec))}"
-                + (f" (median {times[len(times) // 2]:.4g} ms a call over the search's measurements{drift})." if times else "."))
+                + (f" (median {timed.median_ms:.4g} ms a call over the search's measurements{drift})." if timed.median_ms else "."))
         if spec.kind == "space":  # no kernel ran: say whose timings these are
             device = next((m["device"] for m in measurements if m.get("device")), "")
             recorded_on = f" on {html.escape(device.split(':', 1)[-1])}" if device.startswith("replay:") else ""

@@ -273,10 +273,10 @@ def _view(run: RunDir, top: int) -> RunView:
     with run.connect() as db:  # the same key charged twice; a re-measurement of the best has a key of its own
         measured_again = db.execute("SELECT COUNT(*) - COUNT(DISTINCT key) FROM measurements WHERE charged = 1").fetchone()[0]
         remeasurements = db.execute("SELECT COUNT(*) FROM confirmations").fetchone()[0]
-    from kernelscout.agent.targets import reference_times
+    from kernelscout.agent.targets import reference_timings
 
     reference = reference_of(run, spec)
-    ref_times = reference_times(run, valid_only=True)
+    timings = reference_timings(run, spec.kind)
     return RunView(
         run_dir=str(run.path), kind=spec.kind, target=spec.path, device=spec.device, policy=spec.policy, surrogate=spec.surrogate,
         status="running" if live else (finished.get("status") or "finished") if finished else "unfinished", running=live,
@@ -285,9 +285,8 @@ def _view(run: RunDir, top: int) -> RunView:
         states=archive.counts(), considered=considered, considered_per_measurement=round(considered / used, 2) if used else 0.0,
         best=_row(archive, best, deciding) if best else None, best_file=best_file if best else None, top=rows[:top],
         failed=failed, failures=[failure_row(run, rec, m) for rec, m in failures], measured_again=measured_again, remeasurements=remeasurements,
-        seed=spec.settings.seed, reference=reference, reference_ms=ref_times[len(ref_times) // 2] if ref_times else None,
-        reference_range_ms=(ref_times[0], ref_times[-1]) if spec.kind == "problem" and len(ref_times) > 1 else None,
-        reference_timings=len(ref_times), space_notes=space_notes(run),
+        seed=spec.settings.seed, reference=reference, reference_ms=timings.median_ms,
+        reference_range_ms=timings.range_ms, reference_timings=timings.count, space_notes=space_notes(run),
         surrogate_notes=surrogate_notes(spec.surrogate, forecasts),
         best_runtime_ms=archive.reported_runtime_ms(best) if best else None,
         best_reference_ms=archive.reported_reference_ms(best) if best else None,

@@ -10,7 +10,7 @@ import hashlib
 import json
 import random
 from pathlib import Path
-from typing import AbstractSet, Any, Optional
+from typing import AbstractSet, Any, NamedTuple, Optional
 
 from kernelscout.sandbox.problem import problem_name
 from kernelscout.sandbox.replay import ReplaySpace
@@ -51,6 +51,21 @@ def reference_ms(run: RunDir, valid_only: bool = False) -> Optional[float]:
     """Median reference time over the run's successful measurements (`valid_only`: as in reference_times)."""
     refs = reference_times(run, valid_only)
     return refs[len(refs) // 2] if refs else None
+
+
+class ReferenceTimings(NamedTuple):
+    """The reference's timings that counted, as `kscout show` and report.html give them."""
+
+    median_ms: Optional[float]
+    range_ms: Optional[tuple[float, float]]  # fastest and slowest, on a machine whose pace can drift
+    count: int
+
+
+def reference_timings(run: RunDir, kind: str) -> ReferenceTimings:
+    """A replayed space (`kind` "space") has no drift to show, so no range."""
+    refs = reference_times(run, valid_only=True)
+    return ReferenceTimings(median_ms=refs[len(refs) // 2] if refs else None,
+                            range_ms=(refs[0], refs[-1]) if kind == "problem" and len(refs) > 1 else None, count=len(refs))
 
 
 def search_reference_ms(run: RunDir) -> Optional[float]:
