@@ -47,10 +47,14 @@ def reference_times(run: RunDir, valid_only: bool = False) -> list[float]:
     return sorted(m.ref_runtime_ms for m in measured if m.ref_runtime_ms and (m.timing_valid or not valid_only))
 
 
+def _median(sorted_times: list[float]) -> Optional[float]:
+    """The middle timing (the upper one of an even count), so that the figure is one the machine measured."""
+    return sorted_times[len(sorted_times) // 2] if sorted_times else None
+
+
 def reference_ms(run: RunDir, valid_only: bool = False) -> Optional[float]:
     """Median reference time over the run's successful measurements (`valid_only`: as in reference_times)."""
-    refs = reference_times(run, valid_only)
-    return refs[len(refs) // 2] if refs else None
+    return _median(reference_times(run, valid_only))
 
 
 class ReferenceTimings(NamedTuple):
@@ -64,7 +68,7 @@ class ReferenceTimings(NamedTuple):
 def reference_timings(run: RunDir, kind: str) -> ReferenceTimings:
     """A replayed space (`kind` "space") has no drift to show, so no range."""
     refs = reference_times(run, valid_only=True)
-    return ReferenceTimings(median_ms=refs[len(refs) // 2] if refs else None,
+    return ReferenceTimings(median_ms=_median(refs),
                             range_ms=(refs[0], refs[-1]) if kind == "problem" and len(refs) > 1 else None, count=len(refs))
 
 
