@@ -8,8 +8,11 @@ prints how many there are and, for the fastest few, how far they are from the op
 configuration one and two changes away reaches. Why it exists: runs of the search on the hard spaces end
 at a handful of exact values (0.679 and 0.931 of the optimum on convolution_A100, 0.806 and 0.875 on
 convolution_A4000, 0.984 on convolution_MI250X), and this says which of them a local step can leave and
-which need a jump (docs/search_experiments.md, thirty-first session). Reads the recorded times only; nothing
-is searched or measured.
+which need a jump (docs/search_experiments.md, thirty-first session). It also counts the configurations within
+1 %, 5 % and 10 % of the optimum and gives the runner-up's fraction: a space where one configuration is within 10 %
+(a needle) cannot be solved in 20 measurements by any search that does not already know where to look, and these
+counts say which spaces those are (docs/benchmarks.md, "How hard each recorded space is"). Reads the recorded times
+only; nothing is searched or measured.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import json
 
 import numpy as np
 
+NEAR = (0.99, 0.95, 0.9)  # fractions of the optimum the counts are taken at
 DEFAULT_SPACES = ("convolution_A100", "convolution_A4000", "convolution_MI250X", "gemm_RTX_3090", "dedispersion_A100",
                   "dedispersion_MI250X", "pnpoly_RTX_2080_Ti", "pnpoly_RTX_3090")
 
@@ -48,7 +52,10 @@ def landscape(times: np.ndarray, values: np.ndarray, top: int = 8) -> dict:
         best = {k: (float(np.max(frac[changed == k])) if np.any((changed == k) & ok) else None) for k in (1, 2)}
         rows.append({"frac_of_opt": round(float(frac[i]), 4), "best_one_change": _r(best[1]), "best_two_changes": _r(best[2]),
                      "neighbours_one": int(np.sum((changed == 1) & ok)), "neighbours_two": int(np.sum((changed == 2) & ok))})
-    return {"configurations": int(len(times)), "local_optima": len(local), "fastest": rows}
+    ranked = np.sort(frac[ok])[::-1]
+    near = {str(f): int(np.sum(frac >= f)) for f in NEAR}
+    return {"configurations": int(len(times)), "timed": int(ok.sum()), "within": near,
+            "runner_up": _r(float(ranked[1])) if ranked.size > 1 else None, "local_optima": len(local), "fastest": rows}
 
 
 def _r(x):
@@ -75,6 +82,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     for name, r in out.items():
         print(f"{name}: {r['configurations']} configurations, {r['local_optima']} local optima under one-parameter changes")
+        within = ", ".join(f"{n} at {float(f):.2f} or better" for f, n in r["within"].items())
+        runner = "-" if r["runner_up"] is None else f"{r['runner_up']:.3f}"
+        print(f"  {r['timed']} timed; fraction of the optimum: {within} (the optimum included); the runner-up is at {runner}")
         print("  fraction of optimum | best one change away (n) | best two changes away (n)")
         for row in r["fastest"]:
             one = "-" if row["best_one_change"] is None else f"{row['best_one_change']:.3f}"
