@@ -54,7 +54,7 @@ def landscape(times: np.ndarray, values: np.ndarray, top: int = 8) -> dict:
                      "neighbours_one": int(np.sum((changed == 1) & ok)), "neighbours_two": int(np.sum((changed == 2) & ok))})
     ranked = np.sort(frac[ok])[::-1]
     near = {str(f): int(np.sum(frac >= f)) for f in NEAR}
-    return {"configurations": int(len(times)), "timed": int(ok.sum()), "within": near,
+    return {"configurations": len(times), "timed": int(ok.sum()), "within": near,
             "runner_up": _r(float(ranked[1])) if ranked.size > 1 else None, "local_optima": len(local), "fastest": rows}
 
 
