@@ -10,7 +10,7 @@ at a handful of exact values (0.679 and 0.931 of the optimum on convolution_A100
 convolution_A4000, 0.984 on convolution_MI250X), and this says which of them a local step can leave and
 which need a jump (docs/search_experiments.md, thirty-first session). It also counts the configurations within
 1 %, 5 % and 10 % of the optimum and gives the runner-up's fraction: a space where one configuration is within 10 %
-(a needle) cannot be solved in 20 measurements by any search that does not already know where to look, and these
+(a needle) is rarely solved in 20 measurements by a search that does not already know where to look, and these
 counts say which spaces those are (docs/benchmarks.md, "How hard each recorded space is"). Reads the recorded times
 only; nothing is searched or measured.
 """
