@@ -454,10 +454,27 @@ class SearchLoop:
         if then is None:
             return None
         if setting == "solved_chance":  # the one limit a lower value loosens (0: never stop for it)
-            return f"solved_chance lowered from {then:g} to {now:g}" if now < then else None
+            chance = limit.get("chance")
+            if now >= then or (chance is not None and chance < now):
+                # nothing was measured after the stop, so the chance it stopped on still stands: a refit from the
+                # same timings would give another figure (the surrogate refits on a schedule, a resume at once), by
+                # a factor of 5 on the tests' V-shaped space, and a search still solved would go on
+                return None
+            return f"solved_chance lowered from {then:g} to {now:g}" + (f", under the {chance * 100:.3g} % chance it stopped on"
+                                                                          if chance is not None else "")
         if not now or now > then:  # None, and patience 0, mean "no limit"
             return f"{setting} raised from {then} to {now or 'no limit'}"
         return None
+
+    def _still_solved(self, values: dict) -> Optional[str]:
+        """Why a solved search resumed with a lower --solved-chance did not go on: the chance it stopped on is under
+        the new value too (`_limit_raised`). Said, or the user would read the stop's old threshold and wonder."""
+        limit = values.get("stop_limit") or {}
+        now, then, chance = self.settings.solved_chance, limit.get("value"), limit.get("chance")
+        if limit.get("setting") != "solved_chance" or then is None or chance is None or not chance < now < then:
+            return None
+        return (f"still solved: the {chance * 100:.3g} % chance it stopped on is under the {now * 100:.3g} % now set; "
+                f"`kscout resume {shlex.quote(str(self.run.path))} --solved-chance 0` measures on to the budget")
 
     def _near_sol(self, factor: float) -> bool:
         if not getattr(self.target, "bound_is_datasheet", False):
@@ -555,6 +572,8 @@ class SearchLoop:
                 final = graph.invoke(restart, config, durability="sync")
             elif snapshot.values and not unfinished:
                 final = snapshot.values  # already finished
+                if resume and (still := self._still_solved(final)):
+                    self._emit("stop", reason=still)
             else:
                 final = graph.invoke({"iteration": 0, "started": time.time(), "last_improvement": 0}, config, durability="sync")
             keep_latest_checkpoint(conn, "search")  # after a clean stop only: a kill or Ctrl-C leaves them to the next

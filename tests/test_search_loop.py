@@ -172,8 +172,10 @@ def test_a_solved_search_resumed_spends_nothing_until_its_stop_is_lowered(tmp_pa
 
 def test_a_resumed_search_weighs_what_is_left_as_the_search_that_stopped_did(tmp_path):
     """The chance sums the configurations never proposed and those still in the queue or shelved, all read from
-    run.db: a resume, whose policy starts afresh, gets about the figure the stop gave (it summed only the shelved
-    ones once, 0.00 % against 3.2 %), so a threshold lowered below that figure goes on, and one above it does not."""
+    run.db, so a resume, whose policy starts afresh, gets about the figure the stop gave (it summed only the shelved
+    ones once, 0.00 % against 3.2 %, and stopped at once): a threshold lowered below that figure goes on. One lowered
+    but still above it does not: nothing was measured since, so the figure the stop gave stands (a resumed surrogate,
+    refitted at once rather than on the search's schedule, put it 1.55 times higher here, and the search went on)."""
     import shutil
 
     from kernelscout.agent.graph import SOLVED
@@ -186,6 +188,8 @@ def test_a_resumed_search_weighs_what_is_left_as_the_search_that_stopped_did(tmp
     above = resume_search(str(tmp_path / "copy"), quiet=True, solved_chance=min(0.99, chance * 1.5))
     assert below.measurements_used > solved.measurements_used
     assert above.measurements_used == solved.measurements_used and above.stop_reason.startswith(SOLVED)
+    said = [json.loads(line) for line in (tmp_path / "copy" / "events.jsonl").read_text().splitlines()]
+    assert any(e["event"] == "stop" and e["reason"].startswith("still solved") for e in said)  # why it did not go on
 
 
 def test_a_flat_space_is_not_called_solved_before_the_surrogate_has_seen_enough(tmp_path):
