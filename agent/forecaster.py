@@ -332,7 +332,8 @@ class Forecaster:
         return p * (1.0 - (forecast.p_fail or 0.0)) + 1e-3 * math.log(max(forecast.expected_speedup or 1.0, 1e-9))
 
     def screen(self, configs: Any, keys: Optional[list[tuple]] = None) -> Optional["Screen"]:
-        """Rank many configurations at once by expected improvement over the best measured time.
+        """Forecast many configurations at once, for a policy to rank: predictive mean and spread, expected
+        improvement over the best measured time, P(fail) and P(clear win).
 
         A policy that can enumerate its space asks this before proposing, so that the surrogate, not
         chance, decides which few candidates get a full forecast (`predict`). Only the predictive

@@ -133,12 +133,15 @@ def test_a_search_the_surrogate_stopped_says_so_and_how_to_measure_without_it(tm
 def test_a_search_that_has_solved_its_space_stops_before_its_budget_and_says_why(tmp_path):
     """The rule that skips single candidates never sees the 19 winners it needs here (the optimum is found within
     about 30 measurements), so before this stop the search measured all 499 configurations under a budget of 600.
-    It now stops once the surrogate gives everything left, together, under a 5 % chance of a clear win."""
+    It now stops once the surrogate gives everything left, together, under a 5 % chance of a clear win: a time
+    more than CLEAR_WIN (2 %) under the best. So the best it stops at is within that of the optimum (1.0); here it
+    is 1.01, the optimum's neighbour, whose measurement leaves the optimum itself no clear win to offer."""
     from kernelscout.agent.graph import SOLVED
+    from kernelscout.tools.predict import CLEAR_WIN
 
     result = start_search(problem=None, space=str(_v_space(tmp_path)), budget=600, seed=1, run_dir=str(tmp_path / "run"), quiet=True,
                           report=False)
-    assert result.best_runtime_ms == pytest.approx(1.0)  # the optimum, found first
+    assert result.best_runtime_ms * (1 - CLEAR_WIN) <= 1.0
     assert result.measurements_used < 150
     assert result.stop_reason.startswith(SOLVED) and "chance, together" in result.stop_reason
     assert result.continue_with == f"kscout resume {tmp_path / 'run'} --solved-chance 0" and result.continue_with in result.stop_reason

@@ -1,10 +1,11 @@
 """The offline policy for a recorded (replayed) tuning space: the surrogate screens the whole space.
 
 A recorded space can be enumerated, so there is no reason to guess where to look. Once the
-surrogate can forecast, the unmeasured valid configurations are ranked by expected improvement over
-the best measured time (`Forecaster.screen`, one cheap pass over the surrogate's predictive means and
-spreads), and the top few become this iteration's proposals. A space larger than `screen_limit` is
-ranked in a pool: the best of the last ranking plus a fresh random sample, so an iteration costs the
+surrogate can forecast, the unmeasured valid configurations are screened (`Forecaster.screen`, one cheap
+pass over the surrogate's predictive means and spreads) and ranked by what measuring each would tell
+about the best time in the space (max-value entropy search, `max_value_entropy`; before the seventy-fourth
+session by expected improvement over the best measured time), and the top few become this iteration's
+proposals. A space larger than `screen_limit` is ranked in a pool: the best of the last ranking plus a fresh random sample, so an iteration costs the
 same on 18,000 configurations as on 2,000. The loop then forecasts each proposal in
 full with `predict` and measures only what the decision rule selects, so the forecasts, not the
 GPU, do the screening. Under the LLM surrogate, which cannot afford a chat call per configuration,
@@ -43,6 +44,7 @@ from kernelscout.tools.surrogates.features import ConfigEncoder
 DESIGN_POOL = 512
 EXHAUSTED = "every configuration of the space has been measured (the reference's is timed in every session)"
 DESIGN_SIZE = 24  # at six proposals per iteration, the first four iterations; random configurations follow
+MES_QUANTILES = 16  # draws of the pool's best time that the screen's ranking averages over (max_value_entropy)
 
 
 def maximin_design(features: np.ndarray, n: int, first: int = 0) -> list[int]:
@@ -61,6 +63,41 @@ def maximin_design(features: np.ndarray, n: int, first: int = 0) -> list[int]:
         chosen.append(j)
         dist = np.minimum(dist, ((x - x[j]) ** 2).sum(axis=1))
     return chosen
+
+
+def max_value_entropy(screen: Any, quantiles: int = MES_QUANTILES) -> np.ndarray:
+    """How much measuring each screened configuration would tell about the best time in the pool (max-value entropy
+    search, minimising log-time), times the chance that it runs.
+
+    Why not expected improvement alone: expected improvement is spent near configurations already known to be good,
+    while on a space whose optimum is a needle (a few configurations within 10 % of it) the search first has to learn
+    where the best time lies at all. This scores a configuration by how far its forecast's spread reaches below the
+    plausible best times: the pool's minimum is drawn at `quantiles` evenly spaced quantiles of its distribution under
+    independent normal forecasts (a grid of 512 times from six spreads below the lowest mean up to that mean, where the
+    upper quantiles stop), and each gives the entropy a measurement removes from a forecast truncated at that minimum.
+    Paired with expected improvement over 90 seeds of five recorded spaces, it raised the mean fraction of the optimum
+    at 50 measurements by 0.013 (standard error 0.007) and lost at no budget (docs/search_experiments.md)."""
+    from scipy.special import log_ndtr, ndtr  # the normal's log-cdf and cdf as plain ufuncs: scipy.stats' are 5 times slower
+
+    mu = np.asarray(screen.mu, dtype=float)
+    sd = np.maximum(np.asarray(screen.scale, dtype=float), 1e-9)
+    grid = np.linspace(float(np.min(mu - 6 * sd)), float(np.min(mu)), 512)
+    # a forecast whose mean lies six spreads above the grid's top adds under 1e-9 to any of its log-probabilities
+    near = mu - 6 * sd <= grid[-1]
+    log_above = log_ndtr((mu[near][None, :] - grid[:, None]) / sd[near][None, :]).sum(axis=1)  # log P(every time > y)
+    best = np.interp((np.arange(quantiles) + 0.5) / quantiles, 1.0 - np.exp(log_above), grid)
+    gamma = (mu[None, :] - best[:, None]) / sd[None, :]
+    below = np.clip(ndtr(gamma), 1e-12, 1.0)
+    density = np.exp(-0.5 * gamma ** 2) / np.sqrt(2 * np.pi)
+    gain = np.mean(gamma * density / (2 * below) - np.log(below), axis=0)
+    return gain * (1.0 - np.asarray(screen.p_fail, dtype=float))
+
+
+def _by_information(screen: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Indices of a screen's rows, most informative first (`max_value_entropy`), among equals the lower predicted
+    time; and the scores."""
+    score = max_value_entropy(screen)
+    return np.lexsort((np.asarray(screen.mu), -score)), score
 
 
 def _by_expected_improvement(screen: Any) -> np.ndarray:
@@ -224,7 +261,7 @@ class SpaceSearchPolicy:
         full = type(screened)(*(None if a is None else np.asarray(a) for a in screened))
         screen = type(screened)(*(None if a is None else a[: pool.size] for a in full))
         self.chance_left = self._chance_left(full, pool.size, untried.size)
-        ranking = _by_expected_improvement(screen)
+        ranking, information = _by_information(screen)
         self._ranked = pool[ranking[: max(self.carry, k)]].tolist()
         # the reference is timed in every session, never a candidate of its own; it is passed over here,
         # not left out of the pool, so that the pool (and its random part) is drawn as if it were not special
@@ -239,8 +276,8 @@ class SpaceSearchPolicy:
                 f"{pool.size} screened of {unmeasured} unmeasured configurations"
             out.append(SpaceProposal(
                 origin="screened", params=cfg, features=dict(cfg),
-                hypothesis=f"rank {rank} of {scope} by expected improvement "
-                           f"({screen.expected_improvement[j]:.3g} in log-time; P(fail) {screen.p_fail[j]:.2f})",
+                hypothesis=f"rank {rank} of {scope} by what it would tell about the best time ({information[j]:.3g} nats; "
+                           f"expected improvement {screen.expected_improvement[j]:.3g} in log-time; P(fail) {screen.p_fail[j]:.2f})",
             ))
         return out
 
@@ -273,7 +310,7 @@ class SpaceSearchPolicy:
 
     def _revived(self, shelved: set[int], rows: np.ndarray, full: Any, n_pool: int, top: np.ndarray) -> list[SpaceProposal]:
         """Shelved candidates (worth measuring, but they lost their place in the loop's queue) that the
-        model now ranks above this iteration's last fresh proposal. They come on top of the fresh ones,
+        model now ranks above this iteration's last fresh proposal by expected improvement. They come on top of the fresh ones,
         so reviving never costs the search a new configuration; without it, a configuration shelved
         early, while the model was still poor, was never looked at again (on convolution_A100 that was
         the optimum itself in two of six runs)."""
