@@ -454,12 +454,9 @@ class SearchLoop:
         if then is None:
             return None
         if setting == "solved_chance":  # the one limit a lower value loosens (0: never stop for it)
-            chance = limit.get("chance")
-            if now >= then or (chance is not None and chance < now):
-                # nothing was measured after the stop, so the chance it stopped on still stands: a refit from the
-                # same timings would give another figure (the surrogate refits on a schedule, a resume at once), by
-                # a factor of 5 on the tests' V-shaped space, and a search still solved would go on
+            if now >= then or self._still_solved(values):
                 return None
+            chance = limit.get("chance")
             return f"solved_chance lowered from {then:g} to {now:g}" + (f", under the {chance * 100:.3g} % chance it stopped on"
                                                                           if chance is not None else "")
         if not now or now > then:  # None, and patience 0, mean "no limit"
@@ -467,8 +464,11 @@ class SearchLoop:
         return None
 
     def _still_solved(self, values: dict) -> Optional[str]:
-        """Why a solved search resumed with a lower --solved-chance did not go on: the chance it stopped on is under
-        the new value too (`_limit_raised`). Said, or the user would read the stop's old threshold and wonder."""
+        """Why a solved search resumed with a lower --solved-chance does not go on: the chance it stopped on is under
+        the new value too. Nothing was measured after the stop, so that chance still stands: a refit from the same
+        timings would give another figure (the surrogate refits on a schedule, a resume at once), by a factor of 5 on
+        the tests' V-shaped space, and a search still solved would go on. Said when it stays stopped, or the user
+        would read the stop's old threshold and wonder."""
         limit = values.get("stop_limit") or {}
         now, then, chance = self.settings.solved_chance, limit.get("value"), limit.get("chance")
         if limit.get("setting") != "solved_chance" or then is None or chance is None or not chance < now < then:
