@@ -360,6 +360,15 @@ class Forecaster:
         p_clear = shape.cdf((self._best_log_ms + math.log(1.0 - CLEAR_WIN) - mu) / scale) * (1.0 - p_fail)
         return Screen(mu=mu, scale=scale, expected_improvement=ei * (1.0 - p_fail), p_fail=p_fail, p_clear_win=p_clear)
 
+    def catch_up(self) -> None:
+        """Fit the surrogate on what it has observed, as the uninterrupted search did before its next forecast (a
+        surrogate without `ensure_fitted` fits however it fits)."""
+        if self.screener is not None:
+            self.screener.catch_up()
+        fit = getattr(self.surrogate, "ensure_fitted", None)
+        if fit is not None:
+            fit()
+
     def observe(self, rec: CandidateRecord, m: Measurement, parent_speedup: float) -> None:
         if self.screener is not None:
             self.screener.observe(rec, m, parent_speedup)

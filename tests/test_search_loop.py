@@ -16,7 +16,7 @@ from kernelscout.agent.runner import OptimizeError, resume_search, start_search
 from kernelscout.sandbox.replay import recorded_spaces_dir
 from kernelscout.tools.archive import Archive, clear_gain
 from kernelscout.tools.budget import Budget
-from kernelscout.tools.rundir import RunDir
+from kernelscout.tools.rundir import RunDir, reading
 
 from conftest import sigint_as_from_a_terminal
 
@@ -177,22 +177,41 @@ def test_a_resumed_search_weighs_what_is_left_as_the_search_that_stopped_did(tmp
     """The chance sums the configurations never proposed and those still in the queue or shelved, all read from
     run.db, so a resume, whose policy starts afresh, gets about the figure the stop gave (it summed only the shelved
     ones once, 0.00 % against 3.2 %, and stopped at once): a threshold lowered below that figure goes on. One lowered
-    but still above it does not: nothing was measured since, so the figure the stop gave stands (a resumed surrogate,
-    refitted at once rather than on the search's schedule, put it 1.55 times higher here, and the search went on)."""
+    but still above it does not: nothing was measured since, so the figure the stop gave stands."""
     import shutil
 
     from kernelscout.agent.graph import SOLVED
+    from kernelscout.agent.search_spec import SOLVED_CHANCE
 
     solved = start_search(problem=None, space=str(_v_space(tmp_path)), budget=600, seed=1, run_dir=str(tmp_path / "run"), quiet=True,
                           report=False)
     chance = solved.stop.chance
     shutil.copytree(tmp_path / "run", tmp_path / "copy")
     below = resume_search(str(tmp_path / "run"), quiet=True, solved_chance=chance / 2)
-    above = resume_search(str(tmp_path / "copy"), quiet=True, solved_chance=min(0.99, chance * 1.5))
+    above = resume_search(str(tmp_path / "copy"), quiet=True, solved_chance=(chance + SOLVED_CHANCE) / 2)
     assert below.measurements_used > solved.measurements_used
     assert above.measurements_used == solved.measurements_used and above.stop_reason.startswith(SOLVED)
     said = [json.loads(line) for line in (tmp_path / "copy" / "events.jsonl").read_text().splitlines()]
     assert any(e["event"] == "stop" and e["reason"].startswith("still solved") for e in said)  # why it did not go on
+
+
+def test_a_search_cut_short_by_its_budget_and_resumed_measures_what_the_uninterrupted_one_did(tmp_path):
+    """The resume replays the measurements into the surrogate with the fits the search made between them, so its
+    forecasts are the ones the search would have made (fitted once on everything, the V-shaped space's search went
+    elsewhere after the resume). On a space small enough to be screened whole, nothing else differs."""
+    space = str(_v_space(tmp_path))
+    whole = start_search(problem=None, space=space, budget=30, seed=1, run_dir=str(tmp_path / "whole"), quiet=True, report=False,
+                         solved_chance=0)
+    start_search(problem=None, space=space, budget=12, seed=1, run_dir=str(tmp_path / "cut"), quiet=True, report=False, solved_chance=0)
+    Budget(RunDir(tmp_path / "cut")).set_cap(30)
+    resumed = resume_search(str(tmp_path / "cut"), quiet=True)
+
+    def measured(folder: str) -> list[str]:
+        with reading(tmp_path / folder / "run.db") as db:
+            return [row[0] for row in db.execute("SELECT candidate_path FROM measurements WHERE charged = 1 ORDER BY id")]
+
+    assert resumed.measurements_used == whole.measurements_used == 30
+    assert measured("cut") == measured("whole")
 
 
 def test_a_flat_space_is_not_called_solved_before_the_surrogate_has_seen_enough(tmp_path):

@@ -237,14 +237,17 @@ class LearnedSurrogate:
         self._fail_model = grow_extra_trees(50, self.seed, x, ~ok, classify=True)
         self._fail_fit_at = counts
 
-    def _ensure_fitted(self) -> None:
+    def ensure_fitted(self) -> None:
+        """Fit now if outcomes came in since the last fit, as the next forecast would. A resumed search calls it after
+        each measurement it replays, so that the refits (and the schedule of cross-fits, whose Gaussian process starts
+        from the last one's hyperparameters) are the ones the uninterrupted search made."""
         if self._dirty:
             self.fit()
 
     # --- forecasts ------------------------------------------------------------------------
 
     def predictive(self, configs: Configs) -> Optional[LogTimeDistribution]:
-        self._ensure_fitted()
+        self.ensure_fitted()
         if self._model is None:
             return None
         pred = self._model.predict(self._features(configs))
@@ -257,7 +260,7 @@ class LearnedSurrogate:
         )
 
     def p_fail(self, configs: Configs) -> np.ndarray:
-        self._ensure_fitted()
+        self.ensure_fitted()
         n_obs = len(self._logt)
         base = (self.n_failed + 0.5) / (n_obs + 1.0)  # Jeffreys-style rate before any model
         if self._fail_model is None:
