@@ -150,24 +150,28 @@ def test_a_search_that_has_solved_its_space_stops_before_its_budget_and_says_why
     assert 0 < result.stop.chance < 0.05 and f"a {result.stop.chance * 100:.3g} % chance" in result.stop_reason
 
 
-def test_a_solved_search_resumed_spends_nothing_until_its_stop_is_lowered(tmp_path):
+@pytest.mark.parametrize("seed", [1, 3])
+def test_a_solved_search_resumed_spends_nothing_until_its_stop_is_lowered(tmp_path, seed):
     """The stop is decided from the iteration's screen before anything is measured, so a search that spent its
-    budget while already solved stops at once when the budget is raised, and `--solved-chance 0` goes on."""
+    budget while already solved stops at once when the budget is raised, and `--solved-chance 0` goes on. The resume
+    screens afresh and finds the very chance the uninterrupted search stopped on, since it replays the surrogate's fits
+    (fitted once on everything, seed 3's resume measured on to the raised budget)."""
     from kernelscout.agent.graph import BUDGET_SPENT, SOLVED
 
     space = _v_space(tmp_path)
-    solved = start_search(problem=None, space=str(space), budget=600, seed=1, run_dir=str(tmp_path / "solved"), quiet=True, report=False)
+    solved = start_search(problem=None, space=str(space), budget=600, seed=seed, run_dir=str(tmp_path / "solved"), quiet=True, report=False)
     again = resume_search(str(tmp_path / "solved"), quiet=True)
     assert again.measurements_used == solved.measurements_used and again.stop_reason == solved.stop_reason
     with pytest.raises(OptimizeError, match=r"--set 700 && kscout resume \S+ --solved-chance 0`"):  # a larger budget alone would not do
-        start_search(problem=None, space=str(space), budget=700, seed=1, run_dir=str(tmp_path / "solved"), quiet=True, report=False)
+        start_search(problem=None, space=str(space), budget=700, seed=seed, run_dir=str(tmp_path / "solved"), quiet=True, report=False)
 
     run_dir = str(tmp_path / "run")  # the same search, whose budget ends where the other one stopped as solved
-    spent = start_search(problem=None, space=str(space), budget=solved.measurements_used, seed=1, run_dir=run_dir, quiet=True, report=False)
+    spent = start_search(problem=None, space=str(space), budget=solved.measurements_used, seed=seed, run_dir=run_dir, quiet=True, report=False)
     assert spent.stop_reason == BUDGET_SPENT and spent.best_runtime_ms == solved.best_runtime_ms and spent.stop.kind == "budget"
     Budget(RunDir(run_dir)).set_cap(solved.measurements_used + 3)
     raised = resume_search(run_dir, quiet=True)
     assert raised.stop_reason.startswith(SOLVED) and raised.measurements_used == solved.measurements_used
+    assert raised.stop.chance == solved.stop.chance
 
     lowered = resume_search(run_dir, quiet=True, solved_chance=0)
     assert lowered.stop_reason == BUDGET_SPENT and lowered.measurements_used == solved.measurements_used + 3
