@@ -516,7 +516,7 @@ class SearchLoop:
         everything instead, the learned surrogate (which cross-fits on a schedule and refreshes in between) gave other
         forecasts: on the tests' V-shaped space the chance left that had stopped a solved search came back 1.5 to 5
         times larger, and (with five proposals an iteration) a search resumed after its budget ran out measured on
-        where the uninterrupted search stopped as solved. Costs a fit per measurement: about 7 s for 100 measurements
+        where the uninterrupted search stopped as solved. Costs a fit per measurement: about 6 s for 100 measurements
         of gemm_RTX_3090."""
         measured = [rec for rec in self.archive.all()
                     if rec.state in ("measured", "failed", "suspect", "unconfirmed") and rec.measurement_id is not None]
