@@ -514,9 +514,9 @@ class SearchLoop:
         """The predictor learns online; after a resume, replay what the archive measured so it knows the same: in the
         order measured, each measurement followed by the fit the search made before its next forecast. Fitted once on
         everything instead, the learned surrogate (which cross-fits on a schedule and refreshes in between) gave other
-        forecasts: on the tests' V-shaped space the chance left that had stopped a solved search came back 1.5 to 5
-        times larger, and (with five proposals an iteration) a search resumed after its budget ran out measured on
-        where the uninterrupted search stopped as solved. Costs a fit per measurement: about 6 s for 100 measurements
+        forecasts: on the tests' V-shaped space the chance left that had stopped a solved search came back changed by
+        factors (0.093 % as 0.144 %, 2.70 % as 14.8 %), and a search resumed after its budget ran out measured on where
+        the uninterrupted search stopped as solved (seeds 2 and 3, docs/search_experiments.md). Costs a fit per measurement: about 6 s for 100 measurements
         of gemm_RTX_3090."""
         measured = [rec for rec in self.archive.all()
                     if rec.state in ("measured", "failed", "suspect", "unconfirmed") and rec.measurement_id is not None]
