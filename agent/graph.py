@@ -468,7 +468,7 @@ class SearchLoop:
         the new value too. Nothing was measured after the stop, so that chance still stands. The resume's replay
         (`_rebuild_predictor`) gives the same figure when the search measured one candidate at a time; it can give
         another when several were measured at once (`--workers`: one fit for each batch, where the replay fits after
-        each measurement). Said when it stays stopped, or the user would read the stop's old threshold and wonder."""
+        each measurement; reasoned from the code, not measured). Said when it stays stopped, or the user would read the stop's old threshold and wonder."""
         limit = values.get("stop_limit") or {}
         now, then, chance = self.settings.solved_chance, limit.get("value"), limit.get("chance")
         if limit.get("setting") != "solved_chance" or then is None or chance is None or not chance < now < then:
@@ -516,8 +516,8 @@ class SearchLoop:
         everything instead, the learned surrogate (which cross-fits on a schedule and refreshes in between) gave other
         forecasts: on the tests' V-shaped space the chance left that had stopped a solved search came back changed by
         factors (0.093 % as 0.144 %, 2.70 % as 14.8 %), and a search resumed after its budget ran out measured on where
-        the uninterrupted search stopped as solved (seeds 2 and 3, docs/search_experiments.md). Costs a fit per measurement: about 6 s for 100 measurements
-        of gemm_RTX_3090."""
+        the uninterrupted search stopped as solved (seeds 2 and 3, docs/search_experiments.md). Costs a fit per
+        measurement: about 6 s for 100 measurements of gemm_RTX_3090."""
         measured = [rec for rec in self.archive.all()
                     if rec.state in ("measured", "failed", "suspect", "unconfirmed") and rec.measurement_id is not None]
         for rec in sorted(measured, key=lambda r: r.measurement_id):
