@@ -2,7 +2,7 @@
 
     python benchmarks/paired_search.py run --label new --out new.jsonl [--spaces convolution_A100,gemm_RTX_3090]
                                            [--seeds 0-29] [--budgets 20,50,100] [--jobs 2]
-                                           [--method kernelscout|kernelscout:none|kernel_tuner:STRATEGY]
+                                           [--method kernelscout|kernelscout:none|kernelscout:warm|kernel_tuner:STRATEGY]
     python benchmarks/paired_search.py pair old.jsonl new.jsonl
     python benchmarks/paired_search.py compare [--plot P.png] [NAME=]ours.jsonl[,more.jsonl] [NAME=]theirs.jsonl ...
 
@@ -13,8 +13,9 @@ measurement, CPU seconds. With `--method kernel_tuner:STRATEGY` it runs that Ker
 `kscout bench search` does (`agent.bench.kernel_tuner_trace`; bayes_opt in the worker's process, where the table
 gives each run a fresh one: on seeds 0-9 of the 8 recorded spaces both give the table's cells), and with `--method
 kernelscout:none` the search under `--surrogate none`, so the published table's comparisons can be checked on more
-seeds than its 10. A file that already holds a run of that label, space and seed skips it, so a run cut short goes
-on where it stopped. To compare two commits, install each in turn (`pip install -e WORKTREE`) and
+seeds than its 10; `--method kernelscout:warm` runs the search with `--warm-start` from the same kernel's other
+recorded spaces (the kernel is the name's part before the first `_`, as benchmarks/warm_start_search.py reads it).
+A file that already holds a run of that label, space and seed skips it, so a run cut short goes on where it stopped. To compare two commits, install each in turn (`pip install -e WORKTREE`) and
 run both with the same spaces and seeds.
 
 `compare` lays several arms side by side (each arm one or more files, comma-separated), on the spaces and seeds
@@ -65,6 +66,13 @@ def _kt_workdir() -> str:
     return path
 
 
+def same_kernel_elsewhere(space_path: str) -> list[str]:
+    """The other recorded spaces of the same kernel in the same folder (`convolution_A4000` for `convolution_A100`)."""
+    path = Path(space_path)
+    kernel = path.name.split("_")[0]
+    return sorted(str(p) for p in path.parent.glob(f"{kernel}_*.json*") if p != path)
+
+
 def one_run(label: str, space_path: str, seed: int, budgets: list[int], method: str = "kernelscout") -> dict:
     import numpy as np
 
@@ -79,7 +87,8 @@ def one_run(label: str, space_path: str, seed: int, budgets: list[int], method: 
             trace = kernel_tuner_trace(space_path, method.partition(":")[2], seed, max(budgets), _kt_workdir())
         else:
             surrogate = "none" if method == "kernelscout:none" else "learned"
-            trace = kernelscout_trace(space_path, surrogate, seed, max(budgets), str(Path(tmp) / "run"))
+            warm = same_kernel_elsewhere(space_path) if method == "kernelscout:warm" else []
+            trace = kernelscout_trace(space_path, surrogate, seed, max(budgets), str(Path(tmp) / "run"), warm_start=warm)
         cpu = time.process_time() - t0
     considered = [c for c in trace.considered if c is not None]
     return {"label": label, "space": space.name, "seed": seed, "budgets": budgets,
@@ -238,7 +247,7 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--seeds", default="0-29")
     r.add_argument("--budgets", default="20,50,100")
     r.add_argument("--jobs", type=int, default=2)
-    r.add_argument("--method", default="kernelscout", choices=["kernelscout", "kernelscout:none", *(f"kernel_tuner:{s}" for s in KT_STRATEGIES)],
+    r.add_argument("--method", default="kernelscout", choices=["kernelscout", "kernelscout:none", "kernelscout:warm", *(f"kernel_tuner:{s}" for s in KT_STRATEGIES)],
                    help="the installed kernelscout's search (kernelscout:none: with --surrogate none, measuring "
                         "whatever the policy proposes), or a Kernel Tuner strategy as the benchmark runs it")
     p = sub.add_parser("pair", help="paired difference between two files of runs")

@@ -35,6 +35,13 @@ def test_seed_ranges_and_lists():
     assert paired_search.seed_range("0-3,7") == [0, 1, 2, 3, 7]
 
 
+def test_the_warm_arm_starts_from_the_same_kernel_recorded_on_the_other_gpus(tmp_path):
+    for name in ("conv_A100.json.gz", "conv_MI250X.json", "gemm_A100.json.gz", "convolution_A100.json.gz"):
+        (tmp_path / name).write_text("")
+    assert paired_search.same_kernel_elsewhere(str(tmp_path / "conv_A100.json.gz")) == [str(tmp_path / "conv_MI250X.json")]
+    assert paired_search.same_kernel_elsewhere(str(tmp_path / "gemm_A100.json.gz")) == []
+
+
 def test_files_with_no_run_in_common_are_refused(tmp_path):
     old = _runs(tmp_path / "old.jsonl", "old", {("a", 0): [0.5, 0.8]})
     new = _runs(tmp_path / "new.jsonl", "new", {("a", 1): [0.5, 0.8]})

@@ -47,8 +47,10 @@ class Measurement(BaseModel):
     ref_runtime_ms: Optional[float] = Field(None, description="median per-call time of the reference, same session")
     speedup: Optional[float] = Field(None, description="ref_runtime_ms / runtime_ms, a same-run ratio; not a result to "
                                      "quote unless status is ok, correct is true and timing_valid is true")
-    timing_valid: bool = False
-    timing_invalid_reason: Optional[str] = None
+    timing_valid: bool = Field(False, description="the candidate was timed and its time counts")
+    timing_invalid_reason: Optional[str] = Field(None, description="what voided the time of a candidate that ran and was "
+                                                 "correct; None when it was never timed (status is not ok, or the output was "
+                                                 "wrong: status and message say why)")
     charged: bool = False
     device: str = "cpu"
     message: str = ""
