@@ -1,82 +1,81 @@
 """The search with and without a warm start from the same kernel recorded on other GPUs.
 
-Run: python benchmarks/warm_start_search.py [--seeds 5] [--cold-runs /tmp/kscout-bench-search]
+Run: python benchmarks/warm_start_search.py [--seeds 0-19] [--jobs 2] [--out DIR]
 
-For every provided space whose kernel was also recorded on another GPU, each seed runs
-`kscout optimize --space FILE --budget 100 --seed S --warm-start OTHER...` (learned surrogate,
-tuner policy) and reads the fraction of the optimum after 20, 50 and 100 measurements, as
-benchmarks/bench_search.py does. The cold runs to compare with are read from a bench_search output
-folder when `--cold-runs` is given (same seeds, same code path, no warm start), else run here.
-Prints a markdown table for docs/benchmarks.md.
+Every recorded space whose kernel was also recorded on another GPU is searched twice per seed, by
+benchmarks/paired_search.py's `run`: cold (`kscout optimize --space FILE --budget 100 --seed S`) and warm
+(the same with `--warm-start` from the kernel's other recorded spaces). Both read the fraction of the optimum
+after 20, 50 and 100 measurements as the published table does. The runs are kept as JSON lines in DIR
+(cold.jsonl, warm.jsonl), so a run cut short goes on where it stopped and `paired_search.py pair` can compare
+either arm with another file. Prints a markdown table for docs/benchmarks.md: each space's means, the mean over
+spaces, and the paired difference (warm minus cold, same space and seed) with its standard error, because one
+search's result spreads over 0.6 to 1.0 of the optimum with its seed and the pairing removes that part.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import paired_search  # noqa: E402  (a sibling script, not a package)
 
-from kernelscout.agent.bench import _space, best_after, frac_of_opt, kernelscout_trace, read_run
-from kernelscout.sandbox.replay import recorded_spaces_dir
+from kernelscout.sandbox.replay import recorded_spaces_dir, space_name  # noqa: E402
 
-HUB = recorded_spaces_dir()
-BUDGETS = (20, 50, 100)
-
-
-def kernel_of(path: Path) -> str:
-    return path.name.split("_")[0]
+BUDGETS = "20,50,100"
 
 
-def fractions(space_path: Path, times: list[float]) -> list[float]:
-    optimum = float(np.nanmin(_space(str(space_path)).times))
-    return [frac_of_opt(optimum, best_after(times, b)) for b in BUDGETS]
+def spaces_with_another_gpu(data: Path) -> list[Path]:
+    return [f for f in sorted(data.glob("*.json*")) if paired_search.same_kernel_elsewhere(str(f))]
 
 
-def search(space_path: Path, seed: int, warm: list[str]) -> list[float]:
-    run_dir = tempfile.mkdtemp(prefix="kscout-warm-")
-    trace = kernelscout_trace(str(space_path), "learned", seed, max(BUDGETS), run_dir, warm_start=warm)
-    return fractions(space_path, trace.times)
-
-
-def cold_from(runs: Path, space_path: Path, name: str, seed: int) -> list[float]:
-    """A cold run that benchmarks/bench_search.py left in its --out folder."""
-    times, _ = read_run(_space(str(space_path)), str(runs / "runs" / f"{name}-learned-seed{seed}"))
-    return fractions(space_path, times)
+def table(cold: dict, warm: dict, spaces: list[Path]) -> list[str]:
+    keys = sorted(set(cold) & set(warm))
+    head = "| space | warm start from | " + " | ".join(f"cold @{b} | warm @{b}" for b in BUDGETS.split(",")) + " |"
+    lines = [head, "|---|---|" + "---:|" * (2 * len(BUDGETS.split(",")))]
+    means = []
+    for f in spaces:
+        ks = [k for k in keys if k[0] == space_name(f)]
+        if not ks:
+            continue
+        c = [sum(cold[k][i] for k in ks) / len(ks) for i in range(3)]
+        w = [sum(warm[k][i] for k in ks) / len(ks) for i in range(3)]
+        means.append((c, w))
+        others = ", ".join(space_name(o) for o in paired_search.same_kernel_elsewhere(str(f)))
+        lines.append(f"| {space_name(f)} | {others} | " + " | ".join(f"{x:.3f} | {y:.3f}" for x, y in zip(c, w, strict=True)) + " |")
+    mc = [sum(m[0][i] for m in means) / len(means) for i in range(3)]
+    mw = [sum(m[1][i] for m in means) / len(means) for i in range(3)]
+    lines.append("| **mean** | | " + " | ".join(f"**{x:.3f}** | **{y:.3f}**" for x, y in zip(mc, mw, strict=True)) + " |")
+    diffs = [paired_search._mean_se([warm[k][i] - cold[k][i] for k in keys]) for i in range(3)]
+    lines.append(f"\nwarm minus cold, paired over {len(keys)} runs (standard error): "
+                 + " / ".join(f"{m:+.3f} ({se:.3f})" for m, se in diffs))
+    return lines
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, default=HUB)
-    ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--cold-runs", type=Path, default=None, help="a bench_search.py --out folder holding the cold runs")
+    ap.add_argument("--data", type=Path, default=recorded_spaces_dir())
+    ap.add_argument("--seeds", default="0-19", help="seeds, as paired_search.py takes them (0-19, or 0-4,9)")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=None, help="folder for the runs' JSON lines (default: a new temporary one)")
     args = ap.parse_args()
-    files = sorted(args.data.glob("*.json.gz"))
-    rows, t0 = [], time.perf_counter()
-    for f in files:
-        others = [str(g) for g in files if g != f and kernel_of(g) == kernel_of(f)]
-        if not others:
-            continue
-        name = f.name.removesuffix(".json.gz")
-        warm = np.mean([search(f, s, others) for s in range(args.seeds)], axis=0)
-        if args.cold_runs:
-            cold = np.mean([cold_from(args.cold_runs, f, name, s) for s in range(args.seeds)], axis=0)
-        else:
-            cold = np.mean([search(f, s, []) for s in range(args.seeds)], axis=0)
-        rows.append((name, cold, warm, [Path(o).name.removesuffix(".json.gz") for o in others]))
-        print(f"[{time.perf_counter() - t0:5.0f} s] {name}: cold {np.round(cold, 3)}, warm {np.round(warm, 3)}", flush=True)
-    print()
-    print(f"{args.seeds} seeds; fraction of the optimum after 20 / 50 / 100 measurements; wall {(time.perf_counter() - t0) / 60:.1f} min")
-    print()
-    print("| space | warm start from | cold @20 | warm @20 | cold @50 | warm @50 | cold @100 | warm @100 |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
-    for name, cold, warm, others in rows:
-        cells = " | ".join(f"{c:.3f} | {w:.3f}" for c, w in zip(cold, warm))
-        print(f"| {name} | {', '.join(others)} | {cells} |")
-    cold_m, warm_m = np.mean([r[1] for r in rows], axis=0), np.mean([r[2] for r in rows], axis=0)
-    print("| **mean** | | " + " | ".join(f"**{c:.3f}** | **{w:.3f}**" for c, w in zip(cold_m, warm_m)) + " |")
+    spaces = spaces_with_another_gpu(args.data)
+    if not spaces:
+        raise SystemExit(f"{args.data}: no kernel is recorded on two GPUs there (names are KERNEL_GPU.json.gz)")
+    out = args.out or Path(tempfile.mkdtemp(prefix="kscout-warm-start-"))
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    names = ",".join(str(f) for f in spaces)
+    for label, method in (("cold", "kernelscout"), ("warm", "kernelscout:warm")):
+        paired_search.main(["run", "--label", label, "--method", method, "--out", str(out / f"{label}.jsonl"),
+                            "--spaces", names, "--seeds", args.seeds, "--budgets", BUDGETS, "--jobs", str(args.jobs)])
+    cold, warm = (paired_search.load(str(out / f"{label}.jsonl"))[2] for label in ("cold", "warm"))
+    print(f"seeds {args.seeds}; fraction of the optimum after {BUDGETS.replace(',', ' / ')} measurements; "
+          f"wall {(time.perf_counter() - t0) / 60:.1f} min; runs in {out}\n")
+    print("\n".join(table(cold, warm, spaces)))
 
 
 if __name__ == "__main__":

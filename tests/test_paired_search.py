@@ -112,3 +112,21 @@ def test_compare_draws_the_arms_as_the_published_figure_does(tmp_path, capsys):
     paired_search.main(["compare", "--plot", str(png), ours, theirs])
     assert capsys.readouterr().out.rstrip().endswith(f"plot: {png}")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_warm_start_table_pairs_warm_with_cold_runs_of_the_same_space_and_seed(tmp_path):
+    spec = importlib.util.spec_from_file_location("warm_start_search", SCRIPT.parent / "warm_start_search.py")
+    warm_start_search = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(warm_start_search)
+    for name in ("conv_A100.json.gz", "conv_MI250X.json.gz", "gemm_A100.json.gz"):
+        (tmp_path / name).write_text("")
+    spaces = warm_start_search.spaces_with_another_gpu(tmp_path)
+    assert [p.name for p in spaces] == ["conv_A100.json.gz", "conv_MI250X.json.gz"]  # gemm has no other GPU
+    cold = {("conv_A100", 0): [0.5, 0.6, 0.7], ("conv_A100", 1): [0.7, 0.8, 0.9], ("conv_MI250X", 0): [0.9, 1.0, 1.0]}
+    warm = {("conv_A100", 0): [0.6, 0.6, 0.7], ("conv_A100", 1): [0.9, 0.8, 0.9], ("conv_MI250X", 0): [0.9, 1.0, 1.0]}
+    lines = warm_start_search.table(cold, warm, spaces)
+    assert "| conv_A100 | conv_MI250X | 0.600 | 0.750 | 0.700 | 0.700 | 0.800 | 0.800 |" in lines
+    # the mean over spaces weighs each space once: (0.6 + 0.9) / 2 cold, (0.75 + 0.9) / 2 warm at 20
+    assert "| **mean** | | **0.750** | **0.825** | **0.850** | **0.850** | **0.900** | **0.900** |" in lines
+    # differences at 20 over the three runs: 0.1, 0.2, 0.0 -> mean 0.1, standard error 0.1 / sqrt(3)
+    assert lines[-1].endswith("+0.100 (0.058) / +0.000 (0.000) / +0.000 (0.000)")
