@@ -153,4 +153,4 @@ def llm_space_forecaster(target: Any, ref, model: Any = None, seed: int = 0, pri
     features = lambda rec: dict(rec.params)  # noqa: E731
     screener = make_forecaster("learned", space.param_values, ref, features, priors=list(priors), seed=seed,
                                valid=space.configs)
-    return Forecaster(LLMSurrogate(model), ref, features, seed=seed, code_context=context, screener=screener)
+    return Forecaster(LLMSurrogate(model), ref, features, seed=seed, code_context=context, screener=screener, priors=priors)

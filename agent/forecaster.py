@@ -239,11 +239,13 @@ class Forecaster:
     def __init__(self, surrogate: Any, reference_ms: Callable[[], Optional[float]], features: Callable[[CandidateRecord], dict],
                  measure_all: bool = False, target_risk: float = 0.05, seed: int = 0, sol_ms: Optional[float] = None,
                  code_context: Optional[Callable[[CandidateRecord], dict]] = None, gate: Optional[RiskControlledGate] = None,
-                 screener: Optional["Forecaster"] = None):
+                 screener: Optional["Forecaster"] = None, priors: Sequence[Any] = ()):
         """`screener`: a feature-based forecaster that ranks an enumerable space for a code-reading
         surrogate (the LLM), which cannot afford a chat call per configuration; it learns every
-        measurement this forecaster learns."""
+        measurement this forecaster learns. `priors`: the warm start's sources (`warmstart.PriorSource`), which the
+        surrogate (or the screener) forecasts from; the space's policy starts its design at their fastest configurations."""
         self.surrogate = surrogate
+        self.priors = list(priors)
         self.screener = screener
         self._reference_ms = reference_ms
         self._reference: Optional[tuple[Optional[float]]] = None  # cached until the next measurement
@@ -397,4 +399,4 @@ def make_forecaster(name: str, tune_params: Optional[Mapping[str, Sequence[Any]]
                                    for_search=True)
     else:
         surrogate = OpenSpaceSurrogate("none" if name == "none" else name, seed=seed, prior=history_prior, reference_ms=reference_ms)
-    return Forecaster(surrogate, reference_ms, features, measure_all=(name == "none"), seed=seed, sol_ms=sol_ms)
+    return Forecaster(surrogate, reference_ms, features, measure_all=(name == "none"), seed=seed, sol_ms=sol_ms, priors=priors)

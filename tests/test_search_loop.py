@@ -574,3 +574,37 @@ def test_the_last_measurement_of_the_budget_stored_but_not_recorded_before_a_kil
                                 "(SELECT measurement_id FROM candidates WHERE measurement_id IS NOT NULL)").fetchone()[0]
     assert unrecorded == 0 and result.measurements_used == Budget(RunDir(run_dir)).status().used == 6
     assert result.best_runtime_ms == straight.best_runtime_ms and result.best_speedup == straight.best_speedup
+
+
+def _grid_space(folder: Path, name: str, device: str, time_of) -> Path:
+    """Two parameters, 8 x 8 values; `time_of(a, b)` gives each configuration's time."""
+    values = [1, 2, 3, 4, 5, 6, 7, 8]
+    space = folder / f"{name}.json"
+    cache = {f"{a},{b}": {"a": a, "b": b, "time": time_of(a, b)} for a in values for b in values}
+    space.write_text(json.dumps({"device_name": device, "kernel_name": "k", "tune_params_keys": ["a", "b"], "objective": "time",
+                                 "tune_params": {"a": values, "b": values}, "cache": cache}))
+    return space
+
+
+def test_a_warm_started_search_measures_first_what_the_other_gpu_ran_fastest(tmp_path):
+    """The design of a warm-started search begins at the three configurations the other device ran fastest: the
+    surrogate cannot use the prior before this device has timed 8 configurations, and a space-filling design alone
+    would spend those on configurations the prior already says are slow. A cold search of the same space and seed
+    starts elsewhere, so it is the warm start that put them first."""
+    here = _grid_space(tmp_path, "k_here", "GPU here", lambda a, b: 1.0 + 0.3 * abs(a - 6) + 0.2 * abs(b - 3))
+    there = _grid_space(tmp_path, "k_there", "GPU there", lambda a, b: 2.0 + 0.1 * abs(a - 7) + 0.3 * abs(b - 2) + 0.01 * a)
+    fastest_there = [(7, 2), (6, 2), (8, 2)]  # 2.06, 2.16, 2.18; (7, 1) and (7, 3) take 2.37
+
+    def first_measured(run: Path, n: int) -> tuple[list[tuple[int, int]], list[str]]:
+        with reading(run / "run.db") as db:
+            rows = db.execute("SELECT c.params_json, c.hypothesis FROM candidates c JOIN measurements m ON m.id = c.measurement_id "
+                              "WHERE m.charged = 1 ORDER BY m.id LIMIT ?", (n,)).fetchall()
+        return [(json.loads(p)["a"], json.loads(p)["b"]) for p, _ in rows], [h for _, h in rows]
+
+    start_search(problem=None, space=str(here), budget=4, seed=2, run_dir=str(tmp_path / "warm"), quiet=True, report=False,
+                 warm_start=[str(there)])
+    configs, said = first_measured(tmp_path / "warm", 3)
+    assert configs == fastest_there
+    assert all(s.startswith("among the 3 fastest on GPU there (warm start)") for s in said)
+    start_search(problem=None, space=str(here), budget=4, seed=2, run_dir=str(tmp_path / "cold"), quiet=True, report=False)
+    assert not set(first_measured(tmp_path / "cold", 3)[0]) & set(fastest_there)

@@ -21,9 +21,15 @@ configurations instead of extrapolating to the large block and tile sizes where 
 sit. On the recorded spaces (8 spaces x 10 seeds, docs/benchmarks.md) it raised the mean fraction of
 the optimum found with 20 measurements from 0.808 to 0.844, left it at 0.905 at 50 and cost 0.007 at
 100; one-hot columns for small-integer parameters, or design and random points alternating, did
-worse. Once the design is used up the cold start draws random configurations. When the search runs
-without a surrogate (`--surrogate none`), the policy does what needs no model: moves to neighbouring
-values of the parent's parameters plus random restarts. The policy never reads the measurement
+worse. Once the design is used up the cold start draws random configurations. Under a warm start
+(`--warm-start`, the same kernel recorded on other devices) the design begins at the `PRIOR_STARTS`
+configurations those devices ran fastest: the surrogate cannot use the prior until this device has timed 8
+configurations, and a design alone spends them where the prior already says the kernel is slow. On the 7
+recorded spaces that have a second GPU it raised the warm-started search by +0.065 / +0.017 / +0.005 of the
+optimum at 20 / 50 / 100 measurements (paired over 40 seeds, standard errors 0.013 / 0.009 / 0.005), and cost
+convolution_A100, whose optimum is not where the other GPUs' is, 0.040 at 20 (docs/search_experiments.md,
+seventy-sixth session). When the search runs without a surrogate (`--surrogate none`), the policy does what
+needs no model: moves to neighbouring values of the parent's parameters plus random restarts. The policy never reads the measurement
 budget, so a run's first N measurements are the same whatever the cap (benchmarks rely on this).
 """
 
@@ -45,6 +51,7 @@ from kernelscout.tools.surrogates.features import ConfigEncoder
 DESIGN_POOL = 512
 EXHAUSTED = "every configuration of the space has been measured (the reference's is timed in every session)"
 DESIGN_SIZE = 24  # at six proposals per iteration, the first four iterations; random configurations follow
+PRIOR_STARTS = 3  # under a warm start, the design's first points: the configurations the other devices ran fastest
 MES_QUANTILES = 16  # draws of the pool's best time that the screen's ranking averages over (max_value_entropy)
 
 
@@ -139,6 +146,8 @@ class SpaceSearchPolicy:
         self._shas: Optional[list[str]] = None
         self._row_of: dict[str, int] = {}  # content key -> row, for the shelved keys the loop hands back
         self._design: Optional[list[int]] = None  # cold-start design, rows of the space
+        self._starts: list[int] = []  # the design's first rows under a warm start (`_prior_starts`)
+        self._prior_names = ""
         self.notes: list[str] = []  # read by the loop: said once, and named if the search stops for want of proposals
         self.chance_left: Optional[float] = None  # read by the loop, which stops a solved search (`_chance_left`)
 
@@ -190,6 +199,18 @@ class SpaceSearchPolicy:
         return [SpaceProposal(origin=o, params=c, hypothesis=f"{o} of the parent configuration" if o == "neighbour" else "random restart",
                               features=dict(c)) for o, c in picks]
 
+    def _prior_starts(self) -> list[int]:
+        """Under a warm start, the configurations the other devices ran fastest (mean standardised log-time over the
+        priors; a configuration a prior never timed counts at its prior's imputed value), best first."""
+        priors = list(getattr(self.forecaster, "priors", None) or [])
+        if not priors:
+            return []
+        rows = np.asarray(self._valid, dtype=int)
+        z = np.mean([p.feature(self._values[rows], self.space.param_names) for p in priors], axis=0)
+        self._starts = [int(rows[i]) for i in np.argsort(z, kind="stable")[:PRIOR_STARTS]]
+        self._prior_names = ", ".join(p.name for p in priors)
+        return self._starts
+
     def _design_proposals(self, parent: dict[str, Any], k: int, rng: random.Random) -> list[SpaceProposal]:
         """The next `k` configurations of the cold-start design that are neither measured nor proposed."""
         if self._design is None:
@@ -198,7 +219,9 @@ class SpaceSearchPolicy:
             if rows.size > DESIGN_POOL:
                 rows = gen.choice(rows, size=DESIGN_POOL, replace=False)
             features = ConfigEncoder(self.space.param_values).transform(self._values[rows]).compact
-            self._design = [int(rows[i]) for i in maximin_design(features, DESIGN_SIZE, first=int(gen.integers(rows.size)))]
+            spread = [int(rows[i]) for i in maximin_design(features, DESIGN_SIZE, first=int(gen.integers(rows.size)))]
+            starts = self._prior_starts()
+            self._design = starts + [r for r in spread if r not in starts][:DESIGN_SIZE - len(starts)]
         tried = _not_candidates(parent)
         out = []
         for position, idx in enumerate(self._design, start=1):
@@ -208,8 +231,10 @@ class SpaceSearchPolicy:
             if parent["sha"](cfg) in tried:
                 continue
             self._proposed.add(idx)
+            what = (f"among the {PRIOR_STARTS} fastest on {self._prior_names} (warm start)" if idx in self._starts
+                    else "space-filling")
             out.append(SpaceProposal(origin="design", params=cfg, features=dict(cfg),
-                                     hypothesis=f"space-filling design point {position} of {len(self._design)} (cold start)"))
+                                     hypothesis=f"{what} design point {position} of {len(self._design)} (cold start)"))
             if len(out) == k:
                 break
         return out
