@@ -29,8 +29,9 @@ recorded spaces that have a second GPU it raised the warm-started search by +0.0
 optimum at 20 / 50 / 100 measurements (paired over 40 seeds, standard errors 0.013 / 0.009 / 0.005), and cost
 convolution_A100, whose optimum is not where the other GPUs' is, 0.040 at 20 (docs/search_experiments.md,
 seventy-sixth session). When the search runs without a surrogate (`--surrogate none`), the policy does what
-needs no model: moves to neighbouring values of the parent's parameters plus random restarts. The policy never reads the measurement
-budget, so a run's first N measurements are the same whatever the cap (benchmarks rely on this).
+needs no model: moves to neighbouring values of the parent's parameters plus random restarts. The policy
+never reads the measurement budget, so a run's first N measurements are the same whatever the cap
+(benchmarks rely on this).
 """
 
 from __future__ import annotations
