@@ -468,7 +468,8 @@ class SearchLoop:
         the new value too. Nothing was measured after the stop, so that chance still stands. The resume's replay
         (`_rebuild_predictor`) gives the same figure when the search measured one candidate at a time; it can give
         another when several were measured at once (`--workers`: one fit for each batch, where the replay fits after
-        each measurement; reasoned from the code, not measured). Said when it stays stopped, or the user would read the stop's old threshold and wonder."""
+        each measurement; reasoned from the code, not measured). Said when it stays stopped, or the user would read the
+        stop's old threshold and wonder."""
         limit = values.get("stop_limit") or {}
         now, then, chance = self.settings.solved_chance, limit.get("value"), limit.get("chance")
         if limit.get("setting") != "solved_chance" or then is None or chance is None or not chance < now < then:

@@ -14,9 +14,9 @@ measurement, CPU seconds. With `--method kernel_tuner:STRATEGY` it runs that Ker
 gives each run a fresh one: on seeds 0-9 of the 8 recorded spaces both give the table's cells), and with `--method
 kernelscout:none` the search under `--surrogate none`, so the published table's comparisons can be checked on more
 seeds than its 10; `--method kernelscout:warm` runs the search with `--warm-start` from the same kernel's other
-recorded spaces (the kernel is the name's part before the first `_`, as benchmarks/warm_start_search.py reads it).
-A file that already holds a run of that label, space and seed skips it, so a run cut short goes on where it stopped. To compare two commits, install each in turn (`pip install -e WORKTREE`) and
-run both with the same spaces and seeds.
+recorded spaces (the same kernel name and parameters). A file that already holds a run of that label, space and
+seed skips it, so a run cut short goes on where it stopped. To compare two commits, install each in turn (`pip
+install -e WORKTREE`) and run both with the same spaces and seeds.
 
 `compare` lays several arms side by side (each arm one or more files, comma-separated), on the spaces and seeds
 every arm has, and lists each cell where the first arm's mean is below another's with the paired difference's
@@ -67,10 +67,14 @@ def _kt_workdir() -> str:
 
 
 def same_kernel_elsewhere(space_path: str) -> list[str]:
-    """The other recorded spaces of the same kernel in the same folder (`convolution_A4000` for `convolution_A100`)."""
-    path = Path(space_path)
-    kernel = path.name.split("_")[0]
-    return sorted(str(p) for p in path.parent.glob(f"{kernel}_*.json*") if p != path)
+    """The other recorded spaces in the same folder that tune the same kernel (`ReplaySpace.same_kernel`: its name and
+    parameters, as `kscout eval-surrogate --warm-start` picks them), e.g. `convolution_A4000` for `convolution_A100`."""
+    from kernelscout.agent.bench import _space
+
+    path = Path(space_path).resolve()
+    target = _space(str(path))
+    others = sorted(p for p in path.parent.iterdir() if p.name.endswith((".json", ".json.gz")) and p != path)
+    return [str(p) for p in others if _space(str(p)).same_kernel(target)]
 
 
 def one_run(label: str, space_path: str, seed: int, budgets: list[int], method: str = "kernelscout") -> dict:
@@ -247,9 +251,11 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--seeds", default="0-29")
     r.add_argument("--budgets", default="20,50,100")
     r.add_argument("--jobs", type=int, default=2)
-    r.add_argument("--method", default="kernelscout", choices=["kernelscout", "kernelscout:none", "kernelscout:warm", *(f"kernel_tuner:{s}" for s in KT_STRATEGIES)],
+    r.add_argument("--method", default="kernelscout",
+                   choices=["kernelscout", "kernelscout:none", "kernelscout:warm", *(f"kernel_tuner:{s}" for s in KT_STRATEGIES)],
                    help="the installed kernelscout's search (kernelscout:none: with --surrogate none, measuring "
-                        "whatever the policy proposes), or a Kernel Tuner strategy as the benchmark runs it")
+                        "whatever the policy proposes; kernelscout:warm: with --warm-start from the same kernel's other "
+                        "recorded spaces), or a Kernel Tuner strategy as the benchmark runs it")
     p = sub.add_parser("pair", help="paired difference between two files of runs")
     p.add_argument("base")
     p.add_argument("new")

@@ -64,7 +64,7 @@ def main() -> None:
     args = ap.parse_args()
     spaces = spaces_with_another_gpu(args.data)
     if not spaces:
-        raise SystemExit(f"{args.data}: no kernel is recorded on two GPUs there (names are KERNEL_GPU.json.gz)")
+        raise SystemExit(f"{args.data}: no kernel is recorded on two GPUs there (no two spaces have the same kernel_name and parameters)")
     out = args.out or Path(tempfile.mkdtemp(prefix="kscout-warm-start-"))
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()

@@ -1,5 +1,6 @@
 """benchmarks/paired_search.py pairs two arms' runs by space and seed; the difference it reports is the paired one."""
 
+import gzip
 import importlib.util
 import json
 from pathlib import Path
@@ -35,9 +36,19 @@ def test_seed_ranges_and_lists():
     assert paired_search.seed_range("0-3,7") == [0, 1, 2, 3, 7]
 
 
+def _write_spaces(folder: Path, kernel_of: dict[str, str]) -> None:
+    """A two-configuration recorded space per file name, tuning the given kernel."""
+    for name, kernel in kernel_of.items():
+        text = json.dumps({"device_name": name.split(".")[0], "kernel_name": kernel, "tune_params_keys": ["bs"], "objective": "time",
+                           "tune_params": {"bs": [1, 2]}, "cache": {"1": {"bs": 1, "time": 1.0}, "2": {"bs": 2, "time": 2.0}}})
+        opener = gzip.open if name.endswith(".gz") else open
+        with opener(folder / name, "wt") as f:
+            f.write(text)
+
+
 def test_the_warm_arm_starts_from_the_same_kernel_recorded_on_the_other_gpus(tmp_path):
-    for name in ("conv_A100.json.gz", "conv_MI250X.json", "gemm_A100.json.gz", "convolution_A100.json.gz"):
-        (tmp_path / name).write_text("")
+    _write_spaces(tmp_path, {"conv_A100.json.gz": "conv", "conv_MI250X.json": "conv", "gemm_A100.json.gz": "gemm",
+                             "convolution_A100.json.gz": "convolution"})
     assert paired_search.same_kernel_elsewhere(str(tmp_path / "conv_A100.json.gz")) == [str(tmp_path / "conv_MI250X.json")]
     assert paired_search.same_kernel_elsewhere(str(tmp_path / "gemm_A100.json.gz")) == []
 
@@ -118,8 +129,7 @@ def test_the_warm_start_table_pairs_warm_with_cold_runs_of_the_same_space_and_se
     spec = importlib.util.spec_from_file_location("warm_start_search", SCRIPT.parent / "warm_start_search.py")
     warm_start_search = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(warm_start_search)
-    for name in ("conv_A100.json.gz", "conv_MI250X.json.gz", "gemm_A100.json.gz"):
-        (tmp_path / name).write_text("")
+    _write_spaces(tmp_path, {"conv_A100.json.gz": "conv", "conv_MI250X.json.gz": "conv", "gemm_A100.json.gz": "gemm"})
     spaces = warm_start_search.spaces_with_another_gpu(tmp_path)
     assert [p.name for p in spaces] == ["conv_A100.json.gz", "conv_MI250X.json.gz"]  # gemm has no other GPU
     cold = {("conv_A100", 0): [0.5, 0.6, 0.7], ("conv_A100", 1): [0.7, 0.8, 0.9], ("conv_MI250X", 0): [0.9, 1.0, 1.0]}
