@@ -70,6 +70,7 @@ class LoopState(TypedDict, total=False):
     stop_limit: Optional[dict]  # {"setting": name in SearchSettings, "value": its value} when a user's limit stopped it
     # (and "chance", the surrogate's sum, when solved_chance did)
     stopped_at: float  # when the search last ended (after `confirm`); a search that goes on counts its wall clock from there
+    policy_state: dict  # the policy's memory between iterations (`state_dict`), for a policy that has one
 
 
 class SearchLoop:
@@ -84,6 +85,7 @@ class SearchLoop:
         self._last_note: Optional[str] = None  # the policy's last reason for dropping an answer
         self._ruled_out_while_dry: set[int] = set()  # candidates a forecast ruled out since the last one measured
         self._lay_dead_s = 0.0  # how long a killed search lay dead before this resume; `check` moves `started` by it
+        self._policy_restored = False  # set at the first propose: a resumed search's policy takes up its checkpointed memory
         self.workers = 1  # measurements in flight at once; see scale_out
         self._busy_streak = 0  # measurements in a row whose timing a busy machine voided (MACHINE_BUSY)
         self._rebuild_predictor()
@@ -114,6 +116,10 @@ class SearchLoop:
         iteration, parent_id = state["iteration"], state["parent_id"]
         parent = None if parent_id == ROOT_ID else self.archive.get(parent_id)
         rng = random.Random(f"{self.settings.seed}:{iteration}")
+        if not self._policy_restored:  # a resumed search's policy is new: it takes up the memory the checkpoint holds
+            self._policy_restored = True
+            if state.get("policy_state") and hasattr(self.policy, "load_state_dict"):
+                self.policy.load_state_dict(state["policy_state"])
         # shelved: tried, but never judged, so a policy that ranks a whole space may propose them again; waiting: in the
         # loop's queue. Both are read from run.db, so that such a policy sees the same after a resume
         info = self.target.parent_info(parent, tried=self.archive.shas(), shelved=self.archive.shas("shelved"),
@@ -135,7 +141,10 @@ class SearchLoop:
                 revived += rec.iteration != iteration  # shelved earlier, proposed again
         pending = [r.id for r in self.archive.all() if r.state == "proposed" and r.id not in new_ids]
         self._emit("propose", parent=parent_id, new=len(new_ids) - revived, revived=revived, pending=len(pending))
-        return {"considered": new_ids + pending}
+        out: LoopState = {"considered": new_ids + pending}
+        if hasattr(self.policy, "state_dict"):
+            out["policy_state"] = self.policy.state_dict()
+        return out
 
     def predict(self, state: LoopState) -> LoopState:
         iteration = state["iteration"]

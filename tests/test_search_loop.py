@@ -218,6 +218,26 @@ def test_a_search_cut_short_by_its_budget_and_resumed_measures_what_the_uninterr
     assert measured("cut") == measured("whole")
 
 
+@needs_hub
+def test_a_resumed_search_of_a_space_too_large_to_screen_whole_measures_what_the_uninterrupted_one_did(tmp_path):
+    """A space larger than the screen's pool is ranked in parts, the best of each ranking carried into the next; that
+    memory rides in the loop's checkpoint, so a search cut short and resumed goes on as if never cut (before, it measured
+    another configuration right after the resume)."""
+    whole = start_search(problem=None, space=str(SPACE), budget=26, seed=300, run_dir=str(tmp_path / "whole"), quiet=True,
+                         report=False, solved_chance=0)
+    start_search(problem=None, space=str(SPACE), budget=20, seed=300, run_dir=str(tmp_path / "cut"), quiet=True, report=False,
+                 solved_chance=0)
+    Budget(RunDir(tmp_path / "cut")).set_cap(26)
+    resumed = resume_search(str(tmp_path / "cut"), quiet=True)
+
+    def measured(folder: str) -> list[str]:
+        with reading(tmp_path / folder / "run.db") as db:
+            return [row[0] for row in db.execute("SELECT candidate_path FROM measurements WHERE charged = 1 ORDER BY id")]
+
+    assert resumed.measurements_used == whole.measurements_used == 26
+    assert measured("cut") == measured("whole")
+
+
 def test_a_flat_space_is_not_called_solved_before_the_surrogate_has_seen_enough(tmp_path):
     """500 configurations within 1 % of each other but one, twice as fast: a handful of timings make the surrogate
     sure of a flat space, the lone fast one included, so the stop waits for SOLVED_AFTER measurements."""

@@ -152,6 +152,23 @@ class SpaceSearchPolicy:
         self.notes: list[str] = []  # read by the loop: said once, and named if the search stops for want of proposals
         self.chance_left: Optional[float] = None  # read by the loop, which stops a solved search (`_chance_left`)
 
+    def state_dict(self) -> dict[str, Any]:
+        """What this policy remembers between iterations that run.db does not hold: the best of the last ranking (a
+        space too large to screen whole), the design and what it proposed. The loop checkpoints it with its own state,
+        so that a resumed search proposes what the uninterrupted one would have."""
+        design = [int(i) for i in self._design or []]
+        # of the rows proposed, only the design's are read again (the rest are in run.db, as tried)
+        return {"ranked": [int(i) for i in self._ranked], "proposed": [i for i in design if i in self._proposed],
+                "design": None if self._design is None else design,
+                "starts": [int(i) for i in self._starts], "prior_names": self._prior_names}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._ranked = list(state.get("ranked", []))
+        self._proposed = set(state.get("proposed", []))
+        self._design = state.get("design")
+        self._starts = list(state.get("starts", []))
+        self._prior_names = state.get("prior_names", "")
+
     def attach_forecaster(self, forecaster: Any) -> None:
         """The loop's forecaster, whose `screen` ranks the whole space (absent: model-free proposals)."""
         self.forecaster = forecaster
