@@ -85,7 +85,6 @@ class SearchLoop:
         self._last_note: Optional[str] = None  # the policy's last reason for dropping an answer
         self._ruled_out_while_dry: set[int] = set()  # candidates a forecast ruled out since the last one measured
         self._lay_dead_s = 0.0  # how long a killed search lay dead before this resume; `check` moves `started` by it
-        self._policy_restored = False  # set at the first propose: a resumed search's policy takes up its checkpointed memory
         self.workers = 1  # measurements in flight at once; see scale_out
         self._busy_streak = 0  # measurements in a row whose timing a busy machine voided (MACHINE_BUSY)
         self._rebuild_predictor()
@@ -116,10 +115,6 @@ class SearchLoop:
         iteration, parent_id = state["iteration"], state["parent_id"]
         parent = None if parent_id == ROOT_ID else self.archive.get(parent_id)
         rng = random.Random(f"{self.settings.seed}:{iteration}")
-        if not self._policy_restored:  # a resumed search's policy is new: it takes up the memory the checkpoint holds
-            self._policy_restored = True
-            if state.get("policy_state") and hasattr(self.policy, "load_state_dict"):
-                self.policy.load_state_dict(state["policy_state"])
         # shelved: tried, but never judged, so a policy that ranks a whole space may propose them again; waiting: in the
         # loop's queue. Both are read from run.db, so that such a policy sees the same after a resume
         info = self.target.parent_info(parent, tried=self.archive.shas(), shelved=self.archive.shas("shelved"),
@@ -558,6 +553,19 @@ class SearchLoop:
         g.add_edge("confirm", END)
         return g.compile(checkpointer=checkpointer)
 
+    def _restore_policy(self, snapshot: Any) -> None:
+        """A resumed search's policy is new: it takes up the memory the last `propose` left, from the checkpoint, or
+        from that step's saved writes when a kill came after the step and before its checkpoint."""
+        if not hasattr(self.policy, "load_state_dict"):
+            return
+        saved = (snapshot.values or {}).get("policy_state")
+        for task in snapshot.tasks:
+            result = getattr(task, "result", None)
+            if task.name == "propose" and isinstance(result, dict) and result.get("policy_state"):
+                saved = result["policy_state"]
+        if saved:
+            self.policy.load_state_dict(saved)
+
     def run_to_end(self, resume: bool = False) -> LoopState:
         conn = sqlite3.connect(self.run.path / "checkpoints.db", check_same_thread=False)
         try:
@@ -567,6 +575,7 @@ class SearchLoop:
             # A step whose node finished but whose checkpoint a kill prevented shows up in `tasks`
             # (with its writes saved) and not in `next`: it is unfinished work, not the end.
             unfinished = bool(snapshot.next or snapshot.tasks)
+            self._restore_policy(snapshot)
             if unfinished or not snapshot.values:
                 for note in getattr(self.predictor, "notes", ()):
                     self._emit("surrogate_note", note=note)

@@ -238,6 +238,33 @@ def test_a_resumed_search_of_a_space_too_large_to_screen_whole_measures_what_the
     assert measured("cut") == measured("whole")
 
 
+def test_a_search_killed_between_its_screen_and_its_stop_stops_where_the_uninterrupted_one_did(tmp_path, monkeypatch):
+    """The solved stop reads the chance its policy summed in that iteration's screen. A kill after the screen's
+    checkpoint and before the stop leaves the resumed search at the next step with a new policy, which must take that
+    chance up from the checkpoint: without it, the search measured on past the stop."""
+    from kernelscout.agent.graph import SOLVED, SearchLoop
+
+    space = str(_v_space(tmp_path))
+    whole = start_search(problem=None, space=space, budget=600, seed=1, run_dir=str(tmp_path / "whole"), quiet=True, report=False)
+    assert whole.stop_reason.startswith(SOLVED)
+
+    predict = SearchLoop.predict
+
+    def killed_at_the_stop(self, state):
+        if self._solved():
+            raise KeyboardInterrupt  # as a kill would: the screen is checkpointed, the stop not yet taken
+        return predict(self, state)
+
+    monkeypatch.setattr(SearchLoop, "predict", killed_at_the_stop)
+    with pytest.raises(KeyboardInterrupt):
+        start_search(problem=None, space=space, budget=600, seed=1, run_dir=str(tmp_path / "killed"), quiet=True, report=False)
+    monkeypatch.setattr(SearchLoop, "predict", predict)
+    resumed = resume_search(str(tmp_path / "killed"), quiet=True)
+
+    assert resumed.measurements_used == whole.measurements_used
+    assert resumed.stop_reason == whole.stop_reason.replace(str(tmp_path / "whole"), str(tmp_path / "killed"))
+
+
 def test_a_flat_space_is_not_called_solved_before_the_surrogate_has_seen_enough(tmp_path):
     """500 configurations within 1 % of each other but one, twice as fast: a handful of timings make the surrogate
     sure of a flat space, the lone fast one included, so the stop waits for SOLVED_AFTER measurements."""

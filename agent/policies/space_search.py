@@ -154,13 +154,14 @@ class SpaceSearchPolicy:
 
     def state_dict(self) -> dict[str, Any]:
         """What this policy remembers between iterations that run.db does not hold: the best of the last ranking (a
-        space too large to screen whole), the design and what it proposed. The loop checkpoints it with its own state,
-        so that a resumed search proposes what the uninterrupted one would have."""
+        space too large to screen whole), the design and what it proposed, this iteration's chance left. The loop
+        checkpoints it with its own state, so that a resumed search proposes what the uninterrupted one would have."""
         design = [int(i) for i in self._design or []]
         # of the rows proposed, only the design's are read again (the rest are in run.db, as tried)
         return {"ranked": [int(i) for i in self._ranked], "proposed": [i for i in design if i in self._proposed],
                 "design": None if self._design is None else design,
-                "starts": [int(i) for i in self._starts], "prior_names": self._prior_names}
+                "starts": [int(i) for i in self._starts], "prior_names": self._prior_names,
+                "chance_left": self.chance_left}  # this iteration's, for a search killed before it read it
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._ranked = list(state.get("ranked", []))
@@ -168,6 +169,7 @@ class SpaceSearchPolicy:
         self._design = state.get("design")
         self._starts = list(state.get("starts", []))
         self._prior_names = state.get("prior_names", "")
+        self.chance_left = state.get("chance_left")
 
     def attach_forecaster(self, forecaster: Any) -> None:
         """The loop's forecaster, whose `screen` ranks the whole space (absent: model-free proposals)."""
