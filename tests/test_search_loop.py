@@ -199,23 +199,28 @@ def test_a_resumed_search_weighs_what_is_left_as_the_search_that_stopped_did(tmp
     assert any(e["event"] == "stop" and e["reason"].startswith("still solved") for e in said)  # why it did not go on
 
 
-def test_a_search_cut_short_by_its_budget_and_resumed_measures_what_the_uninterrupted_one_did(tmp_path):
-    """The resume replays the measurements into the surrogate with the fits the search made between them, so its
-    forecasts are the ones the search would have made (fitted once on everything, the V-shaped space's search went
-    elsewhere after the resume). On a space small enough to be screened whole, nothing else differs."""
-    space = str(_v_space(tmp_path))
-    whole = start_search(problem=None, space=space, budget=30, seed=1, run_dir=str(tmp_path / "whole"), quiet=True, report=False,
-                         solved_chance=0)
-    start_search(problem=None, space=space, budget=12, seed=1, run_dir=str(tmp_path / "cut"), quiet=True, report=False, solved_chance=0)
-    Budget(RunDir(tmp_path / "cut")).set_cap(30)
-    resumed = resume_search(str(tmp_path / "cut"), quiet=True)
+def _measured_whole_and_cut(tmp_path: Path, space: str, seed: int, cut: int, budget: int) -> tuple[list[str], list[str]]:
+    """The configurations a search measured in order, uninterrupted, and cut short by its budget at `cut` and resumed
+    with it raised to `budget`."""
+    settings = dict(problem=None, space=space, seed=seed, quiet=True, report=False, solved_chance=0)
+    start_search(budget=budget, run_dir=str(tmp_path / "whole"), **settings)
+    start_search(budget=cut, run_dir=str(tmp_path / "cut"), **settings)
+    Budget(RunDir(tmp_path / "cut")).set_cap(budget)
+    resume_search(str(tmp_path / "cut"), quiet=True)
 
     def measured(folder: str) -> list[str]:
         with reading(tmp_path / folder / "run.db") as db:
             return [row[0] for row in db.execute("SELECT candidate_path FROM measurements WHERE charged = 1 ORDER BY id")]
 
-    assert resumed.measurements_used == whole.measurements_used == 30
-    assert measured("cut") == measured("whole")
+    return measured("whole"), measured("cut")
+
+
+def test_a_search_cut_short_by_its_budget_and_resumed_measures_what_the_uninterrupted_one_did(tmp_path):
+    """The resume replays the measurements into the surrogate with the fits the search made between them, so its
+    forecasts are the ones the search would have made (fitted once on everything, the V-shaped space's search went
+    elsewhere after the resume). On a space small enough to be screened whole, nothing else differs."""
+    whole, resumed = _measured_whole_and_cut(tmp_path, str(_v_space(tmp_path)), seed=1, cut=12, budget=30)
+    assert len(whole) == 30 and resumed == whole
 
 
 @needs_hub
@@ -223,19 +228,8 @@ def test_a_resumed_search_of_a_space_too_large_to_screen_whole_measures_what_the
     """A space larger than the screen's pool is ranked in parts, the best of each ranking carried into the next; that
     memory rides in the loop's checkpoint, so a search cut short and resumed goes on as if never cut (before, it measured
     another configuration right after the resume)."""
-    whole = start_search(problem=None, space=str(SPACE), budget=26, seed=300, run_dir=str(tmp_path / "whole"), quiet=True,
-                         report=False, solved_chance=0)
-    start_search(problem=None, space=str(SPACE), budget=20, seed=300, run_dir=str(tmp_path / "cut"), quiet=True, report=False,
-                 solved_chance=0)
-    Budget(RunDir(tmp_path / "cut")).set_cap(26)
-    resumed = resume_search(str(tmp_path / "cut"), quiet=True)
-
-    def measured(folder: str) -> list[str]:
-        with reading(tmp_path / folder / "run.db") as db:
-            return [row[0] for row in db.execute("SELECT candidate_path FROM measurements WHERE charged = 1 ORDER BY id")]
-
-    assert resumed.measurements_used == whole.measurements_used == 26
-    assert measured("cut") == measured("whole")
+    whole, resumed = _measured_whole_and_cut(tmp_path, str(SPACE), seed=300, cut=20, budget=26)
+    assert len(whole) == 26 and resumed == whole
 
 
 def test_a_search_killed_between_its_screen_and_its_stop_stops_where_the_uninterrupted_one_did(tmp_path, monkeypatch):
