@@ -147,28 +147,25 @@ class SpaceSearchPolicy:
         self._shas: Optional[list[str]] = None
         self._row_of: dict[str, int] = {}  # content key -> row, for the shelved keys the loop hands back
         self._design: Optional[list[int]] = None  # cold-start design, rows of the space
-        self._starts: list[int] = []  # the design's first rows under a warm start (`_prior_starts`)
-        self._prior_names = ""
+        self._starts: Optional[list[int]] = None  # the design's first rows under a warm start (`_prior_starts`)
         self.notes: list[str] = []  # read by the loop: said once, and named if the search stops for want of proposals
         self.chance_left: Optional[float] = None  # read by the loop, which stops a solved search (`_chance_left`)
 
     def state_dict(self) -> dict[str, Any]:
         """What this policy remembers between iterations that run.db does not hold: the best of the last ranking (a
         space too large to screen whole), the design and what it proposed, this iteration's chance left. The loop
-        checkpoints it with its own state, so that a resumed search proposes what the uninterrupted one would have."""
+        checkpoints it with its own state, so that a resumed search proposes what the uninterrupted one would have.
+        (The warm start's first rows are not in it: they follow from the priors, which a resumed search has too.)"""
         design = [int(i) for i in self._design or []]
         # of the rows proposed, only the design's are read again (the rest are in run.db, as tried)
         return {"ranked": [int(i) for i in self._ranked], "proposed": [i for i in design if i in self._proposed],
                 "design": None if self._design is None else design,
-                "starts": [int(i) for i in self._starts], "prior_names": self._prior_names,
                 "chance_left": self.chance_left}  # this iteration's, for a search killed before it read it
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._ranked = list(state.get("ranked", []))
         self._proposed = set(state.get("proposed", []))
         self._design = state.get("design")
-        self._starts = list(state.get("starts", []))
-        self._prior_names = state.get("prior_names", "")
         self.chance_left = state.get("chance_left")
 
     def attach_forecaster(self, forecaster: Any) -> None:
@@ -222,14 +219,15 @@ class SpaceSearchPolicy:
     def _prior_starts(self) -> list[int]:
         """Under a warm start, the configurations the other devices ran fastest (mean standardised log-time over the
         priors; a configuration a prior never timed counts at its prior's imputed value), best first."""
-        priors = list(getattr(self.forecaster, "priors", None) or [])
-        if not priors:
-            return []
-        rows = np.asarray(self._valid, dtype=int)
-        z = np.mean([p.feature(self._values[rows], self.space.param_names) for p in priors], axis=0)
-        self._starts = [int(rows[i]) for i in np.argsort(z, kind="stable")[:PRIOR_STARTS]]
-        self._prior_names = ", ".join(p.name for p in priors)
+        if self._starts is None:
+            priors = self._priors()
+            rows = np.asarray(self._valid, dtype=int)
+            z = np.mean([p.feature(self._values[rows], self.space.param_names) for p in priors], axis=0) if priors else None
+            self._starts = [] if z is None else [int(rows[i]) for i in np.argsort(z, kind="stable")[:PRIOR_STARTS]]
         return self._starts
+
+    def _priors(self) -> list[Any]:
+        return list(getattr(self.forecaster, "priors", None) or [])
 
     def _design_proposals(self, parent: dict[str, Any], k: int, rng: random.Random) -> list[SpaceProposal]:
         """The next `k` configurations of the cold-start design that are neither measured nor proposed."""
@@ -251,8 +249,8 @@ class SpaceSearchPolicy:
             if parent["sha"](cfg) in tried:
                 continue
             self._proposed.add(idx)
-            what = (f"among the {PRIOR_STARTS} fastest on {self._prior_names} (warm start)" if idx in self._starts
-                    else "space-filling")
+            what = (f"among the {PRIOR_STARTS} fastest on {', '.join(p.name for p in self._priors())} (warm start)"
+                    if idx in self._prior_starts() else "space-filling")
             out.append(SpaceProposal(origin="design", params=cfg, features=dict(cfg),
                                      hypothesis=f"{what} design point {position} of {len(self._design)} (cold start)"))
             if len(out) == k:
