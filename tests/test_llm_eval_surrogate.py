@@ -143,7 +143,7 @@ def test_optimize_on_a_recorded_space_with_the_llm_surrogate(space: ReplaySpace,
     prompt = json.dumps(fake_llm_server.requests[0].body)
     first_param = space.param_names[0]
     assert prompt.count(f"{first_param} = ") == 2 and space.device_label in prompt  # parent and child as parameter values
-    assert any("- GPU B: measured" in json.dumps(r.body) for r in fake_llm_server.requests)
+    assert any("- syn_B (GPU B): measured" in json.dumps(r.body) for r in fake_llm_server.requests)
 
 
 def test_with_a_provider_configured_a_recorded_space_still_defaults_to_the_space_search(monkeypatch) -> None:
@@ -167,7 +167,7 @@ def other_gpu(space: ReplaySpace) -> ReplaySpace:
 def transfer_reader(request) -> str:
     """Knows nothing about this device; copies the speedup the prompt says the other device measured."""
     prompt = next(m.content for m in request.messages if m.role == "user")
-    seen = re.findall(r"^- GPU B: measured ([0-9.]+)x$", prompt, flags=re.M)
+    seen = re.findall(r"^- syn_B \(GPU B\): measured ([0-9.]+)x$", prompt, flags=re.M)
     probs = [1 / N_BINS] * N_BINS
     if seen:
         probs = [0.0] * N_BINS
@@ -182,7 +182,7 @@ def test_warm_start_shows_the_llm_what_the_other_gpu_measured(space: ReplaySpace
     cold = evaluate([space, other_gpu], SETTINGS, model=cold_model).spaces[space.name]
     hot = evaluate([space, other_gpu], warm, model=warm_model).spaces[space.name]
 
-    assert hot.priors == ["GPU B"] and cold.priors == []
+    assert hot.priors == ["syn_B (GPU B)"] and cold.priors == []
     assert cold.pairwise_accuracy == pytest.approx(0.5)  # nothing to go on
     assert hot.pairwise_accuracy > 0.75 and hot.direction_accuracy > 0.75  # the other GPU's ranking carries over
     first = next(m.content for m in warm_model.requests[0].messages if m.role == "user")
@@ -202,5 +202,5 @@ def test_transfer_lines_show_only_what_the_other_device_timed(other_gpu: ReplayS
 
     [line] = transfer_lines([prior], ok[0], ok[1])
     i, j = (other_gpu.index_of(c) for c in ok)
-    assert line == f"- GPU B: measured {t[i] / t[j]:.3f}x"
+    assert line == f"- syn_B (GPU B): measured {t[i] / t[j]:.3f}x"
     assert transfer_lines([prior], ok[0], failed[0]) == []  # a failure there is not shown as a speed

@@ -108,7 +108,7 @@ def test_warm_start_from_another_gpu_beats_a_cold_start_with_few_measurements(
         cold.append(_heldout_accuracy(target, s_cold, pool))
         warm.append(_heldout_accuracy(target, s_warm, pool_w))
     assert np.mean(warm) > np.mean(cold) + 0.02
-    assert "warm start from GPU B" in s_warm.status()
+    assert "warm start from syn_B (GPU B)" in s_warm.status()  # the file the user passed, and its device
 
 
 def test_prior_of_another_kernel_is_refused(spaces: tuple[ReplaySpace, ReplaySpace], tmp_path: Path) -> None:

@@ -59,9 +59,14 @@ class PriorSource:
 
     @classmethod
     def from_space(cls, space: Any, seed: int = 0) -> PriorSource:
-        """Build from a `ReplaySpace` (duck-typed to keep tools independent of the sandbox)."""
+        """Build from a `ReplaySpace` (duck-typed to keep tools independent of the sandbox).
+
+        Named by the file the user passed to `--warm-start`, with the device where the cache records one: some
+        caches leave the device empty, and a list of priors named half by device and half by file read as two
+        kinds of thing."""
+        device = space.device_name.strip()
         return cls(
-            name=space.device_label,
+            name=f"{space.name} ({device})" if device and device != space.name else space.name,
             tune_params=space.param_values,
             configs=space.configs,
             runtimes_ms=space.median_times,
