@@ -554,8 +554,9 @@ class SearchLoop:
         return g.compile(checkpointer=checkpointer)
 
     def _restore_policy(self, snapshot: Any) -> None:
-        """A resumed search's policy is new: it takes up the memory the last `propose` left, from the checkpoint, or
-        from that step's saved writes when a kill came after the step and before its checkpoint."""
+        """A resumed search's policy is new: it takes up the memory the last `propose` left. A kill after that step
+        and before its checkpoint leaves the step's writes saved; LangGraph 1.2's live snapshot applies them to
+        `values`, and a snapshot that lists the step as a task with its result instead is read here as well."""
         if not hasattr(self.policy, "load_state_dict"):
             return
         saved = (snapshot.values or {}).get("policy_state")

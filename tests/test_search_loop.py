@@ -259,6 +259,47 @@ def test_a_search_killed_between_its_screen_and_its_stop_stops_where_the_uninter
     assert resumed.stop_reason == whole.stop_reason.replace(str(tmp_path / "whole"), str(tmp_path / "killed"))
 
 
+def test_a_search_killed_before_its_screens_checkpoint_was_written_stops_where_the_uninterrupted_one_did(tmp_path, monkeypatch):
+    """A kill can land after the screen's writes are saved and before its checkpoint is: the resumed search then takes
+    the screen's result from the saved writes without running it again, and its policy must take that step's memory
+    from there too, not from the checkpoint before, which holds the previous screen's chance of a faster configuration."""
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    from kernelscout.agent.graph import SearchLoop
+
+    space = str(_v_space(tmp_path))
+    put_writes, put, predict = SqliteSaver.put_writes, SqliteSaver.put, SearchLoop.predict
+    screens = {"count": 0, "kill_after": None, "killing": False}
+
+    def counting_writes(self, config, writes, task_id, task_path=""):
+        put_writes(self, config, writes, task_id, task_path)
+        if any(channel == "policy_state" for channel, _ in writes):
+            screens["count"] += 1
+            screens["killing"] = screens["count"] == screens["kill_after"]
+
+    def lost_while_killing(self, config, *args, **kwargs):
+        return config if screens["killing"] else put(self, config, *args, **kwargs)  # the kill took the write with it
+
+    def killed(self, state):
+        if screens["killing"]:
+            raise KeyboardInterrupt
+        return predict(self, state)
+
+    monkeypatch.setattr(SqliteSaver, "put_writes", counting_writes)
+    monkeypatch.setattr(SqliteSaver, "put", lost_while_killing)
+    monkeypatch.setattr(SearchLoop, "predict", killed)
+    whole = start_search(problem=None, space=space, budget=600, seed=1, run_dir=str(tmp_path / "whole"), quiet=True, report=False)
+    screens.update(count=0, kill_after=screens["count"])  # the last screen, the one whose chance stopped the search
+    with pytest.raises(KeyboardInterrupt):
+        start_search(problem=None, space=space, budget=600, seed=1, run_dir=str(tmp_path / "killed"), quiet=True, report=False)
+    screens.update(kill_after=None, killing=False)
+    resumed = resume_search(str(tmp_path / "killed"), quiet=True)
+
+    assert whole.stop_reason.startswith("nothing left is likely to beat the best")
+    assert resumed.measurements_used == whole.measurements_used
+    assert resumed.stop_reason == whole.stop_reason.replace(str(tmp_path / "whole"), str(tmp_path / "killed"))
+
+
 def test_a_flat_space_is_not_called_solved_before_the_surrogate_has_seen_enough(tmp_path):
     """500 configurations within 1 % of each other but one, twice as fast: a handful of timings make the surrogate
     sure of a flat space, the lone fast one included, so the stop waits for SOLVED_AFTER measurements."""
