@@ -51,7 +51,8 @@ from typing import Any, Optional
 import numpy as np
 from pydantic import BaseModel, Field
 
-from kernelscout.sandbox.replay import CacheFileError, ReplaySpace, read_cache_json
+from kernelscout.sandbox.replay import CUT_KEY, CacheFileError, ReplaySpace, read_cache_json
+from kernelscout.sandbox.t4_results import T4_KEY
 
 KT_STRATEGIES = ("random_sample", "genetic_algorithm", "bayes_opt", "dual_annealing")
 KS_METHODS = {"kernelscout": "learned", "kernelscout --surrogate none": "none"}
@@ -475,7 +476,7 @@ def _plain_cache(path: str, workdir: str) -> str:
             return _PLAIN[path]
         dest.parent.mkdir(parents=True, exist_ok=True)
         raw = read_cache_json(Path(path))
-        doc = {k: v for k, v in raw.items() if k != "cache"}
+        doc = {k: v for k, v in raw.items() if k not in ("cache", CUT_KEY, T4_KEY)}
         doc.setdefault("device_name", space.device_name or "unknown")
         doc.setdefault("kernel_name", space.kernel_name or "kernel")
         doc.setdefault("problem_size", space.problem_size if space.problem_size is not None else [1])

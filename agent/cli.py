@@ -165,7 +165,7 @@ def budget(
 @app.command()
 def optimize(
     problem: Optional[str] = typer.Argument(None, help="KernelBench problem file, or a folder holding problem.py"),
-    space: Optional[str] = typer.Option(None, "--space", help="search a recorded Kernel Tuner space on the replay device instead (a cache file, or a name such as convolution_A100)"),
+    space: Optional[str] = typer.Option(None, "--space", help="search a recorded Kernel Tuner space on the replay device instead (a Kernel Tuner cache or T4 results file, or a name such as convolution_A100)"),
     budget: Optional[int] = typer.Option(None, help=f"hard cap on measurements {help_default('budget')}"),
     policy: Optional[str] = typer.Option(None, help=f"auto, tuner, llm or an installed plugin's {help_default('policy')}"),
     surrogate: Optional[str] = typer.Option(None, help=f"auto, learned, llm, none or an installed plugin's {help_default('surrogate')}"),

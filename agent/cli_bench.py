@@ -48,7 +48,7 @@ def register(app: typer.Typer) -> None:
 
     @bench.command("search")
     def search(
-        spaces: list[str] = typer.Argument(..., help="Kernel Tuner cache files (.json or .json.gz), folders of them, or recorded space names (convolution_A100)"),
+        spaces: list[str] = typer.Argument(..., help="Kernel Tuner cache files or T4 results (.json or .json.gz), folders of them, or recorded space names (convolution_A100)"),
         budgets: str = typer.Option("20,50,100", help="measurement budgets, comma-separated"),
         seeds: int = typer.Option(10, min=1, help="seeds per space and method (the published table uses 10)"),
         baselines: str = typer.Option("kernel_tuner", help="kernel_tuner, or none for kernelscout alone"),

@@ -48,7 +48,7 @@ def _table(report: EvalReport) -> Table:
 
 
 def eval_surrogate(
-    spaces: list[Path] = typer.Argument(..., help="Kernel Tuner cache files (.json/.json.gz), folders of them, or recorded space names (convolution_A100)"),
+    spaces: list[Path] = typer.Argument(..., help="Kernel Tuner cache files or T4 results (.json/.json.gz), folders of them, or recorded space names (convolution_A100)"),
     train: int = typer.Option(50, "--train", "-n", help="timed training configurations per space and seed"),
     seeds: int = typer.Option(10, "--seeds", "-s", help="random train/held-out splits per space"),
     surrogate: str = typer.Option("learned", "--surrogate", help="learned, plain-rf, none, llm (or a registered one)"),

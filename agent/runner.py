@@ -437,7 +437,7 @@ def _load_space(path: str, what: str):
     try:
         return ReplaySpace.load(path)
     except CacheFileError as exc:
-        raise OptimizeError(f"{exc}; give {what} a cache file Kernel Tuner wrote (.json or .json.gz)") from None
+        raise OptimizeError(f"{exc}; give {what} a cache file Kernel Tuner wrote, or its T4 results (.json or .json.gz)") from None
 
 
 def _check_space(path: str, warm_start: list[str], surrogate: str) -> str:

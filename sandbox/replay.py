@@ -20,6 +20,8 @@ Decisions, so that callers can rely on them:
 * ``runtime_ms`` is the median of a bootstrap resample of the recorded repeats, because a real harness
   reports the median of its own repeats; a single drawn repeat would be noisier than any real measure.
 * The device keeps no budget: the harness's ledger decides what may be measured.
+* A T4 results file (Kernel Tuner's `store_output_file`, KTT's export) is read as the cache it describes
+  (sandbox/t4_results.py).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from kernelscout.sandbox.t4_results import T4_KEY, is_t4_results, t4_as_cache
 from kernelscout.tools.schema import Measurement, MeasureStatus, TimingStats
 from kernelscout.tools.surrogates.features import as_hashable, value_text
 
@@ -57,16 +60,19 @@ _MAX_CUT_LINES = 3
 
 def read_cache_json(path: Path) -> dict[str, Any]:
     """Parse a cache, also one left unterminated by an interrupted Kernel Tuner run, even one cut off in the
-    middle of its last record (which is then dropped, and counted under CUT_KEY)."""
+    middle of its last record (which is then dropped, and counted under CUT_KEY); a T4 results file comes back
+    as the cache it describes."""
     with open(path, "rb") as fh:
         gzipped = fh.read(2) == b"\x1f\x8b"  # by content: a gzip file named .json is still gzip
     opener = gzip.open if gzipped else open
     with opener(path, "rt", encoding="utf-8") as fh:
         text = fh.read()
     try:
-        return json.loads(text)
+        doc = json.loads(text)
     except json.JSONDecodeError as exc:
         first_error = exc
+    else:
+        return t4_as_cache(doc) if is_t4_results(doc) else doc
     # Kernel Tuner appends records as it goes, one per line, and only closes the braces at the end.
     lines = text.rstrip().splitlines()
     for cut in range(min(_MAX_CUT_LINES, len(lines) - 1) + 1):
@@ -126,6 +132,7 @@ class ReplaySpace:
     undeclared: tuple[str, ...] = ()  # "name=value" of record values missing from the header's tune_params
     nonpositive: int = 0  # records whose time was 0 or less, replayed as failures
     cut_records: int = 0  # partly written last lines of an interrupted run, dropped
+    t4: Optional[dict[str, int]] = None  # read from T4 results: how many timed out or gave wrong results there
     _index: dict[tuple[str, ...], int] = field(default_factory=dict, repr=False, compare=False)
     _memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -159,6 +166,9 @@ class ReplaySpace:
         if self.nonpositive:
             out.append(f"{self.path.name}: {self.nonpositive} record(s) have a time of 0 or less, which no kernel takes; "
                        "they are replayed as failed runs")
+        if self.t4 and (self.t4.get("timeouts") or self.t4.get("wrong_results")):
+            out.append(f"{self.path.name}: T4 results; {self.t4.get('timeouts', 0)} timed out and {self.t4.get('wrong_results', 0)} "
+                       "gave wrong results there, which are replayed as failed runs")
         if self.cut_records:
             out.append(f"{self.path.name}: the file ends in a partly written record (an interrupted run?), which was left out")
         return out
@@ -181,6 +191,7 @@ class ReplaySpace:
         if not isinstance(raw, Mapping):
             raise ValueError(f"the file holds a JSON {type(raw).__name__}, where a cache is an object with tune_params and cache")
         cut = int(raw.pop(CUT_KEY, 0))
+        t4 = raw.pop(T4_KEY, None)
         params = raw["tune_params"]
         if not isinstance(params, Mapping):
             raise ValueError(f"tune_params is a JSON {type(params).__name__}, where a cache maps each parameter to its values")
@@ -262,6 +273,7 @@ class ReplaySpace:
             objective=objective,
             nonpositive=nonpositive,
             cut_records=cut,
+            t4=t4,
             undeclared=tuple(sorted({f"{n}={c[j]!r}" for c in configs for j, n in enumerate(names)
                                      if value_text(c[j]) not in by_text[j]})),
         )
@@ -339,8 +351,10 @@ class ReplaySpace:
         return self._index.get(tuple(value_text(v) for v in values))
 
     def same_kernel(self, other: ReplaySpace) -> bool:
-        """Whether two spaces tune the same kernel, so one can warm-start a model of the other."""
-        return self.kernel_name == other.kernel_name and set(self.param_names) == set(other.param_names)
+        """Whether two spaces tune the same kernel, so one can warm-start a model of the other. A file that does not
+        name its kernel (T4 results never do) is judged by its parameters alone."""
+        named = self.kernel_name and other.kernel_name
+        return (not named or self.kernel_name == other.kernel_name) and set(self.param_names) == set(other.param_names)
 
 
 class ReplayDevice:

@@ -58,8 +58,8 @@ def test_warm_start_uses_the_other_gpu_of_the_same_kernel(app: typer.Typer, spac
     result = CliRunner().invoke(app, [*args, "--json", "--no-plots"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
-    assert report["spaces"]["syn_A"]["priors"] == ["GPU B"]
-    assert report["spaces"]["syn_B"]["priors"] == ["GPU A"]
+    assert report["spaces"]["syn_A"]["priors"] == ["syn_B (GPU B)"]
+    assert report["spaces"]["syn_B"]["priors"] == ["syn_A (GPU A)"]
 
 
 def test_table_output_and_the_none_baseline(app: typer.Typer, space_files: list[Path]) -> None:

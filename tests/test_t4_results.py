@@ -1,0 +1,131 @@
+"""A brute-forced space kept as T4 results (Kernel Tuner's `store_output_file`, KTT's export) is searched and
+benchmarked as its Kernel Tuner cache is."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kernelscout.agent.cli import app
+from kernelscout.agent.runner import start_search
+from kernelscout.sandbox.replay import ReplaySpace, read_cache_json, recorded_spaces_dir
+from kernelscout.tools.rundir import reading
+from kernelscout.tools.surrogates.synthetic import write_synthetic_cache
+
+HUB_SPACE = recorded_spaces_dir() / "pnpoly_RTX_3090.json.gz"
+
+
+def as_t4_by_kernel_tuner(cache_path: Path, out: Path) -> Path:
+    """The cache's records written out by Kernel Tuner's own T4 writer, as `store_output_file` would."""
+    file_utils = pytest.importorskip("kernel_tuner.file_utils")
+    from kernel_tuner import util
+
+    doc = read_cache_json(cache_path)
+    errors = {"CompilationFailedConfig": util.CompilationFailedConfig, "RuntimeFailedConfig": util.RuntimeFailedConfig,
+              "InvalidConfig": util.InvalidConfig}
+    results = []
+    for record in doc["cache"].values():
+        result = {"compile_time": 0, "benchmark_time": 0, "framework_time": 0, "strategy_time": 0, "verification_time": 0, **record}
+        if isinstance(record.get("time"), str):
+            result["__error__"] = errors[record["time"]]()
+        results.append(result)
+    out.write_text(json.dumps(file_utils.get_t4_results(results, doc["tune_params"]), cls=util.NpEncoder))
+    return out
+
+
+def t4_result(config: dict, invalidity: str = "correct", runtimes=(), time=None, unit=None, correctness: int = 1) -> dict:
+    measurements = [] if time is None else [{"name": "time", "value": time, **({"unit": unit} if unit else {})}]
+    return {"configuration": config, "times": {"runtimes": list(runtimes)}, "invalidity": invalidity,
+            "correctness": correctness, "measurements": measurements, "objectives": ["time"]}
+
+
+def test_kernel_tuners_t4_output_replays_the_same_space_as_its_cache(tmp_path: Path) -> None:
+    cache = write_synthetic_cache(tmp_path / "syn.json")
+    t4 = as_t4_by_kernel_tuner(cache, tmp_path / "syn_t4.json")
+
+    from_cache, from_t4 = ReplaySpace.load(cache), ReplaySpace.load(t4)
+
+    # the same configurations, times, repeats and failures: every replayed measurement draws the same
+    assert from_t4.content_sha == from_cache.content_sha
+    assert from_t4.param_values == from_cache.param_values and from_t4.failures == from_cache.failures
+    assert from_t4.device_label == "syn_t4"  # T4 results do not name the device: the file does
+
+
+@pytest.mark.skipif(not HUB_SPACE.exists(), reason="recorded spaces (shared/data/benchmark_hub) not found")
+def test_a_search_of_a_recorded_gpu_space_kept_as_t4_measures_what_the_search_of_its_cache_did(tmp_path: Path) -> None:
+    # T4 results do not name the device, and a replay's noise is keyed on it: the cache is compared without its name,
+    # under the same file name, so that both are known as the same device
+    doc = read_cache_json(HUB_SPACE)
+    cache, t4 = tmp_path / "cache" / "pnpoly.json", tmp_path / "t4" / "pnpoly.json"
+    cache.parent.mkdir(), t4.parent.mkdir()
+    cache.write_text(json.dumps({**doc, "device_name": ""}))
+    as_t4_by_kernel_tuner(HUB_SPACE, t4)
+
+    def measured(space: Path, folder: str) -> tuple[list[str], float]:
+        result = start_search(problem=None, space=str(space), budget=15, seed=2, run_dir=str(tmp_path / folder), quiet=True, report=False)
+        with reading(tmp_path / folder / "run.db") as db:
+            shas = [row[0] for row in db.execute("SELECT candidate_path FROM measurements WHERE charged = 1 ORDER BY id")]
+        return shas, result.best_speedup
+
+    assert measured(t4, "t4") == measured(cache, "cache")
+
+
+def test_t4_times_in_other_units_failures_and_excluded_configurations_are_read_as_recorded(tmp_path: Path) -> None:
+    doc = {"schema_version": "1.0.0", "metadata": {"timeunit": "microseconds"}, "results": [
+        t4_result({"bs": 32}, runtimes=[1500, 1500, 1500]),  # no time measurement: the runtimes' mean, in the file's unit
+        t4_result({"bs": 64}, runtimes=[900, 1100], time=0.001, unit="s"),  # its own unit wins
+        t4_result({"bs": 96}, "compile"),
+        t4_result({"bs": 128}, "timeout"),
+        t4_result({"bs": 160}, "correct", runtimes=[10], time=10, unit="us", correctness=0),  # fast and wrong
+        t4_result({"bs": 192}, "constraints"),
+    ]}
+    path = tmp_path / "k.json"
+    path.write_text(json.dumps(doc))
+
+    space = ReplaySpace.load(path)
+
+    assert [c[0] for c in space.configs] == [32, 64, 96, 128, 160]  # the excluded one is outside the space
+    assert space.median_times[:2] == pytest.approx([1.5, 1.0])
+    assert space.repeats[1] == pytest.approx([0.9, 1.1])
+    assert {space.configs[i][0]: s.value for i, s in space.failures.items()} == {
+        96: "compile_error", 128: "runtime_error", 160: "runtime_error"}
+    assert any("1 timed out and 1 gave wrong results" in note for note in space.notes)
+
+
+@pytest.mark.parametrize("result, phrase", [
+    (t4_result({"bs": 1}, "exploded"), "invalidity 'exploded'"),
+    (t4_result({"bs": 1}, time=2.0, unit="fortnights"), "a time unit of 'fortnights'"),
+    ({"times": {}, "invalidity": "correct", "correctness": 1}, "without a configuration"),
+])
+def test_a_t4_file_that_cannot_be_read_is_a_usage_error_that_says_why(tmp_path: Path, result: dict, phrase: str) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"schema_version": "1.0.0", "results": [t4_result({"bs": 2}, time=1.0), result]}))
+
+    out = CliRunner().invoke(app, ["optimize", "--space", str(path), "--budget", "2", "--run-dir", str(tmp_path / "run")])
+
+    assert out.exit_code == 2, out.output
+    assert phrase in " ".join(out.output.split()) and "Traceback" not in out.output
+
+
+def test_bench_search_gives_kernel_tuner_the_cache_a_t4_file_describes(tmp_path: Path) -> None:
+    pytest.importorskip("kernel_tuner")
+    t4 = as_t4_by_kernel_tuner(write_synthetic_cache(tmp_path / "syn.json"), tmp_path / "syn_t4.json")
+
+    out = CliRunner().invoke(app, ["bench", "search", str(t4), "--budgets", "6", "--seeds", "1", "--jobs", "1", "--json"])
+
+    assert out.exit_code == 0, out.output
+    table = json.loads(out.stdout)["syn_t4"]
+    assert table["kernel_tuner random_sample"]["6"]["frac_of_opt"] > 0 and table["kernelscout"]["6"]["frac_of_opt"] > 0
+
+
+def test_a_t4_file_warm_starts_the_same_kernels_cache_it_does_not_name(tmp_path: Path) -> None:
+    a = ReplaySpace.load(write_synthetic_cache(tmp_path / "a.json", "GPU A"))
+    b = ReplaySpace.load(as_t4_by_kernel_tuner(write_synthetic_cache(tmp_path / "b.json", "GPU B", device_skew=0.4), tmp_path / "b_t4.json"))
+    other = ReplaySpace.load(write_synthetic_cache(tmp_path / "c.json", "GPU C"))
+    object.__setattr__(other, "kernel_name", "another_kernel")
+
+    assert b.kernel_name == "" and b.same_kernel(a) and a.same_kernel(b)  # judged by the parameters they tune
+    assert not other.same_kernel(a)  # two names that differ still say two kernels
