@@ -586,12 +586,12 @@ def run_bench(req: BenchRequest, progress: Optional[Callable[[int, int, Trace], 
 
 
 def _expand(paths: Sequence[str]) -> list[Path]:
-    from kernelscout.sandbox.replay import resolve_space, space_hint
+    from kernelscout.sandbox.replay import resolve_space, space_files, space_hint
 
     out: list[Path] = []
     for p in map(resolve_space, paths):
         if p.is_dir():
-            out.extend(sorted(q for q in p.iterdir() if q.name.endswith((".json", ".json.gz"))))
+            out.extend(space_files(p))
         elif p.exists():
             out.append(p)
         else:

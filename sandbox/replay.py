@@ -39,7 +39,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from kernelscout.sandbox.t4_results import T4_KEY, is_t4_results, t4_as_cache
+from kernelscout.sandbox.t4_results import T4_KEY, T4_METADATA, is_t4_metadata, is_t4_results, starts_as_t4_metadata, t4_as_cache
 from kernelscout.tools.schema import Measurement, MeasureStatus, TimingStats
 from kernelscout.tools.surrogates.features import as_hashable, value_text
 
@@ -58,20 +58,41 @@ CUT_KEY = "__kscout_cut_records__"  # set by read_cache_json: how many partly wr
 _MAX_CUT_LINES = 3
 
 
+def _opener(path: Path) -> Any:
+    with open(path, "rb") as fh:
+        gzipped = fh.read(2) == b"\x1f\x8b"  # by content: a gzip file named .json is still gzip
+    return gzip.open if gzipped else open
+
+
+def space_files(folder: Path) -> list[Path]:
+    """The recorded spaces a folder stands for: its .json and .json.gz files, less the T4 metadata files that
+    Kernel Tuner writes beside its results."""
+    out = []
+    for q in sorted(folder.iterdir()):
+        if q.is_file() and q.name.endswith((".json", ".json.gz")):
+            try:
+                with _opener(q)(q, "rt", encoding="utf-8") as fh:
+                    head = fh.read(256)
+            except (OSError, EOFError, UnicodeDecodeError):
+                head = ""  # unreadable: loading it says why
+            if not starts_as_t4_metadata(head):
+                out.append(q)
+    return out
+
+
 def read_cache_json(path: Path) -> dict[str, Any]:
     """Parse a cache, also one left unterminated by an interrupted Kernel Tuner run, even one cut off in the
     middle of its last record (which is then dropped, and counted under CUT_KEY); a T4 results file comes back
     as the cache it describes."""
-    with open(path, "rb") as fh:
-        gzipped = fh.read(2) == b"\x1f\x8b"  # by content: a gzip file named .json is still gzip
-    opener = gzip.open if gzipped else open
-    with opener(path, "rt", encoding="utf-8") as fh:
+    with _opener(path)(path, "rt", encoding="utf-8") as fh:
         text = fh.read()
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         first_error = exc
     else:
+        if is_t4_metadata(doc):
+            raise ValueError(f"{T4_METADATA}; give the results file written beside it")
         return t4_as_cache(doc) if is_t4_results(doc) else doc
     # Kernel Tuner appends records as it goes, one per line, and only closes the braces at the end.
     lines = text.rstrip().splitlines()
@@ -492,7 +513,7 @@ def load_spaces(paths: Sequence[str | Path]) -> list[ReplaySpace]:
     files: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            files.extend(sorted(q for q in p.iterdir() if q.name.endswith((".json", ".json.gz"))))
+            files.extend(space_files(p))
         else:
             files.append(p)
     return [ReplaySpace.load(f) for f in files]

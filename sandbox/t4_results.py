@@ -38,8 +38,21 @@ _TIMING_FIELDS = {"compile_time": "compilation", "benchmark_time": "benchmark", 
                   "strategy_time": "search_algorithm", "verification_time": "validation"}
 
 
+T4_METADATA = "a T4 metadata file (the machine a tuning ran on), not its results"
+
+
 def is_t4_results(doc: Any) -> bool:
     return isinstance(doc, Mapping) and isinstance(doc.get("results"), list) and "cache" not in doc
+
+
+def is_t4_metadata(doc: Any) -> bool:
+    return isinstance(doc, Mapping) and "schema_version" in doc and "metadata" in doc and not {"results", "cache"} & set(doc)
+
+
+def starts_as_t4_metadata(head: str) -> bool:
+    """Whether a file's first characters open a T4 metadata document (its first key is "metadata"), so that a folder
+    of tuning output can be listed without parsing each file whole."""
+    return head.lstrip().startswith("{") and head.lstrip()[1:].lstrip().startswith('"metadata"')
 
 
 def _ms_factor(unit: Any, default: float) -> float:

@@ -129,3 +129,23 @@ def test_a_t4_file_warm_starts_the_same_kernels_cache_it_does_not_name(tmp_path:
 
     assert b.kernel_name == "" and b.same_kernel(a) and a.same_kernel(b)  # judged by the parameters they tune
     assert not other.same_kernel(a)  # two names that differ still say two kernels
+
+
+def test_a_t4_metadata_file_is_told_from_results_and_left_out_of_a_folder(tmp_path: Path) -> None:
+    import gzip
+
+    folder = tmp_path / "tuning"
+    folder.mkdir()
+    as_t4_by_kernel_tuner(write_synthetic_cache(tmp_path / "syn.json"), folder / "A6000-results.json")
+    metadata = {"metadata": {"operating_system": "Linux", "hardware": {}, "environment": {}}, "schema_version": "1.0.0"}
+    with gzip.open(folder / "A6000-metadata.json.gz", "wt") as fh:
+        json.dump(metadata, fh)
+
+    listed = CliRunner().invoke(app, ["eval-surrogate", str(folder), "-n", "10", "-s", "1", "--pairs", "200", "--json", "--no-plots"])
+    alone = CliRunner().invoke(app, ["optimize", "--space", str(folder / "A6000-metadata.json.gz"), "--budget", "2",
+                                     "--run-dir", str(tmp_path / "run")])
+
+    assert listed.exit_code == 0, listed.output
+    assert list(json.loads(listed.stdout)["spaces"]) == ["A6000-results"]  # the folder's one space
+    assert alone.exit_code == 2 and "a T4 metadata file" in " ".join(alone.output.split())
+    assert "give the results file written beside it" in " ".join(alone.output.split())
