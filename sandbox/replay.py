@@ -20,7 +20,7 @@ Decisions, so that callers can rely on them:
 * ``runtime_ms`` is the median of a bootstrap resample of the recorded repeats, because a real harness
   reports the median of its own repeats; a single drawn repeat would be noisier than any real measure.
 * The device keeps no budget: the harness's ledger decides what may be measured.
-* A T4 results file (Kernel Tuner's `store_output_file`, KTT's export) is read as the cache it describes
+* A T4 results file (as Kernel Tuner's `store_output_file` writes it) is read as the cache it describes
   (sandbox/t4_results.py).
 """
 

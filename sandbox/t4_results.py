@@ -1,6 +1,6 @@
 """Read a T4 results file (the community's auto-tuning output schema) as a Kernel Tuner cache.
 
-Kernel Tuner writes T4 with `store_output_file`, and other tuners (KTT among them) export it, so a
+Kernel Tuner writes T4 with `store_output_file` (a schema meant to be shared between tuners), so a
 brute-forced space often exists only in that form. It holds the same facts as a cache, laid out per
 result: the configuration, whether it ran (`invalidity`), the repeats (`times.runtimes`) and the named
 measurements. Turning it into the cache layout at the point of reading lets the replay loader, and

@@ -1,4 +1,4 @@
-"""A brute-forced space kept as T4 results (Kernel Tuner's `store_output_file`, KTT's export) is searched and
+"""A brute-forced space kept as T4 results (as Kernel Tuner's `store_output_file` writes them) is searched and
 benchmarked as its Kernel Tuner cache is."""
 
 from __future__ import annotations
