@@ -54,6 +54,26 @@ def test_kernel_tuners_t4_output_replays_the_same_space_as_its_cache(tmp_path: P
     assert from_t4.device_label == "syn_t4"  # T4 results do not name the device: the file does
 
 
+def test_the_t4_file_of_a_whole_kernel_tuner_run_replays_the_space_it_tuned(tmp_path: Path) -> None:
+    """Kernel Tuner's brute force over the synthetic space (simulated from its cache), written by store_output_file."""
+    kernel_tuner = pytest.importorskip("kernel_tuner")
+    import numpy as np
+    from kernel_tuner.file_utils import store_output_file
+
+    cache = write_synthetic_cache(tmp_path / "syn.json")
+    doc = read_cache_json(cache)
+    for record in doc["cache"].values():  # the fields a Kernel Tuner run records, which T4 carries over
+        record.update(compile_time=1.0, verification_time=0, benchmark_time=2.0, strategy_time=0, framework_time=0.5)
+    cache.write_text(json.dumps(doc))
+    results, _ = kernel_tuner.tune_kernel(
+        doc["kernel_name"], "__global__ void k() {}", doc["problem_size"], [np.float32(1)], doc["tune_params"],
+        restrictions=["not (use_shmem == 1 and tile_size == 3 and block_size_x % 64 == 0)"],  # the synthetic space's
+        cache=str(cache), simulation_mode=True, strategy="brute_force", quiet=True)
+    store_output_file(str(tmp_path / "run_t4.json"), results, doc["tune_params"])
+
+    assert ReplaySpace.load(tmp_path / "run_t4.json").content_sha == ReplaySpace.load(cache).content_sha
+
+
 @pytest.mark.skipif(not HUB_SPACE.exists(), reason="recorded spaces (shared/data/benchmark_hub) not found")
 def test_a_search_of_a_recorded_gpu_space_kept_as_t4_measures_what_the_search_of_its_cache_did(tmp_path: Path) -> None:
     # T4 results do not name the device, and a replay's noise is keyed on it: the cache is compared without its name,
