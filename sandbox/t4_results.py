@@ -117,7 +117,12 @@ def t4_as_cache(doc: Mapping[str, Any]) -> dict[str, Any]:
         else:
             runtimes = [x * default for x in (times.get("runtimes") or []) if _number(x) is not None]
             measured = next((m for m in r.get("measurements") or [] if isinstance(m, Mapping) and m.get("name") == "time"), None)
-            value = _number(measured.get("value")) if measured else None
+            value = measured.get("value") if measured else None
+            if isinstance(value, list):  # the schema allows an array: the repeats themselves
+                factor = _ms_factor(measured.get("unit"), default)
+                runtimes = runtimes or [x * factor for x in value if _number(x) is not None]
+                value = None
+            value = _number(value)
             if value is not None:
                 record["time"] = value * _ms_factor(measured.get("unit"), default)
             elif runtimes:

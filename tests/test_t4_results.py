@@ -101,15 +101,16 @@ def test_t4_times_in_other_units_failures_and_excluded_configurations_are_read_a
         t4_result({"bs": 128}, "timeout"),
         t4_result({"bs": 160}, "correct", runtimes=[10], time=10, unit="us", correctness=0),  # fast and wrong
         t4_result({"bs": 192}, "constraints"),
+        t4_result({"bs": 224}, time=[2000, 2200], unit="us"),  # the schema allows the repeats as the measurement
     ]}
     path = tmp_path / "k.json"
     path.write_text(json.dumps(doc))
 
     space = ReplaySpace.load(path)
 
-    assert [c[0] for c in space.configs] == [32, 64, 96, 128, 160]  # the excluded one is outside the space
-    assert space.median_times[:2] == pytest.approx([1.5, 1.0])
-    assert space.repeats[1] == pytest.approx([0.9, 1.1])
+    assert [c[0] for c in space.configs] == [32, 64, 96, 128, 160, 224]  # the excluded one is outside the space
+    assert space.median_times[[0, 1, 5]] == pytest.approx([1.5, 1.0, 2.1])
+    assert space.repeats[1] == pytest.approx([0.9, 1.1]) and space.repeats[5] == pytest.approx([2.0, 2.2])
     assert {space.configs[i][0]: s.value for i, s in space.failures.items()} == {
         96: "compile_error", 128: "runtime_error", 160: "runtime_error"}
     assert any("1 timed out and 1 gave wrong results" in note for note in space.notes)
