@@ -163,7 +163,9 @@ class ReplaySpace:
 
         Measurement keys, and so the noise each replayed measurement draws, hang on it rather than on
         the file's path: the same space replays the same way wherever it lies, under whatever name or
-        compression, so a benchmark reruns to the same table on another machine."""
+        compression, so a benchmark reruns to the same table on another machine. The keys also name the device,
+        and a cache that leaves its device empty (convolution_MI250X, a T4 file) is known by its file's name, so
+        renaming such a file changes its noise."""
         if "sha" not in self._memo:
             h = hashlib.sha256()
             h.update(json.dumps([list(self.param_names), [[value_text(v) for v in c] for c in self.configs]]).encode())
