@@ -687,6 +687,6 @@ def test_a_warm_started_search_measures_first_what_the_other_gpu_ran_fastest(tmp
                  warm_start=[str(there)])
     configs, said = first_measured(tmp_path / "warm", 3)
     assert configs == fastest_there
-    assert all(s.startswith("among the 3 fastest on GPU there (warm start)") for s in said)
+    assert all(s.startswith("warm start: among the 3 fastest on k_there (GPU there)") for s in said)
     start_search(problem=None, space=str(here), budget=4, seed=2, run_dir=str(tmp_path / "cold"), quiet=True, report=False)
     assert not set(first_measured(tmp_path / "cold", 3)[0]) & set(fastest_there)

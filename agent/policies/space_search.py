@@ -249,7 +249,7 @@ class SpaceSearchPolicy:
             if parent["sha"](cfg) in tried:
                 continue
             self._proposed.add(idx)
-            what = (f"among the {PRIOR_STARTS} fastest on {', '.join(p.name for p in self._priors())} (warm start)"
+            what = (f"warm start: among the {PRIOR_STARTS} fastest on {', '.join(p.name for p in self._priors())}"
                     if idx in self._prior_starts() else "space-filling")
             out.append(SpaceProposal(origin="design", params=cfg, features=dict(cfg),
                                      hypothesis=f"{what} design point {position} of {len(self._design)} (cold start)"))
