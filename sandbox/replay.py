@@ -75,9 +75,18 @@ def space_files(folder: Path) -> list[Path]:
                     head = fh.read(256)
             except (OSError, EOFError, UnicodeDecodeError):
                 head = ""  # unreadable: loading it says why
-            if not starts_as_t4_metadata(head):
+            if not (starts_as_t4_metadata(head) and _is_t4_metadata_file(q)):
                 out.append(q)
     return out
+
+
+def _is_t4_metadata_file(path: Path) -> bool:
+    """Parsed whole to be sure: a results file may also begin with its metadata (Kernel Tuner's does not)."""
+    try:
+        with _opener(path)(path, "rt", encoding="utf-8") as fh:
+            return is_t4_metadata(json.load(fh))
+    except (OSError, EOFError, UnicodeDecodeError, ValueError):
+        return False  # not metadata for sure: loading it says what it is
 
 
 def read_cache_json(path: Path) -> dict[str, Any]:

@@ -161,12 +161,14 @@ def test_a_t4_metadata_file_is_told_from_results_and_left_out_of_a_folder(tmp_pa
     metadata = {"metadata": {"operating_system": "Linux", "hardware": {}, "environment": {}}, "schema_version": "1.0.0"}
     with gzip.open(folder / "A6000-metadata.json.gz", "wt") as fh:
         json.dump(metadata, fh)
+    results = json.loads((folder / "A6000-results.json").read_text())  # another writer may put the metadata first
+    (folder / "B-results.json").write_text(json.dumps({"metadata": results.pop("metadata"), **results}))
 
     listed = CliRunner().invoke(app, ["eval-surrogate", str(folder), "-n", "10", "-s", "1", "--pairs", "200", "--json", "--no-plots"])
     alone = CliRunner().invoke(app, ["optimize", "--space", str(folder / "A6000-metadata.json.gz"), "--budget", "2",
                                      "--run-dir", str(tmp_path / "run")])
 
     assert listed.exit_code == 0, listed.output
-    assert list(json.loads(listed.stdout)["spaces"]) == ["A6000-results"]  # the folder's one space
+    assert list(json.loads(listed.stdout)["spaces"]) == ["A6000-results", "B-results"]  # the metadata left out
     assert alone.exit_code == 2 and "a T4 metadata file" in " ".join(alone.output.split())
     assert "give the results file written beside it" in " ".join(alone.output.split())
