@@ -34,8 +34,9 @@ _MS_PER_UNIT = {
 }
 _FAILED_AS = {"compile": "CompilationFailedConfig", "runtime": "RuntimeFailedConfig", "timeout": "RuntimeFailedConfig",
               "correctness": "RuntimeFailedConfig", "constraints": "InvalidConfig"}
-_TIMING_FIELDS = {"compile_time": "compilation", "benchmark_time": "benchmark", "framework_time": "framework",
-                  "strategy_time": "search_algorithm", "verification_time": "validation"}
+# Kernel Tuner's cache field: the T4 names for it (Kernel Tuner writes "compilation"; the schema spells "compilation_time")
+_TIMING_FIELDS = {"compile_time": ("compilation", "compilation_time"), "benchmark_time": ("benchmark",),
+                  "framework_time": ("framework",), "strategy_time": ("search_algorithm",), "verification_time": ("validation",)}
 
 
 T4_METADATA = "a T4 metadata file (the machine a tuning ran on), not its results"
@@ -104,7 +105,8 @@ def t4_as_cache(doc: Mapping[str, Any]) -> dict[str, Any]:
         objectives += [o for o in (r.get("objectives") or []) if isinstance(o, str) and o not in objectives]
         times = r.get("times") if isinstance(r.get("times"), Mapping) else {}
         record: dict[str, Any] = {n: config[n] for n in names}
-        record.update({field: _number(times.get(t4)) or 0.0 for field, t4 in _TIMING_FIELDS.items()})
+        record.update({field: next((x for x in map(_number, map(times.get, names)) if x is not None), 0.0)
+                       for field, names in _TIMING_FIELDS.items()})
         invalidity = str(r.get("invalidity", "correct"))
         if invalidity == "correct" and r.get("correctness") == 0:
             invalidity = "correctness"

@@ -172,3 +172,16 @@ def test_a_t4_metadata_file_is_told_from_results_and_left_out_of_a_folder(tmp_pa
     assert list(json.loads(listed.stdout)["spaces"]) == ["A6000-results", "B-results"]  # the metadata left out
     assert alone.exit_code == 2 and "a T4 metadata file" in " ".join(alone.output.split())
     assert "give the results file written beside it" in " ".join(alone.output.split())
+
+
+def test_t4_build_times_reach_the_cache_kernel_tuner_simulates_from_under_either_spelling(tmp_path: Path) -> None:
+    """Kernel Tuner's simulation mode charges each configuration's recorded build and run times to its clock."""
+    first, second = t4_result({"bs": 1}, time=1.0), t4_result({"bs": 2}, time=2.0)
+    first["times"].update(compilation=3.0, benchmark=5.0)  # as Kernel Tuner writes them
+    second["times"].update(compilation_time=4.0)  # as the T4 schema spells it
+    path = tmp_path / "k.json"
+    path.write_text(json.dumps({"schema_version": "1.0.0", "results": [first, second]}))
+
+    records = read_cache_json(path)["cache"]
+
+    assert (records["1"]["compile_time"], records["1"]["benchmark_time"], records["2"]["compile_time"]) == (3.0, 5.0, 4.0)
