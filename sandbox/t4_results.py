@@ -105,8 +105,8 @@ def t4_as_cache(doc: Mapping[str, Any]) -> dict[str, Any]:
         objectives += [o for o in (r.get("objectives") or []) if isinstance(o, str) and o not in objectives]
         times = r.get("times") if isinstance(r.get("times"), Mapping) else {}
         record: dict[str, Any] = {n: config[n] for n in names}
-        record.update({field: next((x for x in map(_number, map(times.get, names)) if x is not None), 0.0)
-                       for field, names in _TIMING_FIELDS.items()})
+        record.update({field: next((x for x in map(_number, map(times.get, spellings)) if x is not None), 0.0)
+                       for field, spellings in _TIMING_FIELDS.items()})
         invalidity = str(r.get("invalidity", "correct"))
         if invalidity == "correct" and r.get("correctness") == 0:
             invalidity = "correctness"

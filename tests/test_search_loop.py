@@ -250,9 +250,15 @@ def test_a_search_killed_between_its_screen_and_its_stop_stops_where_the_uninter
         return predict(self, state)
 
     monkeypatch.setattr(SearchLoop, "predict", killed_at_the_stop)
+    _killed_then_resumed_stops_as(whole, tmp_path, space, undo=lambda: monkeypatch.setattr(SearchLoop, "predict", predict))
+
+
+def _killed_then_resumed_stops_as(whole, tmp_path: Path, space: str, undo) -> None:
+    """The V-shaped space's search of seed 1, killed where the test's patches kill it, then (`undo` having lifted
+    them) resumed: it stops where the uninterrupted search `whole` did, with the same reason."""
     with pytest.raises(KeyboardInterrupt):
         start_search(problem=None, space=space, budget=600, seed=1, run_dir=str(tmp_path / "killed"), quiet=True, report=False)
-    monkeypatch.setattr(SearchLoop, "predict", predict)
+    undo()
     resumed = resume_search(str(tmp_path / "killed"), quiet=True)
 
     assert resumed.measurements_used == whole.measurements_used
@@ -265,7 +271,7 @@ def test_a_search_killed_before_its_screens_checkpoint_was_written_stops_where_t
     from there too, not from the checkpoint before, which holds the previous screen's chance of a faster configuration."""
     from langgraph.checkpoint.sqlite import SqliteSaver
 
-    from kernelscout.agent.graph import SearchLoop
+    from kernelscout.agent.graph import SOLVED, SearchLoop
 
     space = str(_v_space(tmp_path))
     put_writes, put, predict = SqliteSaver.put_writes, SqliteSaver.put, SearchLoop.predict
@@ -289,15 +295,9 @@ def test_a_search_killed_before_its_screens_checkpoint_was_written_stops_where_t
     monkeypatch.setattr(SqliteSaver, "put", lost_while_killing)
     monkeypatch.setattr(SearchLoop, "predict", killed)
     whole = start_search(problem=None, space=space, budget=600, seed=1, run_dir=str(tmp_path / "whole"), quiet=True, report=False)
+    assert whole.stop_reason.startswith(SOLVED)
     screens.update(count=0, kill_after=screens["count"])  # the last screen, the one whose chance stopped the search
-    with pytest.raises(KeyboardInterrupt):
-        start_search(problem=None, space=space, budget=600, seed=1, run_dir=str(tmp_path / "killed"), quiet=True, report=False)
-    screens.update(kill_after=None, killing=False)
-    resumed = resume_search(str(tmp_path / "killed"), quiet=True)
-
-    assert whole.stop_reason.startswith("nothing left is likely to beat the best")
-    assert resumed.measurements_used == whole.measurements_used
-    assert resumed.stop_reason == whole.stop_reason.replace(str(tmp_path / "whole"), str(tmp_path / "killed"))
+    _killed_then_resumed_stops_as(whole, tmp_path, space, undo=lambda: screens.update(kill_after=None, killing=False))
 
 
 def test_a_flat_space_is_not_called_solved_before_the_surrogate_has_seen_enough(tmp_path):
