@@ -26,7 +26,8 @@ What is compared, and how, so that the numbers mean what they say:
 * **Metric**: fraction of the optimum = best recorded time in the whole space / best recorded time
   among the configurations measured, 0 when none ran; mean over seeds. Recorded times (the cache's
   `time`) are the ground truth for every method, so measurement noise in the replay cannot flatter
-  anyone. Candidates considered per measurement = distinct candidates that got a forecast and a
+  anyone. A space tuned for a throughput whose work per call differs is timed for equal work (sandbox/objectives.py),
+  so there the fraction is one of the throughput, and Kernel Tuner is given that objective. Candidates considered per measurement = distinct candidates that got a forecast and a
   measure/skip decision, over measurements (kernelscout only; Kernel Tuner does not report forecasts).
 """
 
@@ -51,6 +52,7 @@ from typing import Any, Optional
 import numpy as np
 from pydantic import BaseModel, Field
 
+from kernelscout.sandbox.objectives import THROUGHPUTS
 from kernelscout.sandbox.replay import CUT_KEY, CacheFileError, ReplaySpace, read_cache_json
 from kernelscout.sandbox.t4_results import T4_KEY
 
@@ -299,6 +301,9 @@ def kernel_tuner_trace(space_path: str, strategy: str, seed: int, budget: int, w
         note = f"{space.name}: no restriction strings found next to the cache; Kernel Tuner got a membership test (weaker)"
     else:
         restrictions = strings or None
+    # the objective kernelscout follows (replay.py): a throughput is maximised, as Kernel Tuner does for it
+    objective = {"objective": space.objective, "objective_higher_is_better": True} if space.objective in THROUGHPUTS \
+        and space.follows_objective else {}
     options: dict[str, Any] = {"max_fevals": budget * (_DA_CALLS_PER_UNIQUE if strategy == "dual_annealing" else 1)}
     if strategy == "bayes_opt" and len(space) < 20:
         options["popsize"] = min(len(space), max(2, len(space) // 2))  # its initial sample (20) cannot exceed a tiny space
@@ -317,7 +322,7 @@ def kernel_tuner_trace(space_path: str, strategy: str, seed: int, budget: int, w
                 results, _ = kernel_tuner.tune_kernel(
                     header["kernel_name"], f"__global__ void {header['kernel_name']}() {{}}", header["problem_size"], [], tune_params,
                     restrictions=restrictions, strategy=strategy, strategy_options=options, cache=cache,
-                    simulation_mode=True, quiet=True, verbose=False,
+                    simulation_mode=True, quiet=True, verbose=False, **objective,
                 )
         except Exception as exc:  # Kernel Tuner's own limits (a one-configuration space, list-valued parameters)
             raise BenchError(f"Kernel Tuner's {strategy} failed on {space.name}: {type(exc).__name__}: {exc}; "

@@ -97,7 +97,8 @@ class RunView(BaseModel):
                                                               "of those timings: how far the machine's pace moved over the run")
     reference_timings: int = Field(0, description="how many timings of the reference reference_ms is the median of")
     space_notes: list[str] = Field(default_factory=list, description="what the recorded space's file says that the search "
-                                   "did not replay (a GFLOP/s objective, records with no time), as the search found it")
+                                   "did not replay as written (an objective it does not follow, times for equal work, records with no "
+                                   "time), as the search found it")
     surrogate_notes: list[str] = Field(default_factory=list, description="that the LLM surrogate asked for gave no usable "
                                        "forecast at all, so candidates were measured in the policy's order")
     best_runtime_ms: Optional[float] = Field(None, description="the best's time (of its re-measurements, where it has any)")

@@ -39,7 +39,8 @@ class OptimizeResult(BaseModel):
     llm_usd: float = Field(0.0, description="what they cost at the configured prices")
     message: str = ""
     notes: list[str] = Field(default_factory=list, description="what the input says that the search does not use as written "
-                             "(a recorded space's objective other than time, records it replays as failures, ...)")
+                             "(a recorded space's objective it does not follow or follows for equal work, records it replays as "
+                             "failures, ...)")
     continue_with: Optional[str] = Field(None, description="the command that lets a search stopped by its budget or "
                                                            "a limit go on, with a value for it")
 

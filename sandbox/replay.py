@@ -22,6 +22,8 @@ Decisions, so that callers can rely on them:
 * The device keeps no budget: the harness's ledger decides what may be measured.
 * A T4 results file (as Kernel Tuner's `store_output_file` writes it) is read as the cache it describes
   (sandbox/t4_results.py).
+* A space tuned for a throughput (GFLOP/s, ...) whose work per call differs is replayed with each configuration's
+  time for equal work, so that minimising time follows the objective (sandbox/objectives.py).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from kernelscout.sandbox.objectives import THROUGHPUTS, equal_work_factors
 from kernelscout.sandbox.t4_results import T4_KEY, T4_METADATA, is_t4_metadata, is_t4_results, starts_as_t4_metadata, t4_as_cache
 from kernelscout.tools.schema import Measurement, MeasureStatus, TimingStats
 from kernelscout.tools.surrogates.features import as_hashable, value_text
@@ -158,7 +161,9 @@ class ReplaySpace:
     repeats: tuple[np.ndarray, ...]
     failures: dict[int, MeasureStatus]  # config index -> how it failed
     problem_size: Any = None
-    objective: str = "time"  # the header's; kernelscout minimises the recorded time whatever it says
+    objective: str = "time"  # the header's; followed where it is a throughput every timed record gives (objectives.py)
+    work_spread: float = 1.0  # where followed: the largest work per call over the smallest; above 1, times are for equal work
+    lacking_objective: int = 0  # timed records that do not give the header's throughput objective
     undeclared: tuple[str, ...] = ()  # "name=value" of record values missing from the header's tune_params
     nonpositive: int = 0  # records whose time was 0 or less, replayed as failures
     cut_records: int = 0  # partly written last lines of an interrupted run, dropped
@@ -189,7 +194,15 @@ class ReplaySpace:
     def notes(self) -> list[str]:
         """What the loader accepted but a user should know: the file says something it does not replay."""
         out = []
-        if self.objective != "time":
+        if self.work_spread > 1:
+            out.append(f"{self.path.name}: its objective is {self.objective!r}, and the work per call differs between "
+                       f"configurations (up to {self.work_spread:.2f}x): kernelscout searches for the highest {self.objective}, "
+                       "replaying each configuration's time for the same work (the median configuration's), so its "
+                       f"speedups are ratios of {self.objective}")
+        elif self.lacking_objective:
+            out.append(f"{self.path.name}: its objective is {self.objective!r}, which {self.lacking_objective} timed record(s) "
+                       "do not give; kernelscout minimises the recorded time instead")
+        elif not self.follows_objective:
             out.append(f"{self.path.name}: its objective is {self.objective!r}; kernelscout minimises the recorded time instead")
         if self.undeclared:
             shown = ", ".join(self.undeclared[:3]) + (", ..." if len(self.undeclared) > 3 else "")
@@ -204,6 +217,12 @@ class ReplaySpace:
         if self.cut_records:
             out.append(f"{self.path.name}: the file ends in a partly written record (an interrupted run?), which was left out")
         return out
+
+    @property
+    def follows_objective(self) -> bool:
+        """Whether minimising the replayed time optimises the objective the file names: it is time, or a
+        throughput that every timed record gives (then the times are for equal work where the work differs)."""
+        return self.objective == "time" or (self.objective in THROUGHPUTS and not self.lacking_objective)
 
     @classmethod
     def load(cls, path: str | Path) -> ReplaySpace:
@@ -244,6 +263,8 @@ class ReplaySpace:
         nonpositive = 0
         unreadable: list[str] = []  # keys whose configuration could not be read
         outside = 0  # records marked as outside the space's restrictions
+        objective = str(raw.get("objective") or "time")
+        throughput: dict[int, float] = {}  # configuration index -> the objective's value, where it is a throughput
         for key, record in raw["cache"].items():
             config = cls._parse_config(key, record, names, by_text)
             if config is None:
@@ -276,6 +297,10 @@ class ReplaySpace:
             reps_arr = reps_arr[np.isfinite(reps_arr) & (reps_arr > 0)]
             times.append(float(t))
             repeats.append(reps_arr if reps_arr.size else np.asarray([float(t)]))
+            if objective in THROUGHPUTS:
+                value = _number_or_marker(record.get(objective))
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
+                    throughput[idx] = float(value)
         if not configs and unreadable:
             raise ValueError(
                 f"none of the cache's {len(unreadable)} records could be read as a configuration of its tune_params "
@@ -287,10 +312,19 @@ class ReplaySpace:
                              "never ran them), so there is nothing to replay")
         if not configs:
             raise ValueError("no configurations in the cache")
-        objective = str(raw.get("objective") or "time")
         if untimed == len(configs):
             other = f"; its objective is {objective!r}, and kernelscout replays times" if objective != "time" else ""
             raise ValueError(f"no record has a numeric \"time\" (ms){other}")
+        timed = [i for i in range(len(configs)) if i not in failures]
+        lacking = sum(i not in throughput for i in timed) if objective in THROUGHPUTS else 0
+        spread = 1.0
+        if objective in THROUGHPUTS and timed and not lacking:
+            factors, found = equal_work_factors(np.asarray([times[i] for i in timed]), np.asarray([throughput[i] for i in timed]))
+            if factors is not None:
+                spread = found
+                for i, f in zip(timed, factors):
+                    times[i] *= float(f)
+                    repeats[i] = repeats[i] * float(f)
         space = cls(
             path=path,
             kernel_name=str(raw.get("kernel_name", "")),
@@ -303,6 +337,8 @@ class ReplaySpace:
             failures=failures,
             problem_size=raw.get("problem_size"),
             objective=objective,
+            work_spread=spread,
+            lacking_objective=lacking,
             nonpositive=nonpositive,
             cut_records=cut,
             t4=t4,

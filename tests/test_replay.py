@@ -252,13 +252,14 @@ def test_what_a_cache_says_that_cannot_be_replayed_as_written_is_said(tmp_path: 
 
 
 def test_a_search_result_carries_what_its_space_says_it_did_not_replay(tmp_path: Path) -> None:
-    """A script reading `--json` (or the OptimizeResult) learns that the file recorded GFLOP/s while time was searched."""
+    """A script reading `--json` (or the OptimizeResult) learns that the file was tuned for energy efficiency while
+    time was searched: kernelscout makes kernels faster, and follows an objective only where it is a speed."""
     from kernelscout.agent.runner import start_search
 
-    records = {str(bs): {"bs": bs, "time": 1.0 + abs(bs - 4) / 4, "GFLOP/s": 100.0 / bs} for bs in (1, 2, 4, 8, 16)}
-    path = _cache(tmp_path, "gflops.json", {"bs": [1, 2, 4, 8, 16]}, records, objective="GFLOP/s")
+    records = {str(bs): {"bs": bs, "time": 1.0 + abs(bs - 4) / 4, "GFLOPS/W": 100.0 / bs} for bs in (1, 2, 4, 8, 16)}
+    path = _cache(tmp_path, "gflops.json", {"bs": [1, 2, 4, 8, 16]}, records, objective="GFLOPS/W")
     result = start_search(None, str(path), budget=3, run_dir=str(tmp_path / "run"), quiet=True, report=False)
-    note = "gflops.json: its objective is 'GFLOP/s'; kernelscout minimises the recorded time instead"
+    note = "gflops.json: its objective is 'GFLOPS/W'; kernelscout minimises the recorded time instead"
     assert result.notes == [note]
     # and reading the run later says it again, in `kscout show` and in the report
     from typer.testing import CliRunner

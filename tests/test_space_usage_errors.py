@@ -216,22 +216,22 @@ def test_bench_search_refuses_a_kernel_tuner_baseline_that_would_enumerate_a_hug
     assert kscout("bench", "search", str(path), "--budgets", "4", "--seeds", "1", "--jobs", "1", "--baselines", "none").exit_code == 0
 
 
-def test_a_cache_tuned_for_another_objective_is_searched_by_time_and_says_so(tmp_path: Path) -> None:
+def test_a_cache_tuned_for_an_objective_that_is_not_a_speed_is_searched_by_time_and_says_so(tmp_path: Path) -> None:
     doc = json.loads(write_cache(tmp_path / "k.json", timed(8)).read_text())
     for record in doc["cache"].values():
-        record["GFLOP/s"] = 100.0 / record["time"]
-    doc["objective"] = "GFLOP/s"
+        record["GFLOPS/W"] = 100.0 / record["time"]
+    doc["objective"] = "GFLOPS/W"  # a throughput is followed (tests/test_space_objective.py); energy efficiency is not
     (tmp_path / "gflops.json").write_text(json.dumps(doc))
 
     result = kscout("eval-surrogate", str(tmp_path / "gflops.json"), "--train", "4", "--seeds", "1", "--no-plots")
     assert result.exit_code == 0, result.output
-    assert "its objective is 'GFLOP/s'; kernelscout minimises the recorded time instead" in " ".join(result.output.split())
+    assert "its objective is 'GFLOPS/W'; kernelscout minimises the recorded time instead" in " ".join(result.output.split())
 
     for record in doc["cache"].values():  # now no record has a time at all
         del record["time"], record["times"]
     (tmp_path / "gflops.json").write_text(json.dumps(doc))
     assert_usage_error(optimize(tmp_path, "--space", str(tmp_path / "gflops.json")),
-                       'no record has a numeric "time" (ms); its objective is \'GFLOP/s\', and kernelscout replays times')
+                       'no record has a numeric "time" (ms); its objective is \'GFLOPS/W\', and kernelscout replays times')
 
 
 def test_times_written_as_text_are_read_as_numbers(tmp_path: Path) -> None:
