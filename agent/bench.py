@@ -96,7 +96,8 @@ def random_search_expectation(times: Sequence[float], budget: int) -> float:
     """Exact expected fraction of the optimum of `budget` configurations drawn without replacement.
 
     With the n times sorted ascending (failures last, worth 0), the i-th best (1-based) is the best of
-    the sample with probability C(n-i, b-1) / C(n, b).
+    the sample with probability p_i = C(n-i, b-1) / C(n, b). The binomials themselves outgrow a float on
+    a space of 10^5 configurations, so p_i comes from p_1 = b / n and p_(i+1) / p_i = (n-i-b+1) / (n-i).
     """
     t = np.asarray(times, dtype=float)
     n = t.size
@@ -104,8 +105,9 @@ def random_search_expectation(times: Sequence[float], budget: int) -> float:
     ok = np.sort(t[np.isfinite(t)])
     if ok.size == 0 or b == 0:
         return 0.0
-    total = math.comb(n, b)
-    return float(sum(ok[0] / ok[i - 1] * math.comb(n - i, b - 1) / total for i in range(1, ok.size + 1)))
+    i = np.arange(1, ok.size, dtype=float)
+    p = (b / n) * np.concatenate([[1.0], np.cumprod(np.clip((n - i - b + 1) / (n - i), 0.0, None))])
+    return float(np.sum(ok[0] / ok * p))
 
 
 # -- results ------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kernelscout.agent.bench import (
@@ -67,6 +68,23 @@ def test_random_search_expectation_is_exact_on_the_tiny_space(tiny: Path) -> Non
     assert random_search_expectation(space.times, 1) == pytest.approx((1 / 8 + 1 / 4 + 1 / 2 + 1 + 1 / 6 + 1 / 3 + 0) / 7)
     assert random_search_expectation(space.times, 7) == pytest.approx(1.0)
 
+
+def test_random_search_expectation_holds_on_a_space_whose_binomials_outgrow_a_float() -> None:
+    """hotspot's space has about 10^5 configurations: C(n, 100) has over 300 digits there."""
+    from fractions import Fraction
+
+    rng = np.random.default_rng(0)
+    times = rng.lognormal(0.0, 0.5, 3000)
+    times[rng.random(3000) < 0.1] = math.nan  # failures are worth 0
+    ok = np.sort(times[np.isfinite(times)])
+    exact = sum(Fraction(float(ok[0] / ok[i - 1])) * math.comb(3000 - i, 49) for i in range(1, ok.size + 1)) / math.comb(3000, 50)
+    assert random_search_expectation(times, 50) == pytest.approx(float(exact), rel=1e-9)
+
+    big = rng.lognormal(0.0, 0.5, 120_000)
+    big[rng.random(big.size) < 0.05] = math.nan
+    expected = random_search_expectation(big, 100)
+    draws = [np.nanmin(big) / np.nanmin(big[rng.choice(big.size, 100, replace=False)]) for _ in range(2000)]
+    assert expected == pytest.approx(np.mean(draws), abs=4 * np.std(draws) / math.sqrt(len(draws)))
 
 def test_restrictions_come_from_the_readme_next_to_the_cache(tiny: Path) -> None:
     assert restrictions_for(str(tiny)) == ["x*y <= 6"]
