@@ -15,12 +15,21 @@ kernelscout makes kernels faster, and it says so in the space's notes.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
 THROUGHPUTS = frozenset({"GFLOP/s", "TFLOP/s", "GB/s", "TB/s"})
 SAME_WORK = 1.01  # a spread of the work below this is rounding of the recorded objective, not different work
+
+
+def objective_named(header: Any) -> str:
+    """The objective a cache's header names. Kernel Tuner up to 1.0 wrote a string; since its multi-objective
+    tuning (1.5 writes ``"objective": ["time"]``) a list, of one objective unless several were tuned for."""
+    if isinstance(header, (list, tuple)):
+        names = [str(o) for o in header if o]
+        return ", ".join(names) if names else "time"
+    return str(header or "time")
 
 
 def equal_work_factors(times: np.ndarray, throughputs: np.ndarray) -> tuple[Optional[np.ndarray], float]:

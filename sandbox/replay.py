@@ -41,7 +41,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from kernelscout.sandbox.objectives import THROUGHPUTS, equal_work_factors
+from kernelscout.sandbox.objectives import THROUGHPUTS, equal_work_factors, objective_named
 from kernelscout.sandbox.t4_results import T4_KEY, T4_METADATA, is_t4_metadata, is_t4_results, starts_as_t4_metadata, t4_as_cache
 from kernelscout.tools.schema import Measurement, MeasureStatus, TimingStats
 from kernelscout.tools.surrogates.features import as_hashable, value_text
@@ -202,6 +202,8 @@ class ReplaySpace:
         elif self.lacking_objective:
             out.append(f"{self.path.name}: its objective is {self.objective!r}, which {self.lacking_objective} timed record(s) "
                        "do not give; kernelscout minimises the recorded time instead")
+        elif "," in self.objective:  # tuned for several (objective_named)
+            out.append(f"{self.path.name}: its objectives are {self.objective}; kernelscout minimises the recorded time alone")
         elif not self.follows_objective:
             out.append(f"{self.path.name}: its objective is {self.objective!r}; kernelscout minimises the recorded time instead")
         if self.undeclared:
@@ -263,7 +265,7 @@ class ReplaySpace:
         nonpositive = 0
         unreadable: list[str] = []  # keys whose configuration could not be read
         outside = 0  # records marked as outside the space's restrictions
-        objective = str(raw.get("objective") or "time")
+        objective = objective_named(raw.get("objective"))
         throughput: dict[int, float] = {}  # configuration index -> the objective's value, where it is a throughput
         for key, record in raw["cache"].items():
             config = cls._parse_config(key, record, names, by_text)

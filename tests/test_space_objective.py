@@ -112,3 +112,21 @@ def test_kernel_tuner_in_the_benchmark_is_given_the_objective_the_search_follows
     followed = mean_frac()
     monkeypatch.setattr(bench, "THROUGHPUTS", frozenset())  # as before: Kernel Tuner left at its default, time
     assert followed > 0.95 and mean_frac() < followed - 0.05  # 1.0 against 0.84 when written
+
+
+@pytest.mark.parametrize("header, followed, note", [
+    (["time"], "time", None),
+    (["GFLOP/s"], "GFLOP/s", "its objective is 'GFLOP/s', and the work per call differs"),
+    (["time", "energy"], "time, energy", "its objectives are time, energy; kernelscout minimises the recorded time alone"),
+])
+def test_the_objective_as_kernel_tuner_1_5_writes_it_a_list_is_read_as_the_objective_it_names(tmp_path: Path, header, followed,
+                                                                                               note) -> None:
+    """Since its multi-objective tuning, Kernel Tuner writes ``"objective": ["time"]`` into a new cache's header."""
+    path = _steps_space(tmp_path / "kt15.json")
+    doc = json.loads(path.read_text())
+    doc["objective"] = header
+    path.write_text(json.dumps(doc))
+
+    space = ReplaySpace.load(path)
+    assert space.objective == followed
+    assert (space.notes == []) if note is None else (note in space.notes[0])
