@@ -273,6 +273,9 @@ class ReplaySpace:
                 unreadable.append(key)
                 continue
             t = record.get("time") if isinstance(record, Mapping) else None
+            error = record.get("__error__") if isinstance(record, Mapping) else None
+            if isinstance(error, str) and error:  # how Kernel Tuner 1.5 writes a failure: the marker there, no time
+                t = error
             if isinstance(t, str) and t in _OUTSIDE_MARKERS:
                 outside += 1
                 continue

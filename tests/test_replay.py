@@ -272,3 +272,20 @@ def test_a_search_result_carries_what_its_space_says_it_did_not_replay(tmp_path:
     shown = CliRunner().invoke(app, ["show", str(tmp_path / "run")], env={"COLUMNS": "300"})
     assert "space note" in shown.output and "minimises the recorded time instead" in shown.output, shown.output
     assert "minimises the recorded time instead" in write_report(tmp_path / "run").read_text()
+
+
+def test_a_cache_as_kernel_tuner_1_5_writes_it_replays_its_failures_as_they_were(tmp_path: Path) -> None:
+    """Kernel Tuner 1.5 names the objective as a list and writes a failure as `"__error__": "CompilationFailedConfig"`
+    with no time at all (its own reader takes any field holding a marker for the failure)."""
+    from kernelscout.tools.schema import MeasureStatus
+
+    records = {"1": {"bs": 1, "time": 2.0, "times": [2.0]}, "2": {"bs": 2, "time": 1.0, "times": [1.0]},
+               "4": {"bs": 4, "__error__": "CompilationFailedConfig", "compile_time": 90.0},
+               "8": {"bs": 8, "__error__": "RuntimeFailedConfig", "compile_time": 80.0},
+               "16": {"bs": 16, "__error__": "InvalidConfig"}}
+    space = ReplaySpace.load(_cache(tmp_path, "kt15.json", {"bs": [1, 2, 4, 8, 16]}, records, objective=["time"]))
+
+    assert len(space) == 4 and space.index_of({"bs": 16}) is None  # outside the space, as Kernel Tuner never ran it
+    assert {space.config(i)["bs"]: s for i, s in space.failures.items()} == {4: MeasureStatus.compile_error,
+                                                                          8: MeasureStatus.runtime_error}
+    assert space.notes == [] and space.best_time == 1.0
