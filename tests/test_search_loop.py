@@ -300,6 +300,33 @@ def test_a_search_killed_before_its_screens_checkpoint_was_written_stops_where_t
     _killed_then_resumed_stops_as(whole, tmp_path, space, undo=lambda: screens.update(kill_after=None, killing=False))
 
 
+def test_a_snapshot_that_lists_the_killed_screen_as_a_task_gives_the_policy_that_screens_memory():
+    """LangGraph 1.2 applies a finished step's saved writes to the live snapshot's values (the test above); a version
+    whose snapshot lists that step as a task with its result instead must give the same memory, not the checkpoint's
+    older one."""
+    from types import SimpleNamespace
+
+    from kernelscout.agent.graph import SearchLoop
+
+    class Policy:
+        loaded = None
+
+        def load_state_dict(self, state):
+            self.loaded = state
+
+    def restored(values, tasks):
+        loop = SimpleNamespace(policy=Policy())
+        SearchLoop._restore_policy(loop, SimpleNamespace(values=values, tasks=tasks))
+        return loop.policy.loaded
+
+    older, newer = {"chance_left": 0.2}, {"chance_left": 0.01}
+    screen = SimpleNamespace(name="propose", result={"policy_state": newer})
+    assert restored({"policy_state": older}, [screen]) == newer
+    assert restored({"policy_state": older}, [SimpleNamespace(name="measure", result={"policy_state": newer})]) == older
+    assert restored({"policy_state": older}, [SimpleNamespace(name="propose", result=None)]) == older  # not run yet
+    assert restored(None, []) is None  # a new search: nothing to take up
+
+
 def test_a_flat_space_is_not_called_solved_before_the_surrogate_has_seen_enough(tmp_path):
     """500 configurations within 1 % of each other but one, twice as fast: a handful of timings make the surrogate
     sure of a flat space, the lone fast one included, so the stop waits for SOLVED_AFTER measurements."""
