@@ -20,7 +20,6 @@ import argparse
 import gzip
 import itertools
 import json
-import math
 from pathlib import Path
 
 import numpy as np
