@@ -24,8 +24,8 @@ SAME_WORK = 1.01  # a spread of the work below this is rounding of the recorded 
 
 
 def objective_named(header: Any) -> str:
-    """The objective a cache's header names. Kernel Tuner up to 1.0 wrote a string; since its multi-objective
-    tuning (1.5 writes ``"objective": ["time"]``) a list, of one objective unless several were tuned for."""
+    """The objective a cache's header names: a string in the hub's caches, a list in those Kernel Tuner 1.5 writes
+    (``"objective": ["time"]``, seen; its multi-objective tuning), of one objective unless several were tuned for."""
     if isinstance(header, (list, tuple)):
         names = [str(o) for o in header if o]
         return ", ".join(names) if names else "time"
