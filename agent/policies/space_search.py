@@ -65,7 +65,8 @@ def screen_size(n: int) -> int:
     covered 2 % of a synthetic hotspot space of 105,412 configurations, and one of 8192 found 0.928 of the optimum at
     50 measurements where 2048 found 0.896 (+0.031, standard error 0.011, 18 seeds paired; level at 20 and 100) for 32 %
     more CPU (docs/search_experiments.md, seventy-ninth session). No recorded space of the hub is large enough to
-    change: the largest, 17,956 configurations, keeps 2048."""
+    change: the largest, 17,956 configurations, keeps 2048 (11 %), and a screen of 46 % there lost 0.023 at 50, so
+    the rule only brings a very large space up to the share the hub's spaces are searched with."""
     size = SCREEN
     while size * SCREEN_SHARE < n and size < SCREEN_MAX:
         size *= 2
