@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from kernelscout.agent.policies.space_search import max_value_entropy, screen_size
+from kernelscout.agent.policies.space_search import max_value_entropy
 
 
 def screen(mu: list[float], scale: list[float], p_fail: list[float]) -> SimpleNamespace:
@@ -34,11 +34,3 @@ def test_the_ranking_does_not_depend_on_the_unit_of_time() -> None:
     in_ms = max_value_entropy(screen(mu, scale, [0, 0, 0, 0]))
     in_us = max_value_entropy(screen([m + np.log(1000) for m in mu], scale, [0, 0, 0, 0]))
     assert in_us == pytest.approx(in_ms, rel=1e-6, abs=1e-9)
-
-
-def test_a_space_too_large_for_the_screen_to_cover_a_sixteenth_of_gets_a_larger_screen() -> None:
-    """Every recorded space of the hub (17,956 configurations at most) is screened 2048 at a time, as the published
-    table was; hotspot's 105,412 (HIP's restrictions) get 8192; the cost per iteration stops growing at 16,384."""
-    assert {screen_size(n) for n in (30, 4362, 11130, 17956)} == {2048}
-    assert screen_size(105_412) == 8192 and screen_size(105_412) * 16 >= 105_412
-    assert screen_size(10**7) == 16384

@@ -6,8 +6,7 @@ pass over the surrogate's predictive means and spreads) and ranked by what measu
 about the best time in the space (max-value entropy search, `max_value_entropy`; before the seventy-fourth
 session by expected improvement over the best measured time), and the top few become this iteration's
 proposals. A space larger than `screen_limit` is ranked in a pool: the best of the last ranking plus a
-fresh random sample, so an iteration costs the same on 18,000 configurations as on 2,000. On a space of
-10^5 configurations (hotspot's size) the pool grows with it (`screen_size`). The loop
+fresh random sample, so an iteration costs the same on 18,000 configurations as on 2,000. The loop
 then forecasts each proposal in full with `predict` and measures only what the decision rule
 selects, so the forecasts, not the GPU, do the screening. Under the LLM surrogate, which cannot
 afford a chat call per configuration, the learned surrogate ranks the space and the LLM's forecasts
@@ -55,22 +54,6 @@ EXHAUSTED = "every configuration of the space has been measured (the reference's
 DESIGN_SIZE = 24  # at six proposals per iteration, the first four iterations; random configurations follow
 PRIOR_STARTS = 3  # under a warm start, the design's first points: the configurations the other devices ran fastest
 MES_QUANTILES = 16  # draws of the pool's best time that the screen's ranking averages over (max_value_entropy)
-SCREEN = 2048  # configurations screened in an iteration: at least these (all of a smaller space), and ...
-SCREEN_SHARE = 16  # ... at least this share of a larger space, in powers of two, ...
-SCREEN_MAX = 16384  # ... up to these
-
-
-def screen_size(n: int) -> int:
-    """How many unmeasured configurations an iteration screens in a space of `n`. Why it grows: a pool of 2048
-    covered 2 % of a synthetic hotspot space of 105,412 configurations, and one of 8192 found 0.928 of the optimum at
-    50 measurements where 2048 found 0.896 (+0.031, standard error 0.011, 18 seeds paired; level at 20 and 100) for 32 %
-    more CPU (docs/search_experiments.md, seventy-ninth session). No recorded space of the hub is large enough to
-    change: the largest, 17,956 configurations, keeps 2048 (11 %), and a screen of 46 % there lost 0.023 at 50, so
-    the rule only brings a very large space up to the share the hub's spaces are searched with."""
-    size = SCREEN
-    while size * SCREEN_SHARE < n and size < SCREEN_MAX:
-        size *= 2
-    return size
 
 
 def maximin_design(features: np.ndarray, n: int, first: int = 0) -> list[int]:
@@ -149,9 +132,9 @@ class SpaceProposal(BaseModel):
 
 class SpaceSearchPolicy:
     def __init__(self, space: ReplaySpace, random_fraction: float = 0.34, forecaster: Any = None,
-                 screen_limit: Optional[int] = None, carry: int = 512):
+                 screen_limit: int = 2048, carry: int = 512):
         self.space = space
-        self.screen_limit, self.carry = screen_limit or screen_size(len(space)), carry
+        self.screen_limit, self.carry = screen_limit, carry
         self._ranked: list[int] = []  # best of the last ranking, carried into the next pool
         self._proposed: set[int] = set()  # rows this policy proposed, which the design does not propose again
         self._keys: Optional[list[tuple]] = None
