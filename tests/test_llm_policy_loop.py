@@ -14,6 +14,7 @@ from kernelscout.agent.policies.llm_policy import make_llm_policy
 from kernelscout.agent.targets import CodeTarget, reference_ms
 from kernelscout.tools.archive import Archive
 from kernelscout.tools.budget import Budget
+from kernelscout.tools.measure import list_measurements
 from kernelscout.tools.rundir import RunDir
 from kernelscout.tools.surrogates.decision import RiskControlledGate
 from conftest import QUICK, SMALL_PROBLEM
@@ -89,7 +90,8 @@ def test_llm_policy_through_the_loop(tmp_path, write, pool):
     # a measured failure was repaired from its error text and the repair was measured
     assert "incorrect" in script.repairs
     repaired = [r for r in records if "repair_of" in r.params]
-    assert repaired and all(r.state in ("measured", "proposed") for r in repaired)
+    why = [(m.status.value, m.message, m.timing_invalid_reason) for m in list_measurements(run)]  # once failed under load
+    assert repaired and all(r.state in ("measured", "proposed") for r in repaired), f"a repair was not measured: {why}"
     # the slow candidate was forecast as slower and skipped, never measured
     slow = [r for r in records if "SLOW" in open(r.path).read()]
     assert slow and slow[0].state == "skipped" and slow[0].measurement_id is None
