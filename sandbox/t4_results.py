@@ -117,9 +117,11 @@ def t4_as_cache(doc: Mapping[str, Any]) -> dict[str, Any]:
             wrong += invalidity == "correctness"
             record["time"] = _FAILED_AS[invalidity]
         else:
-            # the other measurements (GFLOP/s, ...) under their names, as a cache records them: an objective may be one
+            # the measurements other than time (GFLOP/s, ...) under their names, as a cache records them: an objective
+            # may be one (time itself is read below, in its unit)
             record.update({m["name"]: m["value"] for m in r.get("measurements") or [] if isinstance(m, Mapping)
-                           and isinstance(m.get("name"), str) and m["name"] not in record and _number(m.get("value")) is not None})
+                           and isinstance(m.get("name"), str) and m["name"] != "time" and m["name"] not in record
+                           and _number(m.get("value")) is not None})
             runtimes = [x * default for x in (times.get("runtimes") or []) if _number(x) is not None]
             measured = next((m for m in r.get("measurements") or [] if isinstance(m, Mapping) and m.get("name") == "time"), None)
             value = measured.get("value") if measured else None
