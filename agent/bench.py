@@ -53,7 +53,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from kernelscout.sandbox.objectives import THROUGHPUTS
-from kernelscout.sandbox.replay import CUT_KEY, CacheFileError, ReplaySpace, read_cache_json
+from kernelscout.sandbox.replay import CUT_KEY, CacheFileError, ReplaySpace, read_cache_json, space_labels
 from kernelscout.sandbox.t4_results import T4_KEY
 
 KT_STRATEGIES = ("random_sample", "genetic_algorithm", "bayes_opt", "dual_annealing")
@@ -211,13 +211,13 @@ def _method_order(method: str) -> tuple[int, str]:
 # -- kernelscout runs ---------------------------------------------------------------------------
 
 def kernelscout_trace(space_path: str, surrogate: str, seed: int, budget: int, run_dir: str,
-                      warm_start: Sequence[str] = ()) -> Trace:
+                      warm_start: Sequence[str] = (), label: str = "") -> Trace:
     """Run the search loop exactly as `kscout optimize --space` does (less report.html), then read its run directory.
 
     `warm_start`: recorded spaces of the same kernel on other devices, as `--warm-start` takes them."""
     from kernelscout.agent.runner import start_search
 
-    space = _space(space_path)
+    space = _space(space_path, label)
     t0 = time.perf_counter()
     start_search(None, space_path, budget=budget, policy="tuner", surrogate=surrogate, run_dir=run_dir, seed=seed, quiet=True,
                  report=False, warm_start=list(warm_start))
@@ -282,14 +282,14 @@ def restrictions_for(space_path: str) -> Optional[list[str]]:
     return None
 
 
-def kernel_tuner_trace(space_path: str, strategy: str, seed: int, budget: int, workdir: str) -> Trace:
+def kernel_tuner_trace(space_path: str, strategy: str, seed: int, budget: int, workdir: str, label: str = "") -> Trace:
     """One Kernel Tuner strategy in simulation mode on the space's cache, seeded; unique configurations in order."""
     try:
         import kernel_tuner
     except ImportError:
         raise BenchError("Kernel Tuner is not installed: pip install 'kernelscout[bench]' (or pip install kernel-tuner), "
                          "or run without --baselines kernel_tuner") from None
-    space = _space(space_path)
+    space = _space(space_path, label)
     cache = _plain_cache(space_path, workdir)
     header = json.loads(Path(cache).read_text())  # cheap next to the run, and what Kernel Tuner reads too
     keys = header.get("tune_params_keys") or list(header["tune_params"])
@@ -463,10 +463,10 @@ _SPACES: dict[str, ReplaySpace] = {}
 _PLAIN: dict[str, str] = {}
 
 
-def _space(path: str) -> ReplaySpace:
+def _space(path: str, label: str = "") -> ReplaySpace:
     if path not in _SPACES:
         _SPACES[path] = ReplaySpace.load(path)
-    return _SPACES[path]
+    return _SPACES[path].named(label)
 
 
 def _plain_cache(path: str, workdir: str) -> str:
@@ -509,20 +509,20 @@ class BenchRequest(BaseModel):
     jobs: int = Field(2, ge=1)
 
 
-def _task(kind: str, path: str, arg: str, seed: int, budget: int, workdir: str) -> Trace:
+def _task(kind: str, path: str, label: str, arg: str, seed: int, budget: int, workdir: str) -> Trace:
     if kind == "kernelscout":
-        run_dir = Path(workdir) / "runs" / f"{Path(path).name.split('.json')[0]}-{arg}-seed{seed}"
+        run_dir = Path(workdir) / "runs" / f"{label.replace('/', '--')}-{arg}-seed{seed}"
         if run_dir.exists():
             shutil.rmtree(run_dir)
-        return kernelscout_trace(path, arg, seed, budget, str(run_dir))
+        return kernelscout_trace(path, arg, seed, budget, str(run_dir), label=label)
     if arg == "bayes_opt":
         # Its runs depend on what Kernel Tuner did earlier in the same process (seed 3 on an 8x8 grid: the
         # 20th configuration differs between a first and a second run), so each gets a fresh process.
         import multiprocessing
 
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as fresh:
-            return fresh.submit(kernel_tuner_trace, path, arg, seed, budget, workdir).result()
-    return kernel_tuner_trace(path, arg, seed, budget, workdir)
+            return fresh.submit(kernel_tuner_trace, path, arg, seed, budget, workdir, label).result()
+    return kernel_tuner_trace(path, arg, seed, budget, workdir, label)
 
 
 def run_bench(req: BenchRequest, progress: Optional[Callable[[int, int, Trace], None]] = None) -> BenchResult:
@@ -534,17 +534,17 @@ def run_bench(req: BenchRequest, progress: Optional[Callable[[int, int, Trace], 
     if unknown:
         raise BenchError(f"unknown baseline(s) {', '.join(sorted(unknown))}; give kernel_tuner, or none for kernelscout alone")
     spaces = {}
+    labels = dict(zip(paths, space_labels(paths)))
     for p in paths:
         try:
-            s = _space(p)
+            s = _space(p, labels[p])
         except CacheFileError as exc:
             raise BenchError(f"{exc}; give cache files Kernel Tuner wrote") from None
         if not s.ok_mask.any():
             raise BenchError(f"{p}: no configuration in this space ran (all {len(s)} failed), so there is nothing to "
                              "search; leave it out")
         if s.name in spaces:
-            raise BenchError(f"{spaces[s.name].path} and {p} have the same name {s.name!r}, and results are kept by "
-                             "name; rename one of them (e.g. add the GPU to the file name)")
+            raise BenchError(f"{p} is given twice; give each space once")
         spaces[s.name] = s
     top = budgets[-1]
     smallest = min(spaces.values(), key=len)
@@ -554,11 +554,11 @@ def run_bench(req: BenchRequest, progress: Optional[Callable[[int, int, Trace], 
     tasks = []
     for p in paths:
         for seed in range(req.seeds):
-            tasks.append(("kernelscout", p, "learned", seed))
+            tasks.append(("kernelscout", p, labels[p], "learned", seed))
             if req.no_predict:
-                tasks.append(("kernelscout", p, "none", seed))
+                tasks.append(("kernelscout", p, labels[p], "none", seed))
             if "kernel_tuner" in req.baselines:
-                tasks += [("kernel_tuner", p, s, seed) for s in KT_STRATEGIES]
+                tasks += [("kernel_tuner", p, labels[p], s, seed) for s in KT_STRATEGIES]
     if "kernel_tuner" in req.baselines:
         try:
             import kernel_tuner  # noqa: F401

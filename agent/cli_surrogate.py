@@ -109,12 +109,11 @@ def _eval_surrogate(spaces: list[Path], train: int, seeds: int, surrogate: str, 
     except CacheFileError as exc:
         raise typer.BadParameter(f"not a usable Kernel Tuner cache ({exc.reason}); give cache files Kernel Tuner wrote "
                                  "(.json or .json.gz) or folders of them", param_hint="SPACES") from None
-    by_name: dict[str, Path] = {}
+    seen: set[str] = set()
     for s in loaded:
-        if s.name in by_name:
-            raise typer.BadParameter(f"{by_name[s.name]} and {s.path} have the same name {s.name!r}, and results are kept "
-                                     "by name; rename one of them (e.g. add the GPU to the file name)", param_hint="SPACES")
-        by_name[s.name] = s.path
+        if s.name in seen:  # `load_spaces` names files of the same name apart by their folders
+            raise typer.BadParameter(f"{s.path} is given twice; give each space once", param_hint="SPACES")
+        seen.add(s.name)
     err = Console(stderr=True)
     for s in loaded:
         for note in s.notes:

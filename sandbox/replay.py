@@ -34,7 +34,7 @@ import json
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Optional
@@ -69,7 +69,16 @@ def _opener(path: Path) -> Any:
 
 def space_files(folder: Path) -> list[Path]:
     """The recorded spaces a folder stands for: its .json and .json.gz files, less the T4 metadata files that
-    Kernel Tuner writes beside its results."""
+    Kernel Tuner writes beside its results. A folder with none of its own stands for those of its subfolders:
+    the benchmark hub's own layout is `cachefiles/<kernel>/<GPU>.json.gz`."""
+    out = _own_space_files(folder)
+    if not out:
+        for sub in sorted(q for q in folder.iterdir() if q.is_dir() and not q.name.startswith(".")):
+            out.extend(space_files(sub))
+    return out
+
+
+def _own_space_files(folder: Path) -> list[Path]:
     out = []
     for q in sorted(folder.iterdir()):
         if q.is_file() and q.name.endswith((".json", ".json.gz")):
@@ -168,6 +177,7 @@ class ReplaySpace:
     nonpositive: int = 0  # records whose time was 0 or less, replayed as failures
     cut_records: int = 0  # partly written last lines of an interrupted run, dropped
     t4: Optional[dict[str, int]] = None  # read from T4 results: how many timed out or gave wrong results there
+    label: str = ""  # the name given beside other spaces of the same file name (`space_labels`); the stem otherwise
     _index: dict[tuple[str, ...], int] = field(default_factory=dict, repr=False, compare=False)
     _memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -382,13 +392,19 @@ class ReplaySpace:
 
     @property
     def name(self) -> str:
-        """The file's stem, e.g. ``convolution_A100``; unique among the spaces of one folder."""
-        return space_name(self.path)
+        """The file's stem, e.g. ``convolution_A100``, or the label it was given to tell it from another
+        space's file of the same name (``hotspot/A100``)."""
+        return self.label or space_name(self.path)
+
+    def named(self, label: str) -> ReplaySpace:
+        """The same space under another name (what it replays, and its measurement keys, are unchanged)."""
+        return self if label in ("", self.name) else replace(self, label=label)
 
     @property
     def device_label(self) -> str:
-        """Short device label; some caches leave ``device_name`` empty, so fall back to the file name."""
-        return self.device_name.strip() or self.name
+        """Short device label; some caches leave ``device_name`` empty, so fall back to the file name (the stem
+        always, not a label: measurement keys hang on it)."""
+        return self.device_name.strip() or space_name(self.path)
 
     @property
     def ok_mask(self) -> np.ndarray:
@@ -560,12 +576,29 @@ def space_hint(arg: str | Path) -> str:
     return f"; recorded spaces by name: {', '.join(names)}"
 
 
+def space_labels(paths: Sequence[str | Path]) -> list[str]:
+    """Names for spaces given together: each file's stem, with as many of its folders in front as it takes to
+    tell apart files of the same name (`hotspot/A100` and `gemm/A100` in the hub's own layout). Results are
+    kept by name, and renaming a file was the only way out before. The same file given twice keeps one name
+    for both, which the caller refuses."""
+    stems = [space_name(p) for p in paths]
+    folders = [Path(p).resolve().parent.parts[::-1] for p in paths]  # nearest first
+    depth = [0] * len(stems)
+    while True:
+        labels = ["/".join([*reversed(folders[i][:depth[i]]), stems[i]]) for i in range(len(stems))]
+        clashing = [i for i, label in enumerate(labels) if labels.count(label) > 1 and depth[i] < len(folders[i])]
+        if not clashing:
+            return labels
+        for i in clashing:
+            depth[i] += 1
+
+
 def load_spaces(paths: Sequence[str | Path]) -> list[ReplaySpace]:
-    """Load several caches; a folder stands for every cache file in it."""
+    """Load several caches; a folder stands for every cache file in it. Each is named by `space_labels`."""
     files: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
             files.extend(space_files(p))
         else:
             files.append(p)
-    return [ReplaySpace.load(f) for f in files]
+    return [ReplaySpace.load(f).named(label) for f, label in zip(files, space_labels(files))]

@@ -355,7 +355,7 @@ def test_kernel_tuner_bayes_opt_gives_the_same_run_for_the_same_seed(tmp_path: P
     path.write_text(json.dumps({"device_name": "GPU", "kernel_name": "grid", "problem_size": [8], "tune_params_keys": ["x", "y"],
                                 "tune_params": {"x": xs, "y": ys}, "objective": "time", "cache": cache}))
 
-    runs = [_task("kernel_tuner", str(path), "bayes_opt", 3, 25, str(tmp_path / f"run{i}")).times for i in range(2)]
+    runs = [_task("kernel_tuner", str(path), path.name.split(".json")[0], "bayes_opt", 3, 25, str(tmp_path / f"run{i}")).times for i in range(2)]
 
     assert len(runs[0]) == 25 and runs[0] == runs[1]
 

@@ -134,24 +134,26 @@ def test_bench_search_refuses_unusable_spaces(tmp_path: Path) -> None:
     assert_usage_error(bench(tmp_path / "x.json"), "not a usable Kernel Tuner cache")
 
 
-def test_bench_search_refuses_two_spaces_with_the_same_name(tmp_path: Path) -> None:
+def test_bench_search_names_two_files_of_the_same_name_by_their_folders_and_refuses_one_given_twice(tmp_path: Path) -> None:
     (tmp_path / "gpuA").mkdir()
     (tmp_path / "gpuB").mkdir()
     a = write_cache(tmp_path / "gpuA" / "x.json", timed(6))
     b = write_cache(tmp_path / "gpuB" / "x.json", timed(6))
     result = bench(a, b)
-    assert_usage_error(result, "rename one of them")
-    assert "gpuA" in result.output and "gpuB" in result.output
+    assert result.exit_code == 0, result.output
+    assert "gpuA/x" in result.output and "gpuB/x" in result.output  # refused before, "rename one of them"
+    assert_usage_error(bench(a, a), "given twice", "give each space once")
 
 
-def test_eval_surrogate_refuses_two_spaces_with_the_same_name(tmp_path: Path) -> None:
+def test_eval_surrogate_names_two_files_of_the_same_name_by_their_folders_and_refuses_one_given_twice(tmp_path: Path) -> None:
     (tmp_path / "gpuA").mkdir()
     (tmp_path / "gpuB").mkdir()
     a = write_cache(tmp_path / "gpuA" / "x.json", timed(12))
     b = write_cache(tmp_path / "gpuB" / "x.json", timed(12))
     result = eval_surrogate(str(a), str(b), "--train", "4", "--seeds", "1", "--pairs", "100")
-    assert_usage_error(result, "rename one of them")
-    assert "gpuA" in result.output and "gpuB" in result.output
+    assert result.exit_code == 0, result.output
+    assert sorted(json.loads(result.stdout)["spaces"]) == ["gpuA/x", "gpuB/x"]
+    assert_usage_error(eval_surrogate(str(a), str(a), "--train", "4", "--seeds", "1", "--pairs", "100"), "given twice")
 
 
 def test_eval_surrogate_on_a_space_where_every_time_is_the_same_says_there_is_nothing_to_rank(tmp_path: Path) -> None:

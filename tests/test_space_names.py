@@ -1,0 +1,60 @@
+"""Spaces whose files share a name: the benchmark hub's own layout keeps `cachefiles/<kernel>/<GPU>.json.gz`,
+so `hotspot/A100.json.gz` and `gemm/A100.json.gz` are given side by side, and results are kept by name."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kernelscout.agent.bench import BenchError, BenchRequest, run_bench
+from kernelscout.agent.cli import app
+from kernelscout.sandbox.replay import ReplaySpace, load_spaces, space_files, space_labels
+from test_bench_metrics import write_tiny_space
+
+
+def hub_layout(root: Path) -> Path:
+    """Two kernels on one GPU and one on another, as the hub's upstream repository lays them out."""
+    for kernel, gpu in (("gemm", "A100"), ("hotspot", "A100"), ("gemm", "H100")):
+        folder = root / "cachefiles" / kernel
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.move(write_tiny_space(folder), folder / f"{gpu}.json")
+        (folder / "README.md").unlink()
+    return root / "cachefiles"
+
+
+def test_files_of_the_same_name_are_told_apart_by_as_many_folders_as_it_takes() -> None:
+    assert space_labels(["c/hotspot/A100.json.gz", "c/gemm/A100.json.gz", "c/gemm/H100.json.gz"]) == \
+        ["hotspot/A100", "gemm/A100", "H100"]
+    assert space_labels(["/a/x/A100.json", "/b/x/A100.json", "/b/x/B.json"]) == ["a/x/A100", "b/x/A100", "B"]
+    assert space_labels(["convolution_A100.json.gz", "gemm_RTX_3090.json.gz"]) == ["convolution_A100", "gemm_RTX_3090"]
+
+
+def test_a_folder_of_kernel_folders_stands_for_the_spaces_inside_them(tmp_path: Path) -> None:
+    root = hub_layout(tmp_path)
+    assert [p.relative_to(root).as_posix() for p in space_files(root)] == ["gemm/A100.json", "gemm/H100.json", "hotspot/A100.json"]
+    spaces = load_spaces([root])
+    assert [s.name for s in spaces] == ["gemm/A100", "H100", "hotspot/A100"]
+    # a label is only a name: what replays, and so every measurement key, stays the file's own
+    alone = ReplaySpace.load(root / "gemm" / "A100.json")
+    assert spaces[0].content_sha == alone.content_sha and spaces[0].device_label == alone.device_label
+
+
+def test_bench_search_keeps_each_spaces_results_under_its_own_name(tmp_path: Path) -> None:
+    root = hub_layout(tmp_path)
+    result = run_bench(BenchRequest(spaces=[str(root / "gemm" / "A100.json"), str(root / "hotspot" / "A100.json")],
+                                    budgets=[2], seeds=1, baselines=[], jobs=1, out=str(tmp_path / "runs")))
+    assert sorted(result.spaces) == ["gemm/A100", "hotspot/A100"]
+    assert all(result.spaces[name]["kernelscout"]["2"].frac_of_opt > 0 for name in result.spaces)
+    assert sorted(p.name for p in (tmp_path / "runs" / "runs").iterdir()) == [
+        "gemm--A100-learned-seed0", "gemm--A100-none-seed0", "hotspot--A100-learned-seed0", "hotspot--A100-none-seed0"]
+
+
+def test_the_same_space_given_twice_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    path = str(write_tiny_space(tmp_path))
+    with pytest.raises(BenchError, match="is given twice; give each space once"):
+        run_bench(BenchRequest(spaces=[path, path], budgets=[2], seeds=1, baselines=[], jobs=1))
+    out = CliRunner().invoke(app, ["eval-surrogate", path, path])
+    assert out.exit_code == 2 and "given twice" in out.output
