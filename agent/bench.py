@@ -256,17 +256,27 @@ def read_run(space: ReplaySpace, run_dir: str) -> tuple[list[float], list[Option
 
 # -- Kernel Tuner runs --------------------------------------------------------------------------
 
+README_LEVELS = 3  # folders searched for a README.md listing the kernel: the cache's own and two above it
+
+
 def restrictions_for(space_path: str) -> Optional[list[str]]:
-    """The space's restrictions as Kernel Tuner strings, from the README.md next to the cache file.
+    """The space's restrictions as Kernel Tuner strings, from the nearest README.md that lists its kernel: next
+    to the cache file, or up to two folders above it (`cachefiles/<kernel>/<GPU>.json.gz`, the hub's own layout,
+    keeps one README for every kernel).
 
     The README lists them per kernel under "Valid space of each kernel" as `- kernel: `expr`; `expr``
-    ("none" for a full product). None when the kernel is not listed there.
+    ("none" for a full product). None when no README lists the kernel.
     """
-    space = _space(space_path)
-    readme = Path(space_path).parent / "README.md"
-    if not readme.exists():
-        return None
-    text = readme.read_text()
+    kernel = _space(space_path).kernel_name
+    for folder in list(Path(space_path).resolve().parents)[:README_LEVELS]:
+        readme = folder / "README.md"
+        found = _listed_restrictions(readme.read_text(), kernel) if readme.is_file() else None
+        if found is not None:
+            return found
+    return None
+
+
+def _listed_restrictions(text: str, kernel: str) -> Optional[list[str]]:
     section = text.split("## Valid space", 1)[1] if "## Valid space" in text else text
     section = section.split("\n## ", 1)[0]
     items: list[str] = []
@@ -277,7 +287,7 @@ def restrictions_for(space_path: str) -> Optional[list[str]]:
             items[-1] += " " + line.strip()
     for item in items:
         name, _, rest = item.partition(":")
-        if name.strip().strip("`") == space.kernel_name:
+        if name.strip().strip("`") == kernel:
             return re.findall(r"`([^`]+)`", rest)
     return None
 
@@ -300,7 +310,7 @@ def kernel_tuner_trace(space_path: str, strategy: str, seed: int, budget: int, w
         restrictions: Any = None  # the full product: nothing to restrict
     elif strings is None:
         restrictions = [_membership_test(space, keys)]
-        note = f"{space.name}: no restriction strings found next to the cache; Kernel Tuner got a membership test (weaker)"
+        note = f"{space.name}: no README.md next to the cache or up to two folders above it lists its restriction strings; Kernel Tuner got a membership test (weaker)"
     else:
         restrictions = strings or None
     # the objective kernelscout follows (replay.py): a throughput is maximised, as Kernel Tuner does for it

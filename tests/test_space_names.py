@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kernelscout.agent.bench import BenchError, BenchRequest, run_bench
+from kernelscout.agent.bench import BenchError, BenchRequest, restrictions_for, run_bench
 from kernelscout.agent.cli import app
 from kernelscout.sandbox.replay import ReplaySpace, load_spaces, space_files, space_labels
 from test_bench_metrics import write_tiny_space
@@ -58,3 +58,15 @@ def test_the_same_space_given_twice_is_refused_with_what_to_do(tmp_path: Path) -
         run_bench(BenchRequest(spaces=[path, path], budgets=[2], seeds=1, baselines=[], jobs=1))
     out = CliRunner().invoke(app, ["eval-surrogate", path, path])
     assert out.exit_code == 2 and "given twice" in out.output
+
+
+def test_restrictions_are_read_from_the_readme_that_lists_the_kernel_in_a_folder_above(tmp_path: Path) -> None:
+    root = hub_layout(tmp_path)
+    space = root / "hotspot" / "A100.json"
+    assert restrictions_for(str(space)) is None
+    (root / "README.md").write_text("# hub\n\n## Valid space of each kernel\n- tiny_kernel: `x*y <= 6`\n")
+    assert restrictions_for(str(space)) == ["x*y <= 6"]
+    (root / "hotspot" / "README.md").write_text("## Valid space\n- tiny_kernel: `x <= 3`\n")  # the nearest wins
+    assert restrictions_for(str(space)) == ["x <= 3"]
+    (root / "hotspot" / "README.md").write_text("# notes on hotspot, no restrictions\n")  # one that lists it is looked for
+    assert restrictions_for(str(space)) == ["x*y <= 6"]
