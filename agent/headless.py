@@ -140,7 +140,8 @@ def _name_of(path: Path) -> str:
 
 
 def _files_in(folder: Path) -> list[Path]:
-    """A folder with problem.py is one problem; otherwise its problem folders, KernelBench files and recorded spaces."""
+    """A folder with problem.py is one problem; otherwise its problem folders, KernelBench files and recorded spaces,
+    and the recorded spaces one folder down (the benchmark hub's own layout, `cachefiles/<kernel>/<GPU>.json.gz`)."""
     if (folder / "problem.py").is_file():
         return [folder / "problem.py"]
     found = []
@@ -149,9 +150,20 @@ def _files_in(folder: Path) -> list[Path]:
             continue
         if child.is_dir() and (child / "problem.py").is_file():
             found.append(child / "problem.py")
+        elif child.is_dir():
+            found.extend(_kernel_folder_spaces(child))
         elif child.is_file() and (child.suffix == ".py" or _is_space(child)):
             found.append(child)
     return found
+
+
+def _kernel_folder_spaces(folder: Path) -> list[Path]:
+    """Recorded spaces in a subfolder: any other JSON there (an earlier run's, a tool's output) is not taken for one,
+    so a plain .json counts only when its opening names Kernel Tuner's `tune_params` or T4's `results`."""
+    from kernelscout.sandbox.replay import read_head, space_files
+
+    return [f for f in space_files(folder) if f.parent == folder and not f.name.startswith((".", "_"))
+            and (f.name.endswith(".json.gz") or any(k in read_head(f, 4096) for k in ('"tune_params"', '"results"')))]
 
 
 def discover(paths: list[str]) -> list[ProblemRef]:
@@ -183,9 +195,12 @@ def discover(paths: list[str]) -> list[ProblemRef]:
             if resolved in seen_paths:
                 continue
             seen_paths.add(resolved)
-            name, n = _name_of(f), 2
+            base = _name_of(f)
+            if path.is_dir() and _is_space(f) and f.parent != path:
+                base = _name_of(f.parent / f"{f.parent.name}_{f.name}")  # gemm/A100.json.gz: gemm_A100, as the hub's flat files
+            name, n = base, 2
             while name in names:
-                name, n = f"{_name_of(f)}-{n}", n + 1
+                name, n = f"{base}-{n}", n + 1
             names.add(name)
             refs.append(ProblemRef(name=name, kind="space" if _is_space(f) else "problem", path=resolved))
     return refs

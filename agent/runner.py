@@ -426,10 +426,13 @@ def _archive_start(run: RunDir, spec: SearchSpec, resume: bool = False) -> None:
 
 
 def _load_space(path: str, what: str):
-    from kernelscout.sandbox.replay import CacheFileError, ReplaySpace
+    from kernelscout.sandbox.replay import CacheFileError, ReplaySpace, space_files
 
     if Path(path).is_dir():
-        raise OptimizeError(f"{path}: a folder; {what} takes one Kernel Tuner cache file (.json or .json.gz)")
+        inside = [str(f) for f in space_files(Path(path))]
+        some = f"; in it: {', '.join(inside[:3])}{f' and {len(inside) - 3} more' if len(inside) > 3 else ''}" if inside else ""
+        raise OptimizeError(f"{path}: a folder; {what} takes one Kernel Tuner cache file (.json or .json.gz){some} "
+                            "(`kscout run FOLDER --budget N` searches every space in a folder, one after another)")
     if not Path(path).exists():
         from kernelscout.sandbox.replay import space_hint
 

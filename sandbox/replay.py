@@ -79,17 +79,17 @@ def space_files(folder: Path) -> list[Path]:
 
 
 def _own_space_files(folder: Path) -> list[Path]:
-    out = []
-    for q in sorted(folder.iterdir()):
-        if q.is_file() and q.name.endswith((".json", ".json.gz")):
-            try:
-                with _opener(q)(q, "rt", encoding="utf-8") as fh:
-                    head = fh.read(256)
-            except (OSError, EOFError, UnicodeDecodeError):
-                head = ""  # unreadable: loading it says why
-            if not (starts_as_t4_metadata(head) and _is_t4_metadata_file(q)):
-                out.append(q)
-    return out
+    return [q for q in sorted(folder.iterdir()) if q.is_file() and q.name.endswith((".json", ".json.gz"))
+            and not (starts_as_t4_metadata(read_head(q, 256)) and _is_t4_metadata_file(q))]
+
+
+def read_head(path: Path, chars: int) -> str:
+    """A file's first characters, gzipped or not; "" where it cannot be read (loading it says why)."""
+    try:
+        with _opener(path)(path, "rt", encoding="utf-8") as fh:
+            return fh.read(chars)
+    except (OSError, EOFError, UnicodeDecodeError):
+        return ""
 
 
 def _is_t4_metadata_file(path: Path) -> bool:

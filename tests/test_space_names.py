@@ -70,3 +70,23 @@ def test_restrictions_are_read_from_the_readme_that_lists_the_kernel_in_a_folder
     assert restrictions_for(str(space)) == ["x <= 3"]
     (root / "hotspot" / "README.md").write_text("# notes on hotspot, no restrictions\n")  # one that lists it is looked for
     assert restrictions_for(str(space)) == ["x*y <= 6"]
+
+
+def test_kscout_run_takes_a_folder_of_kernel_folders_and_names_each_space_by_kernel_and_gpu(tmp_path: Path) -> None:
+    from kernelscout.agent.headless import discover
+
+    root = hub_layout(tmp_path)
+    (root / "gemm" / "notes.json").write_text('{"author": "not a space"}')  # other JSON beside the caches is not taken
+    refs = discover([str(root)])
+    assert [(r.name, r.kind) for r in refs] == [("gemm_A100", "space"), ("gemm_H100", "space"), ("hotspot_A100", "space")]
+    (root / "gemm" / "notes.json").unlink()  # given itself, a folder's every JSON file is taken for a space, as before
+    assert [r.name for r in discover([str(root / "gemm")])] == ["A100", "H100"]
+
+
+def test_optimize_given_a_folder_of_spaces_names_some_inside_and_the_command_for_all(tmp_path: Path) -> None:
+    root = hub_layout(tmp_path)
+    out = CliRunner().invoke(app, ["optimize", "--space", str(root), "--budget", "2", "--run-dir", str(tmp_path / "run")])
+    text = " ".join(out.output.split())
+    assert out.exit_code == 2 and "a folder; --space takes one Kernel Tuner cache file" in text
+    assert str(root / "gemm" / "A100.json") in text and "kscout run FOLDER --budget N" in text
+    assert not (tmp_path / "run").exists()
