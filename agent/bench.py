@@ -47,7 +47,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -211,16 +211,16 @@ def _method_order(method: str) -> tuple[int, str]:
 # -- kernelscout runs ---------------------------------------------------------------------------
 
 def kernelscout_trace(space_path: str, surrogate: str, seed: int, budget: int, run_dir: str,
-                      warm_start: Sequence[str] = (), label: str = "") -> Trace:
+                      warm_start: Sequence[str] = (), label: str = "", objective: str = "file") -> Trace:
     """Run the search loop exactly as `kscout optimize --space` does (less report.html), then read its run directory.
 
     `warm_start`: recorded spaces of the same kernel on other devices, as `--warm-start` takes them."""
     from kernelscout.agent.runner import start_search
 
-    space = _space(space_path, label)
+    space = _space(space_path, label, objective)
     t0 = time.perf_counter()
     start_search(None, space_path, budget=budget, policy="tuner", surrogate=surrogate, run_dir=run_dir, seed=seed, quiet=True,
-                 report=False, warm_start=list(warm_start))
+                 report=False, warm_start=list(warm_start), objective=objective)
     wall = time.perf_counter() - t0
     times, considered = read_run(space, run_dir)
     method = "kernelscout" if surrogate == "learned" else f"kernelscout --surrogate {surrogate}"
@@ -292,14 +292,15 @@ def _listed_restrictions(text: str, kernel: str) -> Optional[list[str]]:
     return None
 
 
-def kernel_tuner_trace(space_path: str, strategy: str, seed: int, budget: int, workdir: str, label: str = "") -> Trace:
+def kernel_tuner_trace(space_path: str, strategy: str, seed: int, budget: int, workdir: str, label: str = "",
+                       objective: str = "file") -> Trace:
     """One Kernel Tuner strategy in simulation mode on the space's cache, seeded; unique configurations in order."""
     try:
         import kernel_tuner
     except ImportError:
         raise BenchError("Kernel Tuner is not installed: pip install 'kernelscout[bench]' (or pip install kernel-tuner), "
                          "or run without --baselines kernel_tuner") from None
-    space = _space(space_path, label)
+    space = _space(space_path, label, objective)
     cache = _plain_cache(space_path, workdir)
     header = json.loads(Path(cache).read_text())  # cheap next to the run, and what Kernel Tuner reads too
     keys = header.get("tune_params_keys") or list(header["tune_params"])
@@ -469,14 +470,14 @@ def _membership_test(space: ReplaySpace, keys: Sequence[str]) -> Callable[[Any],
     return in_recorded_space
 
 
-_SPACES: dict[str, ReplaySpace] = {}
+_SPACES: dict[tuple[str, str], ReplaySpace] = {}
 _PLAIN: dict[str, str] = {}
 
 
-def _space(path: str, label: str = "") -> ReplaySpace:
-    if path not in _SPACES:
-        _SPACES[path] = ReplaySpace.load(path)
-    return _SPACES[path].named(label)
+def _space(path: str, label: str = "", objective: str = "file") -> ReplaySpace:
+    if (path, objective) not in _SPACES:
+        _SPACES[(path, objective)] = ReplaySpace.load(path, objective)
+    return _SPACES[(path, objective)].named(label)
 
 
 def _plain_cache(path: str, workdir: str) -> str:
@@ -485,12 +486,13 @@ def _plain_cache(path: str, workdir: str) -> str:
     or one missing header fields runs as it replays here. One copy per space's content, shared by every
     process: in simulation mode Kernel Tuner only reads the file (a copy per process, with bayes_opt's fresh
     process per run, filled a 2-seed run's folder with 214 MB of copies)."""
-    if path not in _PLAIN:
+    key = f"{path}\0{workdir}"  # a second benchmark in this process has a workdir of its own (the first's is gone)
+    if key not in _PLAIN:
         space = _space(path)
         dest = Path(workdir) / "kt-caches" / f"{space.content_sha[:16]}-{Path(path).name.removesuffix('.gz')}"
         if dest.is_file():
-            _PLAIN[path] = str(dest)
-            return _PLAIN[path]
+            _PLAIN[key] = str(dest)
+            return _PLAIN[key]
         dest.parent.mkdir(parents=True, exist_ok=True)
         raw = read_cache_json(Path(path))
         doc = {k: v for k, v in raw.items() if k not in ("cache", CUT_KEY, T4_KEY)}
@@ -503,8 +505,8 @@ def _plain_cache(path: str, workdir: str) -> str:
         partial = dest.with_name(f"{dest.name}.{os.getpid()}.part")  # whole or absent for a process beside this one
         partial.write_text(json.dumps(doc))
         os.replace(partial, dest)
-        _PLAIN[path] = str(dest)
-    return _PLAIN[path]
+        _PLAIN[key] = str(dest)
+    return _PLAIN[key]
 
 
 # -- orchestration ------------------------------------------------------------------------------
@@ -517,22 +519,23 @@ class BenchRequest(BaseModel):
     no_predict: bool = Field(True, description="also run kernelscout with --surrogate none")
     out: Optional[str] = Field(None, description="keep the run directories here (default: a temporary folder)")
     jobs: int = Field(2, ge=1)
+    objective: Literal["file", "time"] = Field("file", description="what each space is searched and scored for (ReplaySpace.load)")
 
 
-def _task(kind: str, path: str, label: str, arg: str, seed: int, budget: int, workdir: str) -> Trace:
+def _task(kind: str, path: str, label: str, arg: str, seed: int, budget: int, workdir: str, objective: str = "file") -> Trace:
     if kind == "kernelscout":
         run_dir = Path(workdir) / "runs" / f"{label.replace('/', '--')}-{arg}-seed{seed}"
         if run_dir.exists():
             shutil.rmtree(run_dir)
-        return kernelscout_trace(path, arg, seed, budget, str(run_dir), label=label)
+        return kernelscout_trace(path, arg, seed, budget, str(run_dir), label=label, objective=objective)
     if arg == "bayes_opt":
         # Its runs depend on what Kernel Tuner did earlier in the same process (seed 3 on an 8x8 grid: the
         # 20th configuration differs between a first and a second run), so each gets a fresh process.
         import multiprocessing
 
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as fresh:
-            return fresh.submit(kernel_tuner_trace, path, arg, seed, budget, workdir, label).result()
-    return kernel_tuner_trace(path, arg, seed, budget, workdir, label)
+            return fresh.submit(kernel_tuner_trace, path, arg, seed, budget, workdir, label, objective).result()
+    return kernel_tuner_trace(path, arg, seed, budget, workdir, label, objective)
 
 
 def run_bench(req: BenchRequest, progress: Optional[Callable[[int, int, Trace], None]] = None) -> BenchResult:
@@ -547,7 +550,7 @@ def run_bench(req: BenchRequest, progress: Optional[Callable[[int, int, Trace], 
     labels = dict(zip(paths, space_labels(paths)))
     for p in paths:
         try:
-            s = _space(p, labels[p])
+            s = _space(p, labels[p], req.objective)
         except CacheFileError as exc:
             raise BenchError(f"{exc}; give cache files Kernel Tuner wrote") from None
         if not s.ok_mask.any():
@@ -583,14 +586,14 @@ def run_bench(req: BenchRequest, progress: Optional[Callable[[int, int, Trace], 
     try:
         if req.jobs == 1:
             for i, t in enumerate(tasks, 1):
-                traces.append(_task(*t, top, workdir))
+                traces.append(_task(*t, top, workdir, req.objective))
                 if progress:
                     progress(i, len(tasks), traces[-1])
         else:
             import multiprocessing
 
             with ProcessPoolExecutor(req.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-                futures = [pool.submit(_task, *t, top, workdir) for t in tasks]
+                futures = [pool.submit(_task, *t, top, workdir, req.objective) for t in tasks]
                 for i, fut in enumerate(as_completed(futures), 1):
                     traces.append(fut.result())
                     if progress:

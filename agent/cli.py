@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Optional
+from typing import Literal, Optional
 
 import typer
 from rich.console import Console
@@ -182,6 +182,8 @@ def optimize(
     max_usd: Optional[float] = typer.Option(None, "--max-usd", help="stop when LLM calls have cost this much"),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="stop when LLM calls have used this many tokens"),
     warm_start: list[str] = typer.Option([], "--warm-start", help="recorded space of the same kernel on another device (repeatable)"),
+    objective: Literal["file", "time"] = typer.Option("file", "--objective", help="a recorded space: file (the objective the cache names, a throughput "
+                                  "such as GFLOP/s followed for the same work per call) or time (the shortest recorded time per call)"),
     start: list[str] = typer.Option([], "--start", help="your own kernel (a ModelNew file) to measure first and tune from (repeatable)"),
     history: list[str] = typer.Option([], "--history", help="folder of earlier runs (e.g. runs/) whose measurements on this device "
                                       "make the learned surrogate's prior on a code problem (repeatable; none: no prior) "
@@ -210,7 +212,8 @@ def optimize(
                               run_dir=run_dir, seed=seed, proposals=proposals, patience=patience, max_wall=max_wall,
                               warm_start=warm_start, quiet=as_json, max_device_s=max_device_s, max_usd=max_usd,
                               max_llm_tokens=max_tokens, workers=workers, ray=ray, start=start, confirm=confirm,
-                              history=history or None, rewrites=rewrites or None, solved_chance=solved_chance)
+                              history=history or None, rewrites=rewrites or None, solved_chance=solved_chance,
+                              objective=objective)
     except SearchInterrupted as exc:
         _interrupted(exc, as_json)
     except OptimizeError as exc:

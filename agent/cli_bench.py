@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Optional
+from typing import Literal, Optional
 
 import typer
 
@@ -55,6 +55,8 @@ def register(app: typer.Typer) -> None:
         no_predict: bool = typer.Option(True, "--surrogate-none/--no-surrogate-none", help="also run kernelscout with --surrogate none (what predict buys)"),
         out: Optional[str] = typer.Option(None, help="keep every run directory under this folder"),
         jobs: int = typer.Option(2, min=1, help="parallel worker processes"),
+        objective: Literal["file", "time"] = typer.Option("file", "--objective", help="what both tools search and are scored for: file (the objective "
+                                      "each cache names, where kscout can follow it) or time (the shortest recorded time per call)"),
         as_json: bool = typer.Option(False, "--json", help='print {space: {method: {budget: {"frac_of_opt", "considered_per_measurement", "stderr"}}}}'),
     ) -> None:
         """Compare kernelscout's search with Kernel Tuner's strategies at the same budgets and seeds."""
@@ -67,7 +69,8 @@ def register(app: typer.Typer) -> None:
         err = Console(stderr=True)
         names = [] if baselines.strip() in ("", "none") else [b.strip() for b in baselines.split(",")]
         with json_errors(as_json):
-            req = BenchRequest(spaces=spaces, budgets=_ints(budgets), seeds=seeds, baselines=names, no_predict=no_predict, out=out, jobs=jobs)
+            req = BenchRequest(spaces=spaces, budgets=_ints(budgets), seeds=seeds, baselines=names, no_predict=no_predict, out=out, jobs=jobs,
+                               objective=objective)
 
         def progress(done: int, total: int, trace) -> None:
             err.print(f"[dim]{done}/{total}[/dim] {trace.space} {trace.method} seed {trace.seed}: {len(trace.times)} measured, {trace.wall_s:.1f} s")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import typer
 from rich.console import Console
@@ -56,6 +56,8 @@ def eval_surrogate(
         False, "--warm-start", help="use the other given spaces of the same kernel (other GPUs) as priors"
     ),
     pairs: int = typer.Option(20000, "--pairs", help="(parent, child) pairs scored per space and seed"),
+    objective: Literal["file", "time"] = typer.Option("file", "--objective", help="what is forecast: file (the objective each "
+                                                      "cache names, where kscout can follow it) or time (the recorded time per call)"),
     configs: int = typer.Option(60, "--configs", help="llm only: held-out configurations forecast per space and seed "
                                 "(two chat calls each)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object with `spaces` and `mean`"),
@@ -68,11 +70,11 @@ def eval_surrogate(
     from kernelscout.agent.cli_errors import json_errors
 
     with json_errors(as_json):
-        _eval_surrogate(spaces, train, seeds, surrogate, warm_start, pairs, configs, as_json, plots, no_plots)
+        _eval_surrogate(spaces, train, seeds, surrogate, warm_start, pairs, configs, as_json, plots, no_plots, objective)
 
 
 def _eval_surrogate(spaces: list[Path], train: int, seeds: int, surrogate: str, warm_start: bool, pairs: int,
-                    configs: int, as_json: bool, plots: Optional[Path], no_plots: bool) -> None:
+                    configs: int, as_json: bool, plots: Optional[Path], no_plots: bool, objective: str = "file") -> None:
     from pydantic import ValidationError
 
     from kernelscout.sandbox.replay import CacheFileError, load_spaces, resolve_space, space_hint
@@ -105,7 +107,7 @@ def _eval_surrogate(spaces: list[Path], train: int, seeds: int, surrogate: str, 
         raise typer.BadParameter(f"{missing}: no such recorded space; give Kernel Tuner cache files (.json or .json.gz), "
                                  f"folders of them, or a recorded space's name{space_hint(missing)}", param_hint="SPACES")
     try:
-        loaded = load_spaces(spaces)
+        loaded = load_spaces(spaces, objective)
     except CacheFileError as exc:
         raise typer.BadParameter(f"not a usable Kernel Tuner cache ({exc.reason}); give cache files Kernel Tuner wrote "
                                  "(.json or .json.gz) or folders of them", param_hint="SPACES") from None

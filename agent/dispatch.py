@@ -148,8 +148,8 @@ class Dispatcher:
             sha = self._shas.get(path) or self._shas.setdefault(path, file_sha(path))
 
         def execute(seed: int) -> Measurement:
-            job = ReplayJob(space_path=path, space_sha=sha, config=dict(config), reference=reference, seed=seed,
-                            delay_s=self.replay_delay_s)
+            job = ReplayJob(space_path=path, space_sha=sha, objective=space.objective_choice, config=dict(config),
+                            reference=reference, seed=seed, delay_s=self.replay_delay_s)
             return self.run_job(job, label=json.dumps(config, default=str))
 
         return execute

@@ -35,7 +35,7 @@ def make_target(spec: SearchSpec, run: RunDir, pool: Any = None):
     if spec.kind == "space":
         from kernelscout.sandbox.replay import ReplaySpace
 
-        return ReplayTarget(ReplaySpace.load(spec.path), run, seed=spec.settings.seed)
+        return ReplayTarget(ReplaySpace.load(spec.path, spec.objective), run, seed=spec.settings.seed)
     return CodeTarget(Path(spec.path), spec.device, run, pool=pool)
 
 
@@ -70,7 +70,7 @@ def make_predictor(spec: SearchSpec, target: Any) -> Forecaster:
         from kernelscout.sandbox.replay import ReplaySpace
         from kernelscout.tools.surrogates.warmstart import PriorSource
 
-        priors = [PriorSource.from_space(ReplaySpace.load(p), seed=spec.settings.seed) for p in spec.warm_start]
+        priors = [PriorSource.from_space(ReplaySpace.load(p, spec.objective), seed=spec.settings.seed) for p in spec.warm_start]
         if spec.surrogate == "llm":
             return llm_space_forecaster(target, ref, model=metered_chat_model(spec, target.run), seed=spec.settings.seed, priors=priors)
         return make_forecaster(spec.surrogate, target.space.param_values, ref, lambda rec: dict(rec.params),

@@ -198,7 +198,7 @@ def reference_of(run: RunDir, spec: Any) -> str:
         from kernelscout.sandbox.replay import ReplaySpace
 
         try:
-            config = drawn_reference(ReplaySpace.load(spec.path), spec.settings.seed)
+            config = drawn_reference(ReplaySpace.load(spec.path, spec.objective), spec.settings.seed)
         except (OSError, ValueError):
             config = None
     text = ", ".join(f"{k}={v}" for k, v in config.items()) if config else f"not recorded ({spec.path} cannot be read)"

@@ -140,13 +140,20 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
                  workers: Optional[int] = None, ray: Optional[str] = None, replay_delay_s: float = 0.0,
                  report: bool = True, start: Optional[list[str]] = None, confirm: Optional[int] = None,
                  history: Optional[list[str]] = None, rewrites: Optional[list[str]] = None,
-                 solved_chance: Optional[float] = None) -> OptimizeResult:
+                 solved_chance: Optional[float] = None, objective: str = "file") -> OptimizeResult:
     """`history`: folders of earlier runs for the learned surrogate's prior on a code problem (None, [] or
     ["none"]: no prior). `rewrites`: the generic rewrites the offline tuner may try, by name (None or ["all"]: every
     one that applies; ["none"]: none, so that only the TUNABLE knobs of the `start` kernels are tuned).
-    `solved_chance`: a recorded space's stop (None: SOLVED_CHANCE); refused on a code problem, which has no such stop."""
+    `solved_chance`: a recorded space's stop (None: SOLVED_CHANCE); refused on a code problem, which has no such stop.
+    `objective`: a recorded space's, "file" or "time" (`ReplaySpace.load`)."""
     if (problem is None) == (space is None):
         raise OptimizeError("give either a PROBLEM file or --space FILE.json.gz")
+    if objective not in ("file", "time"):
+        raise OptimizeError(f"--objective {objective}: give file (the objective the cache names, where kscout can follow it) "
+                            "or time (the recorded time per call)")
+    if objective != "file" and space is None:
+        raise OptimizeError("--objective chooses what a recorded space (--space) is searched for; a code problem's search "
+                            "always minimises the measured time: leave the flag out")
     if solved_chance is not None and space is None:
         raise OptimizeError("--solved-chance stops a search of a recorded space (--space), whose every configuration the "
                             "surrogate can rank; a code problem's search has no such stop: leave the flag out")
@@ -186,9 +193,9 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
             raise OptimizeError("--history reads earlier runs of code problems; for a recorded space give --warm-start")
         if rewrites:
             raise OptimizeError("--rewrites chooses rewrites of kernel code, and a recorded space has none; leave it out with --space")
-        content = _check_space(space, warm_start or [], surrogate)
+        content = _check_space(space, warm_start or [], surrogate, objective)
         spec = SearchSpec(kind="space", path=str(Path(space).resolve()), device="replay", policy=policy, surrogate=surrogate,
-                          settings=settings, warm_start=[str(Path(w).resolve()) for w in warm_start or []])
+                          settings=settings, warm_start=[str(Path(w).resolve()) for w in warm_start or []], objective=objective)
         name = Path(space).name.split(".json")[0]
     else:
         from kernelscout.tools.measure import resolve_device
@@ -425,7 +432,7 @@ def _archive_start(run: RunDir, spec: SearchSpec, resume: bool = False) -> None:
         archive.add(p.sha, p.source, ROOT_ID, p.origin, p.params, p.hypothesis, p.features, iteration=0)
 
 
-def _load_space(path: str, what: str):
+def _load_space(path: str, what: str, objective: str = "file"):
     from kernelscout.sandbox.replay import CacheFileError, ReplaySpace, space_files
 
     if Path(path).is_dir():
@@ -438,15 +445,15 @@ def _load_space(path: str, what: str):
 
         raise OptimizeError(f"{path}: no such recorded space ({what}){space_hint(path)}")
     try:
-        return ReplaySpace.load(path)
+        return ReplaySpace.load(path, objective)
     except CacheFileError as exc:
         raise OptimizeError(f"{exc}; give {what} a cache file Kernel Tuner wrote, or its T4 results (.json or .json.gz)") from None
 
 
-def _check_space(path: str, warm_start: list[str], surrogate: str) -> str:
+def _check_space(path: str, warm_start: list[str], surrogate: str, objective: str = "file") -> str:
     """Refuse, before a run directory exists, a recorded space (or prior) the search could not use; the space's
     content sha when it can."""
-    space = _load_space(path, "--space")
+    space = _load_space(path, "--space", objective)
     if space.notes:
         from rich.console import Console
 
@@ -457,7 +464,7 @@ def _check_space(path: str, warm_start: list[str], surrogate: str) -> str:
         raise OptimizeError(f"{path}: no configuration in this space ran (all {len(space)} failed), so there is nothing "
                             "to search or to time a reference with; record the space on hardware where some run")
     for prior_path in warm_start:
-        prior = _load_space(prior_path, "--warm-start")
+        prior = _load_space(prior_path, "--warm-start", objective)
         same_file = Path(prior_path).resolve() == Path(path).resolve()
         if same_file or (prior.param_names == space.param_names and prior.configs == space.configs
                          and prior.device_name == space.device_name and np.array_equal(prior.times, space.times, equal_nan=True)):
@@ -524,7 +531,7 @@ def resume_search(run_dir: str, quiet: bool = False, *, max_usd: Optional[float]
         raise OptimizeError(f"--solved-chance stops a search of a recorded space; {run_dir} searched a code problem, "
                             "whose search has no such stop: leave the flag out")
     if spec.kind == "space":
-        content = _check_space(spec.path, spec.warm_start, spec.surrogate)
+        content = _check_space(spec.path, spec.warm_start, spec.surrogate, spec.objective)
     else:
         content = _problem_content(spec.path)
         check_llm(spec.policy, spec.surrogate)

@@ -42,6 +42,8 @@ class SearchSpec(BaseModel):
     surrogate: str = "learned"
     settings: SearchSettings = Field(default_factory=SearchSettings)
     warm_start: list[str] = Field(default_factory=list, description="recorded spaces of the same kernel on other devices")
+    objective: Literal["file", "time"] = Field("file", description="a recorded space's: the objective its file names where kscout "
+                                               "can follow it, or the recorded time per call (`--objective time`)")
     start: list[str] = Field(default_factory=list, description="the user's own kernels, measured first as children of the reference")
     history: Optional[list[str]] = Field(None, description="folders of earlier runs whose measurements make the learned "
                                          "surrogate's prior (None or []: no prior)")

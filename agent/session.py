@@ -77,7 +77,7 @@ def check_spec(run: RunDir, spec: SearchSpec) -> None:
 SPEC_NAMES = {"kind": "kind of search", "path": "file searched", "device": "--device", "policy": "--policy",
               "surrogate": "--surrogate", "budget": "--budget", "proposals_per_iteration": "--proposals",
               "confirm": "--confirm", "seed": "--seed", "warm_start": "--warm-start", "start": "--start",
-              "history": "--history", **LIMIT_FLAGS}
+              "history": "--history", "objective": "--objective", **LIMIT_FLAGS}
 
 
 def spec_differences(stored: SearchSpec, asked: SearchSpec) -> dict[str, tuple[Any, Any]]:

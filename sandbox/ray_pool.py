@@ -50,7 +50,7 @@ class MeasureActor:
     def run(self, kind: str, job_json: str, space: Optional[list] = None) -> str:
         job: Job = CodeJob.model_validate_json(job_json) if kind == "code" else ReplayJob.model_validate_json(job_json)
         space_bytes = None
-        if isinstance(job, ReplayJob) and space and not self.slot.knows_space(job.space_sha):
+        if isinstance(job, ReplayJob) and space and not self.slot.knows_space(job.space_sha, job.objective):
             space_bytes = ray.get(space[0])
         return self.slot.run(job, space_bytes).model_dump_json()
 

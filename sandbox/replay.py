@@ -54,6 +54,7 @@ _FAILURE_STATUS = {
     "RuntimeFailedConfig": MeasureStatus.runtime_error,
 }
 _OUTSIDE_MARKERS = {"InvalidConfig"}
+OBJECTIVE_CHOICES = ("file", "time")  # `--objective`: the file's own where kscout can follow it, or the time per call
 _FAILED_TIME = 1e20  # what Kernel Tuner wrote for failures before it used marker strings
 
 
@@ -178,6 +179,7 @@ class ReplaySpace:
     cut_records: int = 0  # partly written last lines of an interrupted run, dropped
     t4: Optional[dict[str, int]] = None  # read from T4 results: how many timed out or gave wrong results there
     label: str = ""  # the name given beside other spaces of the same file name (`space_labels`); the stem otherwise
+    by_time: bool = False  # asked for `--objective time`: the recorded time per call is minimised, whatever the file's objective
     _index: dict[tuple[str, ...], int] = field(default_factory=dict, repr=False, compare=False)
     _memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -204,7 +206,10 @@ class ReplaySpace:
     def notes(self) -> list[str]:
         """What the loader accepted but a user should know: the file says something it does not replay."""
         out = []
-        if self.work_spread > 1:
+        if self.by_time and self.objective != "time":
+            out.append(f"{self.path.name}: its objective is {self.objective!r}; kernelscout minimises the recorded time per "
+                       "call, as --objective time asks")
+        elif self.work_spread > 1:
             out.append(f"{self.path.name}: its objective is {self.objective!r}, and the work per call differs between "
                        f"configurations (up to {self.work_spread:.2f}x): kernelscout searches for the highest {self.objective}, "
                        "replaying each configuration's time for the same work (the median configuration's), so its "
@@ -234,22 +239,33 @@ class ReplaySpace:
     def follows_objective(self) -> bool:
         """Whether minimising the replayed time optimises the objective the file names: it is time, or a
         throughput that every timed record gives (then the times are for equal work where the work differs)."""
-        return self.objective == "time" or (self.objective in THROUGHPUTS and not self.lacking_objective)
+        return self.objective == "time" or (self.objective in THROUGHPUTS and not self.lacking_objective and not self.by_time)
+
+    @property
+    def objective_choice(self) -> str:
+        """What `load` was asked (`OBJECTIVE_CHOICES`), for loading the same space again elsewhere."""
+        return "time" if self.by_time else "file"
 
     @classmethod
-    def load(cls, path: str | Path) -> ReplaySpace:
+    def load(cls, path: str | Path, objective: str = "file") -> ReplaySpace:
         """Read a Kernel Tuner cache file (.json or .json.gz). Anything that is not one (missing,
         unreadable, not JSON, no tune_params, no configurations) is a `CacheFileError` saying why, so
-        every command can turn it into the same usage error."""
+        every command can turn it into the same usage error.
+
+        `objective`: "file" follows the objective the file names where kscout can (objectives.py); "time"
+        minimises the recorded time per call whatever it names (a throughput-tuned space's time then
+        mixes configurations that do different work per call, which is what a user asking for it wants)."""
+        if objective not in OBJECTIVE_CHOICES:
+            raise ValueError(f"objective {objective!r}: give one of {', '.join(OBJECTIVE_CHOICES)}")
         path = Path(path)
         try:
-            return cls._load(path)
+            return cls._load(path, by_time=objective == "time")
         except (ValueError, KeyError, TypeError, AttributeError, OSError, EOFError) as exc:
             detail = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
             raise CacheFileError(path, detail) from exc
 
     @classmethod
-    def _load(cls, path: Path) -> ReplaySpace:
+    def _load(cls, path: Path, by_time: bool = False) -> ReplaySpace:
         raw = read_cache_json(path)
         if not isinstance(raw, Mapping):
             raise ValueError(f"the file holds a JSON {type(raw).__name__}, where a cache is an object with tune_params and cache")
@@ -333,7 +349,7 @@ class ReplaySpace:
         timed = [i for i in range(len(configs)) if i not in failures]
         lacking = sum(i not in throughput for i in timed) if objective in THROUGHPUTS else 0
         spread = 1.0
-        if objective in THROUGHPUTS and timed and not lacking:
+        if objective in THROUGHPUTS and timed and not lacking and not by_time:
             factors, found = equal_work_factors(np.asarray([times[i] for i in timed]), np.asarray([throughput[i] for i in timed]))
             if factors is not None:
                 spread = found
@@ -357,6 +373,7 @@ class ReplaySpace:
             nonpositive=nonpositive,
             cut_records=cut,
             t4=t4,
+            by_time=by_time,
             undeclared=tuple(sorted({f"{n}={c[j]!r}" for c in configs for j, n in enumerate(names)
                                      if value_text(c[j]) not in by_text[j]})),
         )
@@ -593,7 +610,7 @@ def space_labels(paths: Sequence[str | Path]) -> list[str]:
             depth[i] += 1
 
 
-def load_spaces(paths: Sequence[str | Path]) -> list[ReplaySpace]:
+def load_spaces(paths: Sequence[str | Path], objective: str = "file") -> list[ReplaySpace]:
     """Load several caches; a folder stands for every cache file in it. Each is named by `space_labels`."""
     files: list[Path] = []
     for p in map(Path, paths):
@@ -601,4 +618,4 @@ def load_spaces(paths: Sequence[str | Path]) -> list[ReplaySpace]:
             files.extend(space_files(p))
         else:
             files.append(p)
-    return [ReplaySpace.load(f).named(label) for f, label in zip(files, space_labels(files))]
+    return [ReplaySpace.load(f, objective).named(label) for f, label in zip(files, space_labels(files))]

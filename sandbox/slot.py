@@ -55,6 +55,7 @@ class ReplayJob(BaseModel):
     kind: Literal["replay"] = "replay"
     space_path: str
     space_sha: str = Field(description="sha256 of the space file, so a remote slot can cache what it was sent")
+    objective: Literal["file", "time"] = Field("file", description="as `ReplaySpace.load` takes it (`--objective`)")
     config: dict[str, Any]
     reference: Optional[dict[str, Any]] = None
     seed: int
@@ -176,16 +177,17 @@ class MeasureSlot:
     def _space(self, job: ReplayJob, space_bytes: Optional[bytes]):
         from kernelscout.sandbox.replay import ReplaySpace
 
-        if job.space_sha not in self._spaces:
+        key = f"{job.space_sha}:{job.objective}"
+        if key not in self._spaces:
             path = Path(job.space_path)
             if space_bytes is not None:  # shipped by the dispatcher: this node may not have the file
                 path = self._scratch.path / f"{job.space_sha[:16]}-{Path(job.space_path).name}"
                 path.write_bytes(space_bytes)
-            self._spaces[job.space_sha] = ReplaySpace.load(path)
-        return self._spaces[job.space_sha]
+            self._spaces[key] = ReplaySpace.load(path, job.objective)
+        return self._spaces[key]
 
-    def knows_space(self, sha: str) -> bool:
-        return sha in self._spaces
+    def knows_space(self, sha: str, objective: str = "file") -> bool:
+        return f"{sha}:{objective}" in self._spaces
 
     def _remember(self, pgid: int) -> None:
         self._pidfile.write_text(str(pgid))

@@ -130,3 +130,52 @@ def test_the_objective_as_kernel_tuner_1_5_writes_it_a_list_is_read_as_the_objec
     space = ReplaySpace.load(path)
     assert space.objective == followed
     assert (space.notes == []) if note is None else (note in space.notes[0])
+
+
+def test_objective_time_searches_a_throughput_tuned_space_for_the_shortest_call_and_resume_keeps_it(tmp_path: Path) -> None:
+    """`--objective time`: what a user who wants the fastest call (not the most work per second) asks for."""
+    from typer.testing import CliRunner
+
+    from kernelscout.agent.cli import app
+    from kernelscout.agent.runner import OptimizeError, resume_search
+
+    path = _steps_space(tmp_path / "hotspot_like.json")
+    by_time = ReplaySpace.load(path, "time")
+    assert by_time.config(by_time.best_index) == {"steps": 1, "block": 64}  # the shortest call does one step
+    assert by_time.notes == ["hotspot_like.json: its objective is 'GFLOP/s'; kernelscout minimises the recorded time per call, "
+                             "as --objective time asks"]
+    assert not by_time.follows_objective and by_time.content_sha != ReplaySpace.load(path).content_sha
+    with pytest.raises(ValueError, match="give one of file, time"):
+        ReplaySpace.load(path, "GFLOP/s")
+
+    out = CliRunner().invoke(app, ["optimize", "--space", str(path), "--objective", "time", "--budget", "12", "--seed", "1",
+                                   "--run-dir", str(tmp_path / "run"), "--json"])
+    assert out.exit_code == 0, out.output
+    assert view_run(tmp_path / "run").best.params == {"steps": 1, "block": 64}
+    # the run remembers what it was asked: resuming searches the same times, and asking otherwise names the flag
+    resume_search(str(tmp_path / "run"), quiet=True)  # loaded otherwise, its content would differ, and resume refuse
+    assert view_run(tmp_path / "run").best.params == {"steps": 1, "block": 64}
+    with pytest.raises(OptimizeError, match="--objective"):
+        start_search(None, str(path), budget=12, run_dir=str(tmp_path / "run"), quiet=True, report=False, seed=1)
+    bad = CliRunner().invoke(app, ["optimize", "--space", str(path), "--objective", "speed", "--budget", "3"])
+    assert bad.exit_code == 2 and "is not one of 'file', 'time'" in " ".join(bad.output.split())
+
+
+def test_bench_search_with_objective_time_scores_the_shortest_call_for_both_tools(tmp_path: Path) -> None:
+    pytest.importorskip("kernel_tuner")
+    from kernelscout.agent.bench import RANDOM_EXACT, BenchRequest, run_bench
+
+    path = _steps_space(tmp_path / "hotspot_like.json")
+    common = dict(spaces=[str(path)], budgets=[1, 12], seeds=1, jobs=1, no_predict=False)
+    followed = run_bench(BenchRequest(**common))
+    timed = run_bench(BenchRequest(**common, objective="time"))
+    # the fraction is of the objective each run was asked for: one random configuration's expected share of the optimum
+    for result, objective in ((followed, "file"), (timed, "time")):
+        times = ReplaySpace.load(path, objective).times
+        cells = result.spaces["hotspot_like"]
+        assert cells[RANDOM_EXACT]["1"].frac_of_opt == pytest.approx(np.mean(times.min() / times), abs=1e-4)
+        # and a budget of every configuration finds that optimum, with either tool
+        assert cells["kernelscout"]["12"].frac_of_opt == 1.0 and cells["kernel_tuner random_sample"]["12"].frac_of_opt == 1.0
+    assert followed.spaces["hotspot_like"][RANDOM_EXACT]["1"].frac_of_opt != timed.spaces["hotspot_like"][RANDOM_EXACT]["1"].frac_of_opt
+    assert any("as --objective time asks" in n for n in timed.notes)
+    assert not any("as --objective time asks" in n for n in followed.notes)
