@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import typer
 from rich.console import Console
@@ -145,6 +145,8 @@ def register(app: typer.Typer) -> None:
         solved_chance: Optional[float] = typer.Option(None, "--solved-chance", help="each recorded space: stop once the surrogate "
                                                       "gives the configurations left less than this chance, together, of beating "
                                                       f"the best by more than 2 % (0: measure to the budget) {help_default('solved_chance')}"),
+        objective: Literal["file", "time"] = typer.Option("file", "--objective", help="each recorded space: file (the objective "
+                                                          "its cache names, where kscout can follow it) or time (the recorded time per call)"),
         confirm: Optional[int] = typer.Option(None, "--confirm", help="measurements kept to re-measure each problem's best "
                                               "(default: 1 for a problem with a budget of 5 or more, else 0)"),
         problem_wall: Optional[float] = typer.Option(None, "--problem-wall", help="stop each problem's search after this many seconds"),
@@ -180,6 +182,8 @@ def register(app: typer.Typer) -> None:
         on_space = any(ref.kind == "space" for ref in refs)
         if solved_chance is not None and not on_space:
             fail("--solved-chance stops the search of a recorded space, and none of these problems is one: leave the flag out", as_json)
+        if objective != "file" and not on_space:
+            fail("--objective chooses what a recorded space is searched for, and none of these problems is one: leave the flag out", as_json)
         solved_chance = cfg.pick("solved_chance", solved_chance) if on_space else SOLVED_CHANCE
         history = cfg.pick("history", history or None)
         announce_defaults(cfg, as_json)
@@ -201,7 +205,7 @@ def register(app: typer.Typer) -> None:
             _check_device(device, refs)  # before the night starts, not once per problem
             manifest = RunManifest(problems=refs, budget=budget, policy=policy, surrogate=surrogate, device=device, seed=seed,
                                    proposals=proposals, patience=patience, solved_chance=solved_chance, confirm=confirm, problem_wall_s=problem_wall, history=folders,
-                                   rewrites=rewrites or None,
+                                   rewrites=rewrites or None, objective=objective,
                                    caps=RunCaps(max_wall_s=max_wall, max_measurements=max_measurements, max_usd=max_usd, max_tokens=max_tokens))
             headless = HeadlessRun.create(path, manifest)
         except HeadlessError as exc:

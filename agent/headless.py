@@ -86,6 +86,7 @@ class RunManifest(BaseModel):
                                "from those searched before it")
     rewrites: Optional[list[str]] = Field(None, description="the generic rewrites the offline tuner may try on each code "
                                           "problem, as `kscout optimize --rewrites` takes them (None: all)")
+    objective: Literal["file", "time"] = Field("file", description="each recorded space's, as `kscout optimize --objective` takes it")
     caps: RunCaps = Field(default_factory=RunCaps)
 
 
@@ -664,6 +665,7 @@ class HeadlessRun:
                     max_usd=allow["max_usd"], max_llm_tokens=allow["max_llm_tokens"], start=ref.start,
                     confirm=None if m.confirm is None else min(m.confirm, allow["budget"] - 1),
                     history=m.history if ref.kind == "problem" else None, rewrites=m.rewrites if ref.kind == "problem" else None,
+                    objective=m.objective if ref.kind == "space" else "file",
                 )
             failure = _failure_of_measurements(sub)
             # finished with nothing to report: the search's message says why

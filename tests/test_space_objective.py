@@ -179,3 +179,19 @@ def test_bench_search_with_objective_time_scores_the_shortest_call_for_both_tool
     assert followed.spaces["hotspot_like"][RANDOM_EXACT]["1"].frac_of_opt != timed.spaces["hotspot_like"][RANDOM_EXACT]["1"].frac_of_opt
     assert any("as --objective time asks" in n for n in timed.notes)
     assert not any("as --objective time asks" in n for n in followed.notes)
+
+
+def test_kscout_run_passes_objective_time_to_each_recorded_space(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from kernelscout.agent.cli import app
+
+    (tmp_path / "spaces").mkdir()
+    _steps_space(tmp_path / "spaces" / "hotspot_like.json")
+    out = CliRunner().invoke(app, ["run", str(tmp_path / "spaces"), "--objective", "time", "--budget", "12", "--run-dir",
+                                   str(tmp_path / "night"), "--json"])
+    assert out.exit_code == 0, out.output
+    assert view_run(tmp_path / "night" / "problems" / "hotspot_like").best.params == {"steps": 1, "block": 64}
+    code = CliRunner().invoke(app, ["run", str(Path(__file__).parents[1] / "examples" / "softmax"), "--objective", "time",
+                                    "--budget", "2", "--run-dir", str(tmp_path / "code")])
+    assert code.exit_code == 2 and "none of these problems is one" in " ".join(code.output.split())
