@@ -206,33 +206,34 @@ class ReplaySpace:
     def notes(self) -> list[str]:
         """What the loader accepted but a user should know: the file says something it does not replay."""
         out = []
+        said = self.label or self.path.name  # a label tells apart files of the same name (`space_labels`)
         if self.by_time and self.objective != "time":
-            out.append(f"{self.path.name}: its objective is {self.objective!r}; kernelscout minimises the recorded time per "
+            out.append(f"{said}: its objective is {self.objective!r}; kernelscout minimises the recorded time per "
                        "call, as --objective time asks")
         elif self.work_spread > 1:
-            out.append(f"{self.path.name}: its objective is {self.objective!r}, and the work per call differs between "
+            out.append(f"{said}: its objective is {self.objective!r}, and the work per call differs between "
                        f"configurations (up to {self.work_spread:.2f}x): kernelscout searches for the highest {self.objective}, "
                        "replaying each configuration's time for the same work (the median configuration's), so its "
                        f"speedups are ratios of {self.objective}")
         elif self.lacking_objective:
-            out.append(f"{self.path.name}: its objective is {self.objective!r}, which {self.lacking_objective} timed record(s) "
+            out.append(f"{said}: its objective is {self.objective!r}, which {self.lacking_objective} timed record(s) "
                        "do not give; kernelscout minimises the recorded time instead")
         elif "," in self.objective:  # tuned for several (objective_named)
-            out.append(f"{self.path.name}: its objectives are {self.objective}; kernelscout minimises the recorded time alone")
+            out.append(f"{said}: its objectives are {self.objective}; kernelscout minimises the recorded time alone")
         elif not self.follows_objective:
-            out.append(f"{self.path.name}: its objective is {self.objective!r}; kernelscout minimises the recorded time instead")
+            out.append(f"{said}: its objective is {self.objective!r}; kernelscout minimises the recorded time instead")
         if self.undeclared:
             shown = ", ".join(self.undeclared[:3]) + (", ..." if len(self.undeclared) > 3 else "")
-            out.append(f"{self.path.name}: records hold parameter values its tune_params do not list ({shown}); "
+            out.append(f"{said}: records hold parameter values its tune_params do not list ({shown}); "
                        "they are searched as recorded")
         if self.nonpositive:
-            out.append(f"{self.path.name}: {self.nonpositive} record(s) have a time of 0 or less, which no kernel takes; "
+            out.append(f"{said}: {self.nonpositive} record(s) have a time of 0 or less, which no kernel takes; "
                        "they are replayed as failed runs")
         if self.t4 and (self.t4.get("timeouts") or self.t4.get("wrong_results")):
-            out.append(f"{self.path.name}: T4 results; {self.t4.get('timeouts', 0)} timed out and {self.t4.get('wrong_results', 0)} "
+            out.append(f"{said}: T4 results; {self.t4.get('timeouts', 0)} timed out and {self.t4.get('wrong_results', 0)} "
                        "gave wrong results there, which are replayed as failed runs")
         if self.cut_records:
-            out.append(f"{self.path.name}: the file ends in a partly written record (an interrupted run?), which was left out")
+            out.append(f"{said}: the file ends in a partly written record (an interrupted run?), which was left out")
         return out
 
     @property

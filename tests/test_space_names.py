@@ -3,6 +3,7 @@ so `hotspot/A100.json.gz` and `gemm/A100.json.gz` are given side by side, and re
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -90,3 +91,14 @@ def test_optimize_given_a_folder_of_spaces_names_some_inside_and_the_command_for
     assert out.exit_code == 2 and "a folder; --space takes one Kernel Tuner cache file" in text
     assert str(root / "gemm" / "A100.json") in text and "kscout run FOLDER --budget N" in text
     assert not (tmp_path / "run").exists()
+
+
+def test_notes_name_a_labelled_space_by_its_label(tmp_path: Path) -> None:
+    root = hub_layout(tmp_path)
+    for kernel in ("gemm", "hotspot"):  # both say something: a record timed at 0 ms
+        path = root / kernel / "A100.json"
+        doc = json.loads(path.read_text())
+        doc["cache"]["1,1"]["time"] = 0
+        path.write_text(json.dumps(doc))
+    notes = [n for s in load_spaces([root]) if s.name.endswith("A100") for n in s.notes]
+    assert [n.split(":")[0] for n in notes] == ["gemm/A100", "hotspot/A100"]
