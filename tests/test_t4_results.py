@@ -185,3 +185,16 @@ def test_t4_build_times_reach_the_cache_kernel_tuner_simulates_from_under_either
     records = read_cache_json(path)["cache"]
 
     assert (records["1"]["compile_time"], records["1"]["benchmark_time"], records["2"]["compile_time"]) == (3.0, 5.0, 4.0)
+
+
+@pytest.mark.parametrize("objectives, objective", [(["GFLOP/s"], "GFLOP/s"), (["time", "energy"], "time, energy"), ([], "time")])
+def test_a_t4_file_tuned_for_several_objectives_is_named_so_not_read_as_its_first(tmp_path: Path, objectives, objective) -> None:
+    results = [t4_result({"bs": b}, time=1.0 + b / 64, unit="ms") for b in (32, 64, 128)]
+    for r in results:
+        r["objectives"] = objectives
+    path = tmp_path / "multi_t4.json"
+    path.write_text(json.dumps({"schema_version": "1.0.0", "results": results}))
+    space = ReplaySpace.load(path)
+    assert space.objective == objective
+    if len(objectives) > 1:
+        assert "its objectives are time, energy; kernelscout minimises the recorded time alone" in space.notes[0]
