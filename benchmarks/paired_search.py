@@ -77,13 +77,13 @@ def same_kernel_elsewhere(space_path: str) -> list[str]:
     return [str(p) for p in others if _space(str(p)).same_kernel(target)]
 
 
-def one_run(label: str, space_path: str, seed: int, budgets: list[int], method: str = "kernelscout") -> dict:
+def one_run(label: str, space_path: str, seed: int, budgets: list[int], method: str = "kernelscout", name: str = "") -> dict:
     import numpy as np
 
     # the benchmark's own cached loader (kernelscout_trace reads the same object) and its optimum
     from kernelscout.agent.bench import _space, best_after, frac_of_opt, kernel_tuner_trace, kernelscout_trace
 
-    space = _space(space_path)
+    space = _space(space_path, name)
     optimum = float(np.nanmin(space.times))
     with tempfile.TemporaryDirectory(prefix="kscout-paired-") as tmp:
         t0 = time.process_time()
@@ -103,7 +103,7 @@ def one_run(label: str, space_path: str, seed: int, budgets: list[int], method: 
 
 
 def run(args: argparse.Namespace) -> None:
-    from kernelscout.sandbox.replay import resolve_space, space_hint, space_name
+    from kernelscout.sandbox.replay import resolve_space, space_hint, space_labels
 
     budgets = sorted({int(b) for b in args.budgets.split(",")})
     out = Path(args.out)
@@ -114,15 +114,18 @@ def run(args: argparse.Namespace) -> None:
             if r["label"] == args.label:
                 done.add((r["space"], r["seed"]))
     tasks = []
+    paths = []
     for name in args.spaces.split(","):
         path = str(resolve_space(name.strip()))
         if not Path(path).is_file():  # before any worker starts, as `kscout bench search` says it
             raise SystemExit(f"{name.strip()}: no such recorded space{space_hint(name.strip())}")
-        tasks += [(path, s) for s in seed_range(args.seeds) if (space_name(path), s) not in done]
+        paths.append(path)
+    for path, label in zip(paths, space_labels(paths)):  # files of the same name by their folders, as the benchmark names them
+        tasks += [(path, label, s) for s in seed_range(args.seeds) if (label, s) not in done]
     print(f"{len(tasks)} runs to do ({len(done)} already in {out})", file=sys.stderr)
     # spawned, as the benchmark's own pool does: a forked process can run a search another way (docs/search_experiments.md)
     with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(one_run, args.label, p, s, budgets, args.method) for p, s in tasks]
+        futures = [pool.submit(one_run, args.label, p, s, budgets, args.method, name) for p, name, s in tasks]
         for i, fut in enumerate(as_completed(futures), 1):
             r = fut.result()
             with out.open("a") as f:

@@ -140,3 +140,18 @@ def test_the_warm_start_table_pairs_warm_with_cold_runs_of_the_same_space_and_se
     assert "| **mean** | | **0.750** | **0.825** | **0.850** | **0.850** | **0.900** | **0.900** |" in lines
     # differences at 20 over the three runs: 0.1, 0.2, 0.0 -> mean 0.1, standard error 0.1 / sqrt(3)
     assert lines[-1].endswith("+0.100 (0.058) / +0.000 (0.000) / +0.000 (0.000)")
+
+
+def test_spaces_of_the_same_file_name_are_kept_apart_by_their_folders(tmp_path):
+    from test_space_names import hub_layout
+
+    root = hub_layout(tmp_path)
+    out = tmp_path / "runs.jsonl"
+    spaces = f"{root / 'gemm' / 'A100.json'},{root / 'hotspot' / 'A100.json'}"
+    import subprocess
+    import sys
+
+    # a process of its own: its pool pickles `one_run` by the script's module name
+    subprocess.run([sys.executable, str(SCRIPT), "run", "--label", "x", "--out", str(out), "--spaces", spaces, "--seeds", "0",
+                    "--budgets", "2", "--jobs", "1", "--method", "kernelscout:none"], check=True, capture_output=True)
+    assert sorted(json.loads(line)["space"] for line in out.read_text().splitlines()) == ["gemm/A100", "hotspot/A100"]
