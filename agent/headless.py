@@ -159,12 +159,9 @@ def _files_in(folder: Path) -> list[Path]:
 
 
 def _kernel_folder_spaces(folder: Path) -> list[Path]:
-    """Recorded spaces in a subfolder: any other JSON there (an earlier run's, a tool's output) is not taken for one,
-    so a plain .json counts only when its opening names Kernel Tuner's `tune_params` or T4's `results`."""
-    from kernelscout.sandbox.replay import read_head, space_files
+    from kernelscout.sandbox.replay import kernel_folder_spaces
 
-    return [f for f in space_files(folder) if f.parent == folder and not f.name.startswith((".", "_"))
-            and (f.name.endswith(".json.gz") or any(k in read_head(f, 4096) for k in ('"tune_params"', '"results"')))]
+    return kernel_folder_spaces(folder)
 
 
 def discover(paths: list[str]) -> list[ProblemRef]:

@@ -73,10 +73,18 @@ def space_files(folder: Path) -> list[Path]:
     Kernel Tuner writes beside its results. A folder with none of its own stands for those of its subfolders:
     the benchmark hub's own layout is `cachefiles/<kernel>/<GPU>.json.gz`."""
     out = _own_space_files(folder)
-    if not out:
-        for sub in sorted(q for q in folder.iterdir() if q.is_dir() and not q.name.startswith(".")):
-            out.extend(space_files(sub))
+    if not out:  # one level down only: a folder of anything else (a repository, a home folder) is not walked
+        for sub in sorted(q for q in folder.iterdir() if q.is_dir() and not q.name.startswith((".", "_"))):
+            out.extend(kernel_folder_spaces(sub))
     return out
+
+
+def kernel_folder_spaces(folder: Path) -> list[Path]:
+    """The recorded spaces in one kernel's folder of the hub's layout. Any other JSON there (an earlier run's, a
+    tool's output) is not taken for one: a plain .json counts only when its opening names Kernel Tuner's
+    `tune_params` or T4's `results`."""
+    return [f for f in _own_space_files(folder) if not f.name.startswith((".", "_"))
+            and (f.name.endswith(".json.gz") or any(k in read_head(f, 4096) for k in ('"tune_params"', '"results"')))]
 
 
 def _own_space_files(folder: Path) -> list[Path]:

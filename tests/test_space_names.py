@@ -35,7 +35,11 @@ def test_files_of_the_same_name_are_told_apart_by_as_many_folders_as_it_takes() 
 
 def test_a_folder_of_kernel_folders_stands_for_the_spaces_inside_them(tmp_path: Path) -> None:
     root = hub_layout(tmp_path)
+    (root / "gemm" / "notes.json").write_text('{"author": "not a space"}')  # other JSON beside the caches is not taken
+    (root / "older" / "gemm").mkdir(parents=True)  # nor is a folder two levels down: only the hub's one level is looked in
+    shutil.copy(root / "gemm" / "A100.json", root / "older" / "gemm" / "A100.json")
     assert [p.relative_to(root).as_posix() for p in space_files(root)] == ["gemm/A100.json", "gemm/H100.json", "hotspot/A100.json"]
+    (root / "gemm" / "notes.json").unlink()
     spaces = load_spaces([root])
     assert [s.name for s in spaces] == ["gemm/A100", "H100", "hotspot/A100"]
     # a label is only a name: what replays, and so every measurement key, stays the file's own
