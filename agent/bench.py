@@ -259,15 +259,16 @@ def read_run(space: ReplaySpace, run_dir: str) -> tuple[list[float], list[Option
 README_LEVELS = 3  # folders searched for a README.md listing the kernel: the cache's own and two above it
 
 
-def restrictions_for(space_path: str) -> Optional[list[str]]:
+def restrictions_for(space_path: str, objective: str = "file") -> Optional[list[str]]:
     """The space's restrictions as Kernel Tuner strings, from the nearest README.md that lists its kernel: next
     to the cache file, or up to two folders above it (`cachefiles/<kernel>/<GPU>.json.gz`, the hub's own layout,
     keeps one README for every kernel).
 
     The README lists them per kernel under "Valid space of each kernel" as `- kernel: `expr`; `expr``
-    ("none" for a full product). None when no README lists the kernel.
+    ("none" for a full product). None when no README lists the kernel. `objective`: the one the space was loaded
+    for, so that the loaded space is reused (the kernel's name is the same under either).
     """
-    kernel = _space(space_path).kernel_name
+    kernel = _space(space_path, objective=objective).kernel_name
     for folder in list(Path(space_path).resolve().parents)[:README_LEVELS]:
         readme = folder / "README.md"
         found = _listed_restrictions(readme.read_text(), kernel) if readme.is_file() else None
@@ -301,11 +302,11 @@ def kernel_tuner_trace(space_path: str, strategy: str, seed: int, budget: int, w
         raise BenchError("Kernel Tuner is not installed: pip install 'kernelscout[bench]' (or pip install kernel-tuner), "
                          "or run without --baselines kernel_tuner") from None
     space = _space(space_path, label, objective)
-    cache = _plain_cache(space_path, workdir)
+    cache = _plain_cache(space_path, workdir, objective)
     header = json.loads(Path(cache).read_text())  # cheap next to the run, and what Kernel Tuner reads too
     keys = header.get("tune_params_keys") or list(header["tune_params"])
     tune_params = {k: header["tune_params"][k] for k in keys}
-    strings = restrictions_for(space_path)
+    strings = restrictions_for(space_path, objective)
     note = ""
     if strings is None and len(space) == math.prod(len(v) for v in tune_params.values()):
         restrictions: Any = None  # the full product: nothing to restrict
@@ -441,13 +442,13 @@ def _seeded_latin_hypercube(seed: int) -> Iterator[None]:
 MEMBERSHIP_TEST_LIMIT = 2_000_000  # parameter combinations Kernel Tuner may test one by one in reasonable time
 
 
-def _check_kernel_tuner_can_enumerate(space_path: str) -> None:
+def _check_kernel_tuner_can_enumerate(space_path: str, objective: str = "file", label: str = "") -> None:
     """Refuse up front a space Kernel Tuner would spend hours enumerating: without restriction strings it
     gets a membership test, which it calls on every combination of the parameters' values (a 30-flag
     space recorded at 200 configurations is a billion calls), before any baseline result exists."""
-    space = _space(space_path)
+    space = _space(space_path, label, objective)  # as the benchmark loaded it: no second load, and its name
     product = math.prod(len(v) for v in space.param_values.values())
-    if product > MEMBERSHIP_TEST_LIMIT and product != len(space) and restrictions_for(space_path) is None:
+    if product > MEMBERSHIP_TEST_LIMIT and product != len(space) and restrictions_for(space_path, objective) is None:
         raise BenchError(
             f"{space.name}: Kernel Tuner would test each of the {product:.3g} combinations of its parameter values "
             f"against the {len(space)} recorded configurations; list its restrictions as strings in a README.md next to "
@@ -480,7 +481,7 @@ def _space(path: str, label: str = "", objective: str = "file") -> ReplaySpace:
     return _SPACES[(path, objective)].named(label)
 
 
-def _plain_cache(path: str, workdir: str) -> str:
+def _plain_cache(path: str, workdir: str, objective: str = "file") -> str:
     """Kernel Tuner reads plain, complete JSON with its header fields before the cache: a canonical copy,
     so that an interrupted cache (which our loader repairs), a re-saved one whose `cache` is not the last key,
     or one missing header fields runs as it replays here. One copy per space's content, shared by every
@@ -488,7 +489,7 @@ def _plain_cache(path: str, workdir: str) -> str:
     process per run, filled a 2-seed run's folder with 214 MB of copies)."""
     key = f"{path}\0{workdir}"  # a second benchmark in this process has a workdir of its own (the first's is gone)
     if key not in _PLAIN:
-        space = _space(path)
+        space = _space(path, objective=objective)  # the space as loaded for this run (the copy itself is the raw file)
         dest = Path(workdir) / "kt-caches" / f"{space.content_sha[:16]}-{Path(path).name.removesuffix('.gz')}"
         if dest.is_file():
             _PLAIN[key] = str(dest)
@@ -579,7 +580,7 @@ def run_bench(req: BenchRequest, progress: Optional[Callable[[int, int, Trace], 
             raise BenchError("Kernel Tuner is not installed: pip install 'kernelscout[bench]' (or pip install kernel-tuner), "
                              "or pass --baselines none") from None
         for p in paths:
-            _check_kernel_tuner_can_enumerate(p)
+            _check_kernel_tuner_can_enumerate(p, req.objective, labels[p])
     workdir = req.out or tempfile.mkdtemp(prefix="kscout-bench-")
     Path(workdir).mkdir(parents=True, exist_ok=True)
     traces: list[Trace] = []

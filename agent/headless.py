@@ -145,6 +145,8 @@ def _files_in(folder: Path) -> list[Path]:
     and the recorded spaces one folder down (the benchmark hub's own layout, `cachefiles/<kernel>/<GPU>.json.gz`)."""
     if (folder / "problem.py").is_file():
         return [folder / "problem.py"]
+    from kernelscout.sandbox.replay import kernel_folder_spaces  # imported here, as discover imports replay
+
     found = []
     for child in sorted(folder.iterdir()):
         if child.name.startswith((".", "_")):
@@ -152,16 +154,10 @@ def _files_in(folder: Path) -> list[Path]:
         if child.is_dir() and (child / "problem.py").is_file():
             found.append(child / "problem.py")
         elif child.is_dir():
-            found.extend(_kernel_folder_spaces(child))
+            found.extend(kernel_folder_spaces(child))
         elif child.is_file() and (child.suffix == ".py" or _is_space(child)):
             found.append(child)
     return found
-
-
-def _kernel_folder_spaces(folder: Path) -> list[Path]:
-    from kernelscout.sandbox.replay import kernel_folder_spaces
-
-    return kernel_folder_spaces(folder)
 
 
 def discover(paths: list[str]) -> list[ProblemRef]:

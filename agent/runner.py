@@ -148,7 +148,9 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
     `objective`: a recorded space's, "file" or "time" (`ReplaySpace.load`)."""
     if (problem is None) == (space is None):
         raise OptimizeError("give either a PROBLEM file or --space FILE.json.gz")
-    if objective not in ("file", "time"):
+    from kernelscout.sandbox.replay import OBJECTIVE_CHOICES
+
+    if objective not in OBJECTIVE_CHOICES:
         raise OptimizeError(f"--objective {objective}: give file (the objective the cache names, where kscout can follow it) "
                             "or time (the recorded time per call)")
     if objective != "file" and space is None:
