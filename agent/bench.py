@@ -47,12 +47,12 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Optional
 
 import numpy as np
 from pydantic import BaseModel, Field
 
-from kernelscout.sandbox.objectives import THROUGHPUTS
+from kernelscout.sandbox.objectives import Objective, THROUGHPUTS
 from kernelscout.sandbox.replay import CUT_KEY, CacheFileError, ReplaySpace, read_cache_json, space_labels
 from kernelscout.sandbox.t4_results import T4_KEY
 
@@ -520,7 +520,7 @@ class BenchRequest(BaseModel):
     no_predict: bool = Field(True, description="also run kernelscout with --surrogate none")
     out: Optional[str] = Field(None, description="keep the run directories here (default: a temporary folder)")
     jobs: int = Field(2, ge=1)
-    objective: Literal["file", "time"] = Field("file", description="what each space is searched and scored for (ReplaySpace.load)")
+    objective: Objective = Field("file", description="what each space is searched and scored for (ReplaySpace.load)")
 
 
 def _task(kind: str, path: str, label: str, arg: str, seed: int, budget: int, workdir: str, objective: str = "file") -> Trace:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Literal, Optional
+from typing import Optional
 
 import typer
 from rich.console import Console
@@ -16,6 +16,7 @@ from kernelscout.agent.cli_errors import (fail, finish_without_interruption, int
                                           stop_on_sigterm, validation_message)
 from kernelscout.agent.search_config import announce_defaults, help_default, search_config
 from kernelscout.sandbox import harness_defaults
+from kernelscout.sandbox.objectives import Objective
 
 app = typer.Typer(
     name="kscout",
@@ -182,7 +183,7 @@ def optimize(
     max_usd: Optional[float] = typer.Option(None, "--max-usd", help="stop when LLM calls have cost this much"),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="stop when LLM calls have used this many tokens"),
     warm_start: list[str] = typer.Option([], "--warm-start", help="recorded space of the same kernel on another device (repeatable)"),
-    objective: Literal["file", "time"] = typer.Option("file", "--objective", help="a recorded space: file (the objective the cache names, a throughput "
+    objective: Objective = typer.Option("file", "--objective", help="a recorded space: file (the objective the cache names, a throughput "
                                   "such as GFLOP/s followed for the same work per call) or time (the shortest recorded time per call)"),
     start: list[str] = typer.Option([], "--start", help="your own kernel (a ModelNew file) to measure first and tune from (repeatable)"),
     history: list[str] = typer.Option([], "--history", help="folder of earlier runs (e.g. runs/) whose measurements on this device "

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
-from typing import Literal, Optional
+from typing import Optional
 
 import typer
+
+from kernelscout.sandbox.objectives import Objective
 
 
 def _ints(text: str) -> list[int]:
@@ -55,7 +57,7 @@ def register(app: typer.Typer) -> None:
         no_predict: bool = typer.Option(True, "--surrogate-none/--no-surrogate-none", help="also run kernelscout with --surrogate none (what predict buys)"),
         out: Optional[str] = typer.Option(None, help="keep every run directory under this folder"),
         jobs: int = typer.Option(2, min=1, help="parallel worker processes"),
-        objective: Literal["file", "time"] = typer.Option("file", "--objective", help="what both tools search and are scored for: file (the objective "
+        objective: Objective = typer.Option("file", "--objective", help="what both tools search and are scored for: file (the objective "
                                       "each cache names, where kscout can follow it) or time (the shortest recorded time per call)"),
         as_json: bool = typer.Option(False, "--json", help='print {space: {method: {budget: {"frac_of_opt", "considered_per_measurement", "stderr"}}}}'),
     ) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Optional
 
 import typer
 from rich.console import Console
@@ -19,6 +19,7 @@ from kernelscout.agent.cli_errors import fail, interrupted_code, validation_mess
 from kernelscout.agent.search_config import announce_defaults, help_default, search_config
 from kernelscout.agent.search_spec import SOLVED_CHANCE
 from kernelscout.tools.runlock import holder
+from kernelscout.sandbox.objectives import Objective
 
 err = Console(stderr=True)
 out = Console()
@@ -145,7 +146,7 @@ def register(app: typer.Typer) -> None:
         solved_chance: Optional[float] = typer.Option(None, "--solved-chance", help="each recorded space: stop once the surrogate "
                                                       "gives the configurations left less than this chance, together, of beating "
                                                       f"the best by more than 2 % (0: measure to the budget) {help_default('solved_chance')}"),
-        objective: Literal["file", "time"] = typer.Option("file", "--objective", help="each recorded space: file (the objective "
+        objective: Objective = typer.Option("file", "--objective", help="each recorded space: file (the objective "
                                                           "its cache names, where kscout can follow it) or time (the recorded time per call)"),
         confirm: Optional[int] = typer.Option(None, "--confirm", help="measurements kept to re-measure each problem's best "
                                               "(default: 1 for a problem with a budget of 5 or more, else 0)"),

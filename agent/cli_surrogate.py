@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Optional
 
 import typer
 from rich.console import Console
@@ -16,6 +16,7 @@ from rich import box
 from rich.table import Table
 
 from typing import TYPE_CHECKING
+from kernelscout.sandbox.objectives import Objective
 
 if TYPE_CHECKING:  # scikit-learn takes seconds to import: only the command itself pays for it
     from kernelscout.tools.surrogates.evaluation import EvalReport, SpaceResult
@@ -56,7 +57,7 @@ def eval_surrogate(
         False, "--warm-start", help="use the other given spaces of the same kernel (other GPUs) as priors"
     ),
     pairs: int = typer.Option(20000, "--pairs", help="(parent, child) pairs scored per space and seed"),
-    objective: Literal["file", "time"] = typer.Option("file", "--objective", help="what is forecast: file (the objective each "
+    objective: Objective = typer.Option("file", "--objective", help="what is forecast: file (the objective each "
                                                       "cache names, where kscout can follow it) or time (the recorded time per call)"),
     configs: int = typer.Option(60, "--configs", help="llm only: held-out configurations forecast per space and seed "
                                 "(two chat calls each)"),

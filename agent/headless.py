@@ -29,6 +29,7 @@ from pydantic import BaseModel, Field
 
 from kernelscout.agent.search_spec import SOLVED_CHANCE
 from kernelscout.agent.stops import Stop, recorded_stop
+from kernelscout.sandbox.objectives import Objective
 from kernelscout.sandbox.problem import problem_name
 from kernelscout.tools.atomic import write_text_atomic
 from kernelscout.tools.rundir import MULTI_PROBLEM_MARK, read_events, reading
@@ -86,7 +87,7 @@ class RunManifest(BaseModel):
                                "from those searched before it")
     rewrites: Optional[list[str]] = Field(None, description="the generic rewrites the offline tuner may try on each code "
                                           "problem, as `kscout optimize --rewrites` takes them (None: all)")
-    objective: Literal["file", "time"] = Field("file", description="each recorded space's, as `kscout optimize --objective` takes it")
+    objective: Objective = Field("file", description="each recorded space's, as `kscout optimize --objective` takes it")
     caps: RunCaps = Field(default_factory=RunCaps)
 
 

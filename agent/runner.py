@@ -148,7 +148,7 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
     `objective`: a recorded space's, "file" or "time" (`ReplaySpace.load`)."""
     if (problem is None) == (space is None):
         raise OptimizeError("give either a PROBLEM file or --space FILE.json.gz")
-    from kernelscout.sandbox.replay import OBJECTIVE_CHOICES
+    from kernelscout.sandbox.objectives import OBJECTIVE_CHOICES
 
     if objective not in OBJECTIVE_CHOICES:
         raise OptimizeError(f"--objective {objective}: give file (the objective the cache names, where kscout can follow it) "

@@ -10,6 +10,8 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, Field
 
+from kernelscout.sandbox.objectives import Objective
+
 SPEC_KEY = "search_spec"  # the run's meta key holding the SearchSpec as JSON
 SOLVED_CHANCE = 0.05  # a recorded space's search stops once what is left has less chance than this of a clear win
 
@@ -42,7 +44,7 @@ class SearchSpec(BaseModel):
     surrogate: str = "learned"
     settings: SearchSettings = Field(default_factory=SearchSettings)
     warm_start: list[str] = Field(default_factory=list, description="recorded spaces of the same kernel on other devices")
-    objective: Literal["file", "time"] = Field("file", description="a recorded space's: the objective its file names where kscout "
+    objective: Objective = Field("file", description="a recorded space's: the objective its file names where kscout "
                                                "can follow it, or the recorded time per call (`--objective time`)")
     start: list[str] = Field(default_factory=list, description="the user's own kernels, measured first as children of the reference")
     history: Optional[list[str]] = Field(None, description="folders of earlier runs whose measurements make the learned "

@@ -15,10 +15,13 @@ kernelscout makes kernels faster, and it says so in the space's notes.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Literal, Optional, get_args
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
+Objective = Literal["file", "time"]  # `--objective`: the file's own where kscout can follow it, or the time per call
+OBJECTIVE_CHOICES: tuple[str, ...] = get_args(Objective)
 THROUGHPUTS = frozenset({"GFLOP/s", "TFLOP/s", "GB/s", "TB/s"})
 SAME_WORK = 1.01  # a spread of the work below this is rounding of the recorded objective, not different work
 
@@ -36,6 +39,8 @@ def equal_work_factors(times: np.ndarray, throughputs: np.ndarray) -> tuple[Opti
     """Per configuration, the factor that turns its recorded time into the time for the median configuration's
     work, and the spread of the work (largest over smallest). No factors where the work is the same throughout,
     so that such a space replays its recorded times exactly."""
+    import numpy as np  # here, so that the CLI's and the specs' use of `Objective` costs no numpy import
+
     work = np.asarray(times, dtype=float) * np.asarray(throughputs, dtype=float)
     spread = float(work.max() / work.min())
     if spread < SAME_WORK:

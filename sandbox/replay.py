@@ -41,7 +41,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from kernelscout.sandbox.objectives import THROUGHPUTS, equal_work_factors, objective_named
+from kernelscout.sandbox.objectives import OBJECTIVE_CHOICES, THROUGHPUTS, equal_work_factors, objective_named
 from kernelscout.sandbox.t4_results import T4_KEY, T4_METADATA, is_t4_metadata, is_t4_results, starts_as_t4_metadata, t4_as_cache
 from kernelscout.tools.schema import Measurement, MeasureStatus, TimingStats
 from kernelscout.tools.surrogates.features import as_hashable, value_text
@@ -54,7 +54,6 @@ _FAILURE_STATUS = {
     "RuntimeFailedConfig": MeasureStatus.runtime_error,
 }
 _OUTSIDE_MARKERS = {"InvalidConfig"}
-OBJECTIVE_CHOICES = ("file", "time")  # `--objective`: the file's own where kscout can follow it, or the time per call
 _FAILED_TIME = 1e20  # what Kernel Tuner wrote for failures before it used marker strings
 
 
@@ -83,13 +82,23 @@ def kernel_folder_spaces(folder: Path) -> list[Path]:
     """The recorded spaces in one kernel's folder of the hub's layout. Any other JSON there (an earlier run's, a
     tool's output) is not taken for one: a plain .json counts only when its opening names Kernel Tuner's
     `tune_params` or T4's `results`."""
-    return [f for f in _own_space_files(folder) if not f.name.startswith((".", "_"))
-            and (f.name.endswith(".json.gz") or any(k in read_head(f, 4096) for k in ('"tune_params"', '"results"')))]
+    return _own_space_files(folder, in_kernel_folder=True)
 
 
-def _own_space_files(folder: Path) -> list[Path]:
-    return [q for q in sorted(folder.iterdir()) if q.is_file() and q.name.endswith((".json", ".json.gz"))
-            and not (starts_as_t4_metadata(read_head(q, 256)) and _is_t4_metadata_file(q))]
+def _own_space_files(folder: Path, in_kernel_folder: bool = False) -> list[Path]:
+    out = []
+    for q in sorted(folder.iterdir()):
+        if not (q.is_file() and q.name.endswith((".json", ".json.gz"))):
+            continue
+        if in_kernel_folder and q.name.startswith((".", "_")):
+            continue
+        head = read_head(q, 4096)
+        if starts_as_t4_metadata(head) and _is_t4_metadata_file(q):
+            continue
+        if in_kernel_folder and q.name.endswith(".json") and not any(k in head for k in ('"tune_params"', '"results"')):
+            continue
+        out.append(q)
+    return out
 
 
 def read_head(path: Path, chars: int) -> str:
@@ -302,6 +311,7 @@ class ReplaySpace:
         outside = 0  # records marked as outside the space's restrictions
         objective = objective_named(raw.get("objective"))
         throughput: dict[int, float] = {}  # configuration index -> the objective's value, where it is a throughput
+        is_throughput = objective in THROUGHPUTS
         for key, record in raw["cache"].items():
             config = cls._parse_config(key, record, names, by_text)
             if config is None:
@@ -337,7 +347,7 @@ class ReplaySpace:
             reps_arr = reps_arr[np.isfinite(reps_arr) & (reps_arr > 0)]
             times.append(float(t))
             repeats.append(reps_arr if reps_arr.size else np.asarray([float(t)]))
-            if objective in THROUGHPUTS:
+            if is_throughput:
                 value = _number_or_marker(record.get(objective))
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
                     throughput[idx] = float(value)
@@ -356,9 +366,9 @@ class ReplaySpace:
             other = f"; its objective is {objective!r}, and kernelscout replays times" if objective != "time" else ""
             raise ValueError(f"no record has a numeric \"time\" (ms){other}")
         timed = [i for i in range(len(configs)) if i not in failures]
-        lacking = sum(i not in throughput for i in timed) if objective in THROUGHPUTS else 0
+        lacking = sum(i not in throughput for i in timed) if is_throughput else 0
         spread = 1.0
-        if objective in THROUGHPUTS and timed and not lacking and not by_time:
+        if is_throughput and timed and not lacking and not by_time:
             factors, found = equal_work_factors(np.asarray([times[i] for i in timed]), np.asarray([throughput[i] for i in timed]))
             if factors is not None:
                 spread = found

@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field
 from kernelscout.sandbox.harness import HarnessConfig, run_measurement
 from kernelscout.sandbox.pool import WorkerPool, WorkerProcess, kill_tree
 from kernelscout.sandbox.problem import InputFileError, SourceFile, load_candidate, load_problem
+from kernelscout.sandbox.objectives import Objective
 from kernelscout.sandbox.scratch import ScratchDir
 from kernelscout.tools.schema import Measurement, MeasureStatus
 
@@ -55,7 +56,7 @@ class ReplayJob(BaseModel):
     kind: Literal["replay"] = "replay"
     space_path: str
     space_sha: str = Field(description="sha256 of the space file, so a remote slot can cache what it was sent")
-    objective: Literal["file", "time"] = Field("file", description="as `ReplaySpace.load` takes it (`--objective`)")
+    objective: Objective = Field("file", description="as `ReplaySpace.load` takes it (`--objective`)")
     config: dict[str, Any]
     reference: Optional[dict[str, Any]] = None
     seed: int
