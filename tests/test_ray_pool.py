@@ -107,3 +107,21 @@ def test_asking_for_more_actors_than_the_cluster_has_is_a_clear_error(tmp_path):
         open_dispatcher(RunDir(tmp_path / "run"), "cpu", workers=5, ray_address="auto")
     with pytest.raises(ValueError, match="has no GPUs"):
         open_dispatcher(RunDir(tmp_path / "run"), "cuda", ray_address="auto")
+
+
+def test_ray_actors_replay_the_objective_the_search_was_asked_for(tmp_path):
+    """Under `--objective time` each actor loads the space the same way as the search: the best is the shortest call
+    at its recorded time, not the equal-work time the file's own objective (GFLOP/s) would replay."""
+    from kernelscout.agent.run_view import view_run
+
+    from test_space_objective import _steps_space
+
+    path = _steps_space(tmp_path / "hotspot_like.json")
+    result = start_search(problem=None, space=str(path), budget=12, run_dir=str(tmp_path / "run"), quiet=True, ray="auto",
+                          seed=1, objective="time", report=False)
+
+    assert result.measurements_used >= 1
+    assert events(tmp_path / "run", "workers")[0]["names"]  # measured on the actors
+    view = view_run(tmp_path / "run")
+    assert view.best.params == {"steps": 1, "block": 64}
+    assert view.best_runtime_ms == pytest.approx(1.0, rel=0.05)  # recorded; the equal-work time would be 3.0 ms
