@@ -46,7 +46,7 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 def measure(
     problem: str = typer.Argument(..., help="KernelBench problem file (class Model, get_inputs, get_init_inputs), or a folder holding problem.py"),
     candidate: str = typer.Argument(..., help="candidate module defining class ModelNew"),
-    device: Optional[str] = typer.Option(None, help=f"auto, cpu, cuda or cuda:N {help_default('device')}"),
+    device: Optional[str] = typer.Option(None, help=f"auto, cpu, cuda, cuda:N or an installed device plugin's name {help_default('device')}"),
     run_dir: Optional[str] = typer.Option(None, "--run-dir", help="run directory holding the budget ledger \\[default: runs/scratch]"),
     budget: Optional[int] = typer.Option(None, min=1, help="measurement cap for the run directory"),
     again: bool = typer.Option(False, "--again", help="measure even if this exact candidate was already measured in the run"),
@@ -170,7 +170,7 @@ def optimize(
     budget: Optional[int] = typer.Option(None, help=f"hard cap on measurements {help_default('budget')}"),
     policy: Optional[str] = typer.Option(None, help=f"auto, tuner, llm or an installed plugin's {help_default('policy')}"),
     surrogate: Optional[str] = typer.Option(None, help=f"auto, learned, llm, none or an installed plugin's {help_default('surrogate')}"),
-    device: Optional[str] = typer.Option(None, help=f"auto, cpu, cuda or cuda:N {help_default('device')}"),
+    device: Optional[str] = typer.Option(None, help=f"auto, cpu, cuda, cuda:N or an installed device plugin's name {help_default('device')}"),
     run_dir: Optional[str] = typer.Option(None, "--run-dir", help="run directory \\[default: runs/<name>-<time>]"),
     seed: int = typer.Option(0, help="seed of the search policy (0 or more)"),
     proposals: Optional[int] = typer.Option(None, help=f"candidates proposed per iteration {help_default('proposals')}"),
@@ -326,6 +326,7 @@ def _register_tool_commands() -> None:
     from kernelscout.agent import cli_run; cli_run.register(app)  # noqa: E702
     from kernelscout.agent import cli_bench; cli_bench.register(app)  # noqa: E702
     from kernelscout.agent import cli_show; cli_show.register(app)  # noqa: E702
+    from kernelscout.agent import cli_slot; cli_slot.register(app)  # noqa: E702
 
 
 _register_tool_commands()

@@ -139,7 +139,7 @@ def register(app: typer.Typer) -> None:
         run_dir: Optional[str] = typer.Option(None, "--run-dir", help="top run directory \\[default: runs/run-<time>]"),
         policy: Optional[str] = typer.Option(None, help=f"auto, tuner, llm or an installed plugin's (auto uses the tuner for recorded spaces) {help_default('policy')}"),
         surrogate: Optional[str] = typer.Option(None, help=f"auto, learned, llm, none or an installed plugin's {help_default('surrogate')}"),
-        device: Optional[str] = typer.Option(None, help=f"auto, cpu, cuda or cuda:N {help_default('device')}"),
+        device: Optional[str] = typer.Option(None, help=f"auto, cpu, cuda, cuda:N or an installed device plugin's name {help_default('device')}"),
         seed: int = typer.Option(0, help="seed of the search policy (0 or more)"),
         proposals: Optional[int] = typer.Option(None, help=f"candidates proposed per iteration {help_default('proposals')}"),
         patience: Optional[int] = typer.Option(None, help=f"stop a problem after this many measurements without a new best (0: never) {help_default('patience')}"),

@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
         budget: Optional[int] = typer.Option(
             None, help="measurement cap to set on the run directory (default: keep its cap; an uncapped one gets 20 more than it has used)"
         ),
-        device: Optional[str] = typer.Option(None, help="auto, cpu, cuda or cuda:N (tools may pick another device on the same machine) "
+        device: Optional[str] = typer.Option(None, help="auto, cpu, cuda, cuda:N or an installed device plugin's name (tools may pick another device) "
                                              + help_default("device")),
         http: bool = typer.Option(False, "--http", help="serve streamable HTTP instead of stdio"),
         host: str = typer.Option("127.0.0.1", help="HTTP: interface to listen on; anything but loopback needs --allow-remote and a token"),

@@ -6,7 +6,9 @@ run's ledger *before* they hand the job to a `Dispatcher`, and settle it when th
 
 * `LocalSlots`: N measurement slots in this process (`--workers N`), each driving its own sandbox
   worker process (one per GPU on a GPU machine, CPU workers otherwise);
-* `RayPool` (sandbox/ray_pool.py): one Ray actor per GPU (or per CPU slot) of a cluster (`--ray`).
+* `RayPool` (sandbox/ray_pool.py): one Ray actor per GPU (or per CPU slot) of a cluster (`--ray`);
+* `PluginBackend`: an installed package's device (`--device NAME`, entry point group kernelscout.devices), which
+  ships each job where the lab measures (to `kscout slot` on a GPU machine over ssh, say) and hands back its result.
 
 A worker that is lost mid-job (its actor or node died, or stopped answering) is not a verdict on the
 candidate: the job runs again on another worker *under the same reservation*, so the measurement is
@@ -99,6 +101,63 @@ def cpu_shares(n: int, threads: int) -> list[tuple[int, ...]]:
     if not cores:  # no affinity on this platform: threads are capped, not pinned
         return [()] * n
     return [tuple(cores[(i * threads + j) % len(cores)] for j in range(threads)) for i in range(n)]
+
+
+class PluginBackend:
+    """An installed package's device, behind the checks the dispatcher relies on.
+
+    The plugin is the lab's own code, trusted as installed code is; what it must provide is checked here, so that a
+    plugin that breaks its contract stops the search with its name and what it broke (a `PluginError`: the reservation
+    stays in the ledger and `kscout resume` measures it once the plugin is fixed) instead of a traceback. Only
+    `WorkerLost` from `call` means "try another worker": anything else the plugin raises is the plugin's fault."""
+
+    def __init__(self, name: str, workers: Optional[int] = None):
+        from kernelscout.tools import plugins
+
+        self.plugin = name
+        self.kind, self.gpu = plugins.device_kind(name)
+        self.inner = plugins.build(plugins.DEVICES, name, workers)
+        names = getattr(self.inner, "names", None)
+        if not (isinstance(names, list) and names and all(isinstance(n, str) for n in names)):
+            raise self._broke(f"its `names` must be a non-empty list of worker names, not {names!r}")
+        missing = [m for m in ("call", "describe", "close") if not callable(getattr(self.inner, m, None))]
+        if missing:
+            raise self._broke(f"it has no {', '.join(missing)} method")
+        self.names = names
+
+    def _broke(self, what: str) -> Exception:
+        from kernelscout.tools.plugins import PluginError
+
+        return PluginError(f"the device {self.plugin!r} {what} (README, \"Plugging in a surrogate, a policy or a device\")")
+
+    def call(self, index: int, job: Job) -> SlotResult:
+        try:
+            result = self.inner.call(index, job)
+        except WorkerLost:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a third party's error, named with what to fix
+            raise self._broke(f"failed measuring a job on worker {self.names[index]!r}: {type(exc).__name__}: {exc} (raise "
+                              "kernelscout.sandbox.slot.WorkerLost for a worker that went away, so the job goes to another)") from None
+        if not isinstance(result, SlotResult):
+            try:
+                result = (SlotResult.model_validate_json(result) if isinstance(result, (str, bytes))
+                          else SlotResult.model_validate(result))
+            except ValueError as exc:
+                raise self._broke(f"returned {type(result).__name__} from call(), not a SlotResult (or its JSON, as `kscout "
+                                  f"slot` prints it): {str(exc).splitlines()[0]}") from None
+        # named as the user chose the device, as the ledger keys it; where it ran is in its checks ("measured on ...")
+        result.measurement.device = self.plugin
+        return result
+
+    def recover(self, index: int) -> bool:
+        recover = getattr(self.inner, "recover", None)
+        return bool(recover(index)) if callable(recover) else False
+
+    def describe(self) -> str:
+        return f"device {self.plugin} ({self.kind}): {self.inner.describe()}"
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 def _cores_text(cpus: tuple[int, ...]) -> str:
@@ -250,16 +309,23 @@ def _file_name(text: str) -> str:
 
 def open_dispatcher(run: RunDir, device: str, workers: Optional[int] = None, ray_address: Optional[str] = None,
                     replay_delay_s: float = 0.0, max_attempts: int = 3) -> Dispatcher:
-    """`--workers N` alone: N local slots. `--ray ADDRESS|auto|local`: actors on a Ray cluster (N, or one per GPU)."""
+    """`--workers N` alone: N local slots. `--ray ADDRESS|auto|local`: actors on a Ray cluster (N, or one per GPU).
+    `device` an installed package's device: its workers (N passed on to its factory, which may ignore it)."""
     import uuid
 
     instance = uuid.uuid4().hex[:8]
     if workers is not None and workers < 1:
         raise ValueError("--workers must be at least 1")
-    if ray_address:
+    from kernelscout.tools.plugins import is_device_plugin
+
+    if is_device_plugin(device):
+        if ray_address:
+            raise ValueError(f"--device {device} is an installed package's device, which decides where its jobs run; leave --ray out")
+        backend: Backend = PluginBackend(device, workers)
+    elif ray_address:
         from kernelscout.sandbox.ray_pool import RayPool
 
-        backend: Backend = RayPool(ray_address, workers, device, instance=instance)
+        backend = RayPool(ray_address, workers, device, instance=instance)
     else:
         backend = LocalSlots(workers or 1, device, instance=instance)
     run.event("workers", backend=backend.describe(), names=backend.names)

@@ -121,6 +121,14 @@ def _plugin_choices(policy: str, surrogate: str) -> list[tuple[str, str, str]]:
         if name != "auto" and name not in built_in]
 
 
+def device_kind(device: str) -> str:
+    """What a search's device measures on, for the choices that differ between a CPU and a GPU (rewrites, Triton):
+    the device itself, or for an installed package's device the kind its factory declares."""
+    from kernelscout.tools import plugins
+
+    return plugins.device_kind(device)[0] if plugins.is_device_plugin(device) else device
+
+
 def _problem_file(problem: str) -> Path:
     from kernelscout.sandbox.problem import InputFileError, problem_file
 
@@ -213,9 +221,10 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
         except InputFileError as exc:
             raise OptimizeError(str(exc)) from None
         check_llm(policy, surrogate)
-        start = _check_start(start or [], budget, device, quiet)
+        kind = device_kind(device)
+        start = _check_start(start or [], budget, kind, quiet)
         spec = SearchSpec(kind="problem", path=str(path), device=device, policy=policy, surrogate=surrogate, settings=settings,
-                          start=start, history=_check_history(history), rewrites=check_rewrites(rewrites, policy, start, device))
+                          start=start, history=_check_history(history), rewrites=check_rewrites(rewrites, policy, start, kind))
         name = problem_name(path)
     run = _open_run(run_dir or Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
     _take_folder(run, spec)  # before the lock, so a refused folder is left as it was
@@ -354,14 +363,19 @@ def _check_start(paths: list[str], budget: int, device: str = "cpu", quiet: bool
     return resolved
 
 
-def check_plugins(policy: str, surrogate: str) -> None:
-    """Load a plugin policy or surrogate (tools/plugins.py) before a run directory is made or resumed, so that a
+def check_plugins(policy: str, surrogate: str, device: str = "auto") -> None:
+    """Load a plugin policy, surrogate or device (tools/plugins.py) before a run directory is made or resumed, so that a
     package that is missing, or fails to import, is named at once rather than as a traceback from inside the loop."""
     from kernelscout.tools import plugins
 
-    for kind, group, name in _plugin_choices(policy, surrogate):
+    choices = _plugin_choices(policy, surrogate)
+    if not plugins.BUILT_IN_DEVICE.match(device):
+        choices.append(("device", plugins.DEVICES, device))
+    for kind, group, name in choices:
         try:
             plugins.load(group, name)
+            if group == plugins.DEVICES:
+                plugins.device_kind(name)
         except KeyError:
             raise OptimizeError(f"--{kind} {name}: no installed package declares it (entry point group {group}); install the "
                                 "package that provides it") from None
@@ -430,7 +444,7 @@ def _archive_start(run: RunDir, spec: SearchSpec, resume: bool = False) -> None:
     for path in spec.start:
         if resume and not Path(path).exists():
             raise OptimizeError(f"{path}: given with --start but gone before it was archived; put it back and resume")
-        p = user_proposal(path, spec.path, spec.device)
+        p = user_proposal(path, spec.path, device_kind(spec.device))
         archive.add(p.sha, p.source, ROOT_ID, p.origin, p.params, p.hypothesis, p.features, iteration=0)
 
 
@@ -528,7 +542,7 @@ def resume_search(run_dir: str, quiet: bool = False, *, max_usd: Optional[float]
         spec = load_spec(run)
     except ValueError as exc:
         raise OptimizeError(str(exc)) from None
-    check_plugins(spec.policy, spec.surrogate)  # a run made with a plugin goes on with it, if it is still installed
+    check_plugins(spec.policy, spec.surrogate, spec.device)  # a run made with a plugin goes on with it, if still installed
     if solved_chance is not None and spec.kind != "space":
         raise OptimizeError(f"--solved-chance stops a search of a recorded space; {run_dir} searched a code problem, "
                             "whose search has no such stop: leave the flag out")
@@ -575,15 +589,17 @@ def _check_unchanged(run: RunDir, spec: SearchSpec, content: str) -> None:
 
 def _open_dispatcher(run: RunDir, spec: SearchSpec, quiet: bool):
     """Scale-out workers for this run, or nothing (measure in this process, one at a time)."""
+    from kernelscout.tools.plugins import is_device_plugin
+
     saved = run.get_meta(SCALING_KEY)
     scaling = Scaling.model_validate_json(saved) if saved else Scaling()
-    if not scaling.dispatched:
+    if not scaling.dispatched and not is_device_plugin(spec.device):
         return contextlib.nullcontext()
     from kernelscout.agent.dispatch import open_dispatcher
 
     try:
         dispatcher = open_dispatcher(run, spec.device, scaling.workers, scaling.ray, replay_delay_s=scaling.replay_delay_s)
-    except (ImportError, ValueError) as exc:
+    except (ImportError, ValueError) as exc:  # PluginError too: a device plugin that failed when made
         raise OptimizeError(str(exc)) from None
     if not quiet:
         from rich.console import Console

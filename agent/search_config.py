@@ -20,6 +20,7 @@ unknown section (`[serch]`), whichever of the two readers meets it first.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
@@ -63,7 +64,7 @@ class SearchConfigError(ValueError):
 class SearchDefaults(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    device: Optional[str] = Field(None, pattern=DEVICE_PATTERN, description="auto, cpu, cuda or cuda:N")
+    device: Optional[str] = Field(None, description="auto, cpu, cuda, cuda:N or an installed device plugin's name")
     policy: Optional[str] = Field(None, description="auto, tuner, llm or an installed plugin's name")
     surrogate: Optional[str] = Field(None, description="auto, learned, llm, none or an installed plugin's name")
     budget: Optional[StrictInt] = Field(None, ge=1)  # strict: `budget = true` is not a budget of 1
@@ -132,6 +133,14 @@ def search_defaults(cwd: Optional[Path] = None, env: Optional[Mapping[str, str]]
         if value is not None and value not in choices():
             raise SearchConfigError(f"{setting} {value!r} in {sources[setting]} is not one of {', '.join(choices())} "
                                     "(a plugin's name needs the package that declares it installed)")
+    from kernelscout.tools import plugins
+
+    if defaults.device is not None and not re.match(DEVICE_PATTERN, defaults.device) \
+            and defaults.device not in plugins.device_names():
+        installed = plugins.device_names()
+        raise SearchConfigError(f"device {defaults.device!r} in {sources['device']} is not auto, cpu, cuda or cuda:N"
+                                + (f", nor an installed package's ({', '.join(installed)})" if installed else "")
+                                + " (a plugin's name needs the package that declares it installed)")
     if defaults.history:
         # a path in a file means the same thing whichever folder the command runs from
         base = Path(sources["history"]).parent

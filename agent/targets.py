@@ -153,7 +153,12 @@ class CodeTarget:
     def __init__(self, problem: Path, device: str, run: RunDir, pool: Any = None, harness: Any = None, dispatcher: Any = None):
         from kernelscout.sandbox.harness import HarnessConfig
 
+        from kernelscout.tools import plugins
+
         self.problem, self.device, self.run, self.pool = Path(problem), device, run, pool
+        # what the device measures on, and its name for the speed-of-light bound: an installed package's device
+        # (tools/plugins.py) declares both; None for the bound's name means it has none
+        self.kind, self.sol_device = plugins.device_kind(device) if plugins.is_device_plugin(device) else (device, device)
         self.dispatcher = dispatcher  # agent/dispatch.py: measure on scale-out workers instead of `pool`
         self.harness = harness or HarnessConfig()
         self.name = problem_name(self.problem)
@@ -168,7 +173,9 @@ class CodeTarget:
         if cached:
             return SolBounds.model_validate_json(cached) if cached != "unavailable" else None
         try:
-            bounds = sol_bounds(SolRequest(problem=str(self.problem), device=self.device))
+            if self.sol_device is None:
+                raise ValueError(f"the device {self.device!r} names no GPU (its factory's `gpu` attribute) to bound it by")
+            bounds = sol_bounds(SolRequest(problem=str(self.problem), device=self.sol_device))
         except Exception as exc:  # a bound is guidance; the search runs without one
             self.run.event("sol_unavailable", reason=str(exc))
             self.run.set_meta("sol_bounds", "unavailable")
@@ -186,7 +193,7 @@ class CodeTarget:
             path=parent.path if parent else str(self.problem),
             is_reference=parent is None,
             problem_path=str(self.problem),
-            device=self.device,
+            device=self.kind,
             speedup=parent.speedup if parent else 1.0,
             tried_shas=set(tried),
         )
@@ -260,7 +267,7 @@ class CodeTarget:
     @property
     def _floor_ms(self) -> float:
         """The bound's floor: a GPU timing flushes caches, so the whole bound; a CPU one only the side cache leaves."""
-        return self.bounds.time_ms if self.device.startswith("cuda") else self.bounds.floor_ms
+        return self.bounds.time_ms if self.kind.startswith("cuda") else self.bounds.floor_ms
 
     @property
     def _margin(self) -> float:
@@ -271,7 +278,7 @@ class CodeTarget:
         """Why a time of `ms` is under `bounds` by more than the margin, or None."""
         from kernelscout.tools.sol import suspicious
 
-        return suspicious(ms, bounds, margin=self._margin, cache_flushed=self.device.startswith("cuda"))
+        return suspicious(ms, bounds, margin=self._margin, cache_flushed=self.kind.startswith("cuda"))
 
     @property
     def forecast_floor_ms(self) -> Optional[float]:

@@ -37,6 +37,7 @@ def test_the_project_file_overrides_the_users_setting_by_setting(project):
     ('[search]\nbudget = 0\n', "budget"),
     ('[search]\npolicy = "genetic"\n', "policy"),
     ('[search]\nsurrogate = "xgb"\n', "'xgb'"),
+    ('[search]\ndevice = "gpu"\n', "device 'gpu'"),  # neither this machine's nor an installed package's
     ('[search]\nsolved_chance = 1\n', "solved_chance"),
     ('[search]\nsolved_chance = "0.1"\n', "solved_chance"),
     ('[search]\nsolved_chance = nan\n', "a chance from 0 (never stop for it) to under 1, not nan"),

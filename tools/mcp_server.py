@@ -123,7 +123,7 @@ class BestCandidate(BaseModel):
 
 _Problem = Annotated[str, Field(description=MeasureRequest.model_fields["problem"].description)]
 _CandidatePath = Annotated[str, Field(description=MeasureRequest.model_fields["candidate"].description)]
-_Device = Annotated[Optional[str], Field(description="auto, cpu, cuda or cuda:N; omitted: the server's device")]
+_Device = Annotated[Optional[str], Field(description="auto, cpu, cuda, cuda:N or an installed device plugin's name; omitted: the server's device")]
 _ProblemFilter = Annotated[Optional[str], Field(description="only candidates of this problem file")]
 
 

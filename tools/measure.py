@@ -37,7 +37,7 @@ DEFAULT_RUN_DIR = Path("runs") / "scratch"
 class MeasureRequest(BaseModel):
     problem: str = Field(description="path of a KernelBench problem file (class Model, get_inputs, get_init_inputs), or of a folder holding problem.py")
     candidate: str = Field(description="path of a candidate module defining class ModelNew")
-    device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
+    device: str = Field("auto", description="auto, cpu, cuda, cuda:N or an installed device plugin's name")
     run_dir: Optional[str] = Field(None, description=f"run directory holding the ledger (default {DEFAULT_RUN_DIR})")
     budget: Optional[int] = Field(None, ge=0, description="measurement cap to set on the run directory")
     again: bool = Field(False, description="spend a new measurement even if this exact candidate was measured here")
@@ -47,10 +47,21 @@ class MeasureRequest(BaseModel):
 
 
 def resolve_device(device: str) -> str:
-    """The device a measurement runs on: `auto` becomes what this machine has; a name it lacks is an error."""
+    """The device a measurement runs on: `auto` becomes what this machine has; a name it lacks is an error. An
+    installed package's device (tools/plugins.py) is taken as named: it measures elsewhere."""
     if device != "auto":
         if not re.match(DEVICE_PATTERN, device):
-            raise InputFileError(device, "unknown device; use auto, cpu, cuda or cuda:N", "invalid_problem")
+            from kernelscout.tools import plugins
+
+            if plugins.is_device_plugin(device):
+                try:
+                    plugins.device_kind(device)
+                except plugins.PluginError as exc:
+                    raise InputFileError(device, str(exc), "invalid_problem") from None
+                return device
+            others = plugins.device_names()
+            raise InputFileError(device, "unknown device; use auto, cpu, cuda or cuda:N"
+                                 + (f", or an installed package's: {', '.join(others)}" if others else ""), "invalid_problem")
         if device.startswith("cuda"):
             import torch
 
@@ -191,13 +202,29 @@ def measure(request: MeasureRequest, pool: Optional[WorkerPool] = None,
 
 def _measure_in(run: RunDir, request: MeasureRequest, problem: SourceFile, candidate: SourceFile, device: str,
                 pool: Optional[WorkerPool], execute: Optional[Callable[[SourceFile, SourceFile, HarnessConfig], Measurement]]) -> Measurement:
+    from kernelscout.tools import plugins
+
     key = measurement_key(problem.sha, candidate.sha, device, request.repeat)
     run.save_kernel(candidate.sha, candidate.source)
-    config = request.harness.model_copy(update={"device": device})
+    plugin = plugins.is_device_plugin(device)
+    config = request.harness.model_copy(update={"device": plugins.device_kind(device)[0] if plugin else device})
 
     def run_in_sandbox() -> Measurement:
         if execute is not None:
             return execute(problem, candidate, config)
+        if plugin:  # an installed package's device: one job, shipped where it measures
+            from kernelscout.agent.dispatch import open_dispatcher
+
+            try:
+                dispatcher = open_dispatcher(run, device)
+            except plugins.PluginError as exc:  # the package's to fix, and nothing was shipped
+                return Measurement(status=MeasureStatus.invalid_problem, charged=False, message=str(exc), device=device)
+            with dispatcher:
+                try:
+                    return dispatcher.code(problem, candidate, config)
+                except plugins.PluginError as exc:
+                    return Measurement(status=MeasureStatus.crashed, charged=True, device=device,
+                                       message=f"{exc}; charged, since the job was handed to the device and may have run")
         own_pool = pool is None
         active = pool or WorkerPool(spares=False)
         try:

@@ -1,4 +1,4 @@
-"""Surrogates and search policies from other packages, chosen by name like the built-in ones.
+"""Surrogates, search policies and devices from other packages, chosen by name like the built-in ones.
 
 A lab's own cost model or search strategy lives in its own package and declares itself with a Python entry
 point, the packaging convention pytest and other tools use for plugins:
@@ -9,10 +9,14 @@ point, the packaging convention pytest and other tools use for plugins:
     [project.entry-points."kernelscout.policies"]
     swizzle = "mylab.kscout_plugins:SwizzlePolicy"
 
-Once that package is installed, `--surrogate roofline`, `--policy swizzle` and `surrogate = "roofline"` in
-kscout.toml choose them, and a run made with them resumes with them. What each must provide is in the README
-("Plugging in a surrogate or a policy"). A plugin runs in the agent's process, as the built-in surrogates and
-policies do: it is code the user installed, not candidate code, which only ever runs in sandbox workers.
+    [project.entry-points."kernelscout.devices"]
+    lab-h100 = "mylab.kscout_plugins:LabH100"
+
+Once that package is installed, `--surrogate roofline`, `--policy swizzle`, `--device lab-h100` and
+`surrogate = "roofline"` in kscout.toml choose them, and a run made with them resumes with them. What each must provide is in the README
+("Plugging in a surrogate, a policy or a device"). A plugin runs in the agent's process, as the built-in surrogates and
+policies do: it is code the user installed, not candidate code, which only ever runs in sandbox workers (a device
+plugin decides which machine's workers: it ships each job to `kscout slot` there, or to its own sandbox).
 
 Built-in names win: a plugin cannot take the place of `learned` or `tuner` by declaring the same name (a search
 that chooses the built-in one says, at start, that a plugin of that name is installed and not used).
@@ -21,12 +25,16 @@ that chooses the built-in one says, at start, that a plugin of that name is inst
 from __future__ import annotations
 
 import functools
+import re
 from importlib.metadata import EntryPoint, entry_points
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 SURROGATES = "kernelscout.surrogates"
 POLICIES = "kernelscout.policies"
-_KIND = {SURROGATES: "surrogate", POLICIES: "policy"}
+DEVICES = "kernelscout.devices"
+_KIND = {SURROGATES: "surrogate", POLICIES: "policy", DEVICES: "device"}
+_CALLED_AS = {SURROGATES: "factory(tune_params, *, priors, seed, valid)", POLICIES: "factory(spec, target)",
+              DEVICES: "factory(workers)"}
 
 
 class PluginError(ValueError):
@@ -72,10 +80,9 @@ def build(group: str, name: str, *args: Any, **kwargs: Any) -> Any:
     try:
         return factory(*args, **kwargs)
     except Exception as exc:
-        call = ("factory(tune_params, *, priors, seed, valid)" if group == SURROGATES else "factory(spec, target)")
         raise PluginError(f"the {_KIND.get(group, group)} {name!r} ({declared(group)[name].value}) failed when made: "
-                          f"{type(exc).__name__}: {exc} (it is called as {call}; README, \"Plugging in a surrogate or a "
-                          "policy\")") from None
+                          f"{type(exc).__name__}: {exc} (it is called as {_CALLED_AS.get(group, 'factory(...)')}; README, "
+                          "\"Plugging in a surrogate, a policy or a device\")") from None
 
 
 class CheckedSurrogate:
@@ -107,3 +114,28 @@ class CheckedSurrogate:
 
     def __getattr__(self, attr: str) -> Any:  # update, status and anything else the plugin offers
         return getattr(self.inner, attr)
+
+
+DEVICE_KINDS = ("cpu", "cuda")
+BUILT_IN_DEVICE = re.compile(r"^(auto|cpu|replay|cuda(:\d+)?)$")
+
+
+def is_device_plugin(name: str) -> bool:
+    """Whether `--device name` names an installed package's device rather than one of this machine's."""
+    return not BUILT_IN_DEVICE.match(name) and name in declared(DEVICES)
+
+
+def device_names() -> list[str]:
+    return sorted(n for n in declared(DEVICES) if not BUILT_IN_DEVICE.match(n))
+
+
+def device_kind(name: str) -> tuple[str, Optional[str]]:
+    """What a device plugin's workers measure on ("cpu" or "cuda") and its GPU's name for the speed-of-light bound
+    (as `kscout sol --device` takes it; None: no bound), read from its factory's `device` and `gpu` attributes, so
+    that nothing is started to learn them: the search decides its rewrites and its bound before it measures."""
+    factory = load(DEVICES, name)
+    kind, gpu = getattr(factory, "device", None), getattr(factory, "gpu", None)
+    if kind not in DEVICE_KINDS:
+        raise PluginError(f"the device {name!r} ({declared(DEVICES)[name].value}) must say what its workers measure on: "
+                          f"a `device` attribute of 'cpu' or 'cuda' on its factory, not {kind!r}")
+    return kind, (str(gpu) if gpu else None)

@@ -1,0 +1,140 @@
+"""A lab's own device, from a package it installed, chosen by name: `--device lab-box`.
+
+The lab's plugin ships each job to `kscout slot` on the machine that measures (here a subprocess of this one, standing
+in for `ssh gpu-box kscout slot --device cuda`) and hands back the result. The budget stays in the agent's ledger.
+The package is installed as in tests/test_plugins.py: a module and a `.dist-info` folder on PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+from test_plugins import _install, _kscout
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+DEVICE_PLUGIN = '''
+"""A made-up lab's device: each job goes to `kscout slot` on "the lab's machine" (here, a subprocess of this one)."""
+import subprocess
+import sys
+
+from kernelscout.sandbox.slot import SlotResult, WorkerLost
+
+
+class LabBox:
+    device = "cpu"  # what the lab's machine measures on
+    gpu = None  # no GPU: no speed-of-light bound
+
+    def __init__(self, workers=None):
+        self.names = [f"lab-{i}" for i in range(workers or 1)]
+
+    def call(self, index, job):
+        done = subprocess.run([sys.executable, "-m", "kernelscout", "slot", "--device", "cpu"], input=job.model_dump_json(),
+                              capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            raise WorkerLost(done.stderr[-300:])
+        return done.stdout  # the JSON `kscout slot` prints, which kscout reads back as a SlotResult
+
+    def recover(self, index):
+        return True
+
+    def describe(self):
+        return f"{len(self.names)} worker(s) on the lab's box"
+
+    def close(self):
+        pass
+
+
+class Broken(LabBox):
+    def call(self, index, job):
+        raise RuntimeError("the lab's queue is down")
+
+
+class NoKind(LabBox):
+    device = None
+'''
+
+ENTRY_POINTS = """
+    [kernelscout.devices]
+    lab-box = lab_kscout:LabBox
+    lab-broken = lab_kscout:Broken
+    lab-nokind = lab_kscout:NoKind
+"""
+
+
+def _measurements(run: Path) -> list[tuple[str, dict]]:
+    rows = sqlite3.connect(run / "run.db").execute("SELECT device, result_json FROM measurements ORDER BY id").fetchall()
+    return [(device, json.loads(result)) for device, result in rows]
+
+
+def test_a_search_measures_on_an_installed_device_and_resumes_only_with_it(tmp_path):
+    env = _install(tmp_path / "site", ENTRY_POINTS, module=DEVICE_PLUGIN)
+    run = tmp_path / "run"
+    done = _kscout(["optimize", str(EXAMPLES / "softmax"), "--device", "lab-box", "--budget", "2", "--confirm", "0",
+                    "--run-dir", str(run), "--json"], env, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["measurements_used"] == 2
+    measured = _measurements(run)
+    assert len(measured) == 2 and all(device == m["device"] == "lab-box" for device, m in measured)
+    # each ran in the sandbox of the process `kscout slot` started, not in this search's own workers
+    assert all(any(c.startswith("measured on slot@") for c in m["checks"]) for _, m in measured)
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    assert [e["backend"] for e in events if e["event"] == "workers"] == ["device lab-box (cpu): 1 worker(s) on the lab's box"]
+    assert any(e["event"] == "sol_unavailable" and "names no GPU" in e["reason"] for e in events)
+
+    without = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+    assert _kscout(["budget", str(run), "--set", "3"], without, tmp_path).returncode == 0
+    refused = _kscout(["resume", str(run)], without, tmp_path)
+    assert refused.returncode == 2 and "--device lab-box: no installed package declares it" in refused.stderr
+    assert len(_measurements(run)) == 2  # nothing was spent by the refusal
+
+
+def test_kscout_measure_on_an_installed_device_and_what_a_broken_one_costs(tmp_path):
+    env = _install(tmp_path / "site", ENTRY_POINTS, module=DEVICE_PLUGIN)
+    problem, candidate = str(EXAMPLES / "softmax" / "problem.py"), str(EXAMPLES / "softmax" / "fast.py")
+
+    ok = _kscout(["measure", problem, candidate, "--device", "lab-box", "--run-dir", str(tmp_path / "a"), "--json"], env, tmp_path)
+    m = json.loads(ok.stdout)
+    assert ok.returncode == 0 and m["status"] == "ok" and m["correct"] and m["charged"], ok.stdout + ok.stderr
+    assert m["device"] == "lab-box" and any(c.startswith("measured on slot@") for c in m["checks"])
+    assert [d for d, _ in _measurements(tmp_path / "a")] == ["lab-box"]  # the ledger keys it under the same name
+
+    # a device that fails once it has the job: charged, since the job may have run there, and the message says whose
+    broken = _kscout(["measure", problem, candidate, "--device", "lab-broken", "--run-dir", str(tmp_path / "b"), "--json"], env,
+                     tmp_path)
+    m = json.loads(broken.stdout)
+    assert m["status"] == "crashed" and m["charged"]
+    assert "the device 'lab-broken' failed measuring a job" in m["message"] and "the lab's queue is down" in m["message"]
+
+    # a device that does not say what it measures on is refused before anything is reserved
+    nokind = _kscout(["measure", problem, candidate, "--device", "lab-nokind", "--run-dir", str(tmp_path / "c"), "--json"], env,
+                     tmp_path)
+    m = json.loads(nokind.stdout)
+    assert nokind.returncode == 2 and m["status"] == "invalid_problem" and "a `device` attribute of 'cpu' or 'cuda'" in m["message"]
+    assert not (tmp_path / "c" / "run.db").exists() or _measurements(tmp_path / "c") == []
+
+    # an unknown name lists the installed ones
+    unknown = _kscout(["measure", problem, candidate, "--device", "lab-nope", "--run-dir", str(tmp_path / "d")], env, tmp_path)
+    assert unknown.returncode == 2 and "an installed package's: lab-box, lab-broken, lab-nokind" in unknown.stdout + unknown.stderr
+
+
+def test_kscout_slot_measures_a_shipped_job_and_refuses_what_is_not_one(tmp_path):
+    from kernelscout.sandbox.harness import HarnessConfig
+    from kernelscout.sandbox.problem import load_candidate, load_problem
+    from kernelscout.sandbox.slot import CodeJob, SlotResult
+
+    job = CodeJob.from_files(load_problem(str(EXAMPLES / "softmax" / "problem.py")),
+                             load_candidate(str(EXAMPLES / "softmax" / "naive.py")), HarnessConfig(device="cpu"))
+    done = subprocess.run([sys.executable, "-m", "kernelscout", "slot", "--device", "cpu"], input=job.model_dump_json(),
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    result = SlotResult.model_validate_json(done.stdout)
+    assert result.measurement.status.value == "ok" and result.measurement.correct and result.worker.startswith("slot@")
+
+    bad = subprocess.run([sys.executable, "-m", "kernelscout", "slot"], input='{"kind": "code"}', capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert bad.returncode == 2 and "stdin is not a job" in bad.stderr and bad.stdout == ""
