@@ -122,19 +122,33 @@ def test_kscout_measure_on_an_installed_device_and_what_a_broken_one_costs(tmp_p
     assert unknown.returncode == 2 and "an installed package's: lab-box, lab-broken, lab-nokind" in unknown.stdout + unknown.stderr
 
 
-def test_kscout_slot_measures_a_shipped_job_and_refuses_what_is_not_one(tmp_path):
-    from kernelscout.sandbox.harness import HarnessConfig
-    from kernelscout.sandbox.problem import load_candidate, load_problem
-    from kernelscout.sandbox.slot import CodeJob, SlotResult
-
-    job = CodeJob.from_files(load_problem(str(EXAMPLES / "softmax" / "problem.py")),
-                             load_candidate(str(EXAMPLES / "softmax" / "naive.py")), HarnessConfig(device="cpu"))
-    done = subprocess.run([sys.executable, "-m", "kernelscout", "slot", "--device", "cpu"], input=job.model_dump_json(),
-                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
-    result = SlotResult.model_validate_json(done.stdout)
-    assert result.measurement.status.value == "ok" and result.measurement.correct and result.worker.startswith("slot@")
-
+def test_kscout_slot_refuses_what_is_not_a_job_and_a_device_it_does_not_have(tmp_path):
+    """(Measuring a job it is given is what the search and measure tests above do through the plugin.)"""
     bad = subprocess.run([sys.executable, "-m", "kernelscout", "slot"], input='{"kind": "code"}', capture_output=True, text=True,
                          timeout=120, cwd=tmp_path)
     assert bad.returncode == 2 and "stdin is not a job" in bad.stderr and bad.stdout == ""
+    from kernelscout.sandbox.harness import HarnessConfig
+    from kernelscout.sandbox.problem import load_candidate, load_problem
+    from kernelscout.sandbox.slot import CodeJob
+
+    job = CodeJob.from_files(load_problem(str(EXAMPLES / "softmax" / "problem.py")),
+                             load_candidate(str(EXAMPLES / "softmax" / "naive.py")), HarnessConfig(device="cpu"))
+    elsewhere = subprocess.run([sys.executable, "-m", "kernelscout", "slot", "--device", "tpu"], input=job.model_dump_json(),
+                               capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert elsewhere.returncode == 2 and "unknown device" in elsewhere.stderr and elsewhere.stdout == ""
+
+
+def test_a_device_that_breaks_stops_the_search_by_name_and_once_fixed_measures_under_the_same_reservation(tmp_path):
+    broken = _install(tmp_path / "site", "[kernelscout.devices]\nlab-queue = lab_kscout:Broken\n", module=DEVICE_PLUGIN)
+    run = tmp_path / "run"
+    args = ["optimize", str(EXAMPLES / "softmax"), "--device", "lab-queue", "--budget", "2", "--confirm", "0", "--run-dir", str(run)]
+    stopped = _kscout(args, broken, tmp_path)
+    assert stopped.returncode != 0 and "the device 'lab-queue' failed measuring a job" in stopped.stderr, stopped.stderr
+    assert f"kscout resume {run}" in stopped.stderr
+    ledger = lambda: sqlite3.connect(run / "run.db").execute("SELECT id, state FROM ledger ORDER BY id").fetchall()  # noqa: E731
+    assert ledger() == [(1, "reserved")] and _measurements(run) == []  # the job's reservation is kept, nothing recorded
+
+    fixed = _install(tmp_path / "fixed", "[kernelscout.devices]\nlab-queue = lab_kscout:LabBox\n", module=DEVICE_PLUGIN)
+    resumed = _kscout(["resume", str(run), "--json"], fixed, tmp_path)
+    assert resumed.returncode == 0 and json.loads(resumed.stdout)["measurements_used"] == 2, resumed.stdout + resumed.stderr
+    assert ledger() == [(1, "charged"), (2, "charged")]  # the kept reservation was measured, not paid for again
