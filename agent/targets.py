@@ -152,7 +152,6 @@ class CodeTarget:
 
     def __init__(self, problem: Path, device: str, run: RunDir, pool: Any = None, harness: Any = None, dispatcher: Any = None):
         from kernelscout.sandbox.harness import HarnessConfig
-
         from kernelscout.tools import plugins
 
         self.problem, self.device, self.run, self.pool = Path(problem), device, run, pool
