@@ -10,6 +10,7 @@ reserved its measurement before it did and settles it when this answer comes bac
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
@@ -46,7 +47,9 @@ def register(app: typer.Typer) -> None:
         if here not in ("cpu",) and not here.startswith("cuda"):
             typer.echo(f"kscout slot: --device {device}: give this machine's own device (cpu, cuda or cuda:N)", err=True)
             raise typer.Exit(2)
-        slot = MeasureSlot("slot", here)
+        # its own instance name: a slot reaps the worker that an earlier slot *of the same name* left behind, and
+        # several `kscout slot` processes run at once on one machine (a plugin's workers)
+        slot = MeasureSlot("slot", here, instance=f"cli-{os.getpid()}")
         try:
             result = slot.run(job)
         finally:

@@ -33,9 +33,12 @@ from typing import Any, Callable, Optional, Protocol
 
 from kernelscout.sandbox.harness import HarnessConfig
 from kernelscout.sandbox.problem import SourceFile
-from kernelscout.sandbox.slot import CodeJob, Job, MeasureSlot, ReplayJob, SlotResult, WorkerLost, file_sha
+from kernelscout.sandbox.slot import CodeJob, Job, MeasureSlot, ReplayJob, SlotResult, WorkerLost, WorkersGone, file_sha
 from kernelscout.tools.rundir import RunDir
 from kernelscout.tools.schema import Measurement, MeasureStatus
+
+
+LOST_JOBS_IN_A_ROW = 2  # jobs lost on every attempt, one after another, that say the device itself is down
 
 
 class Backend(Protocol):
@@ -189,6 +192,7 @@ class Dispatcher:
         self._shas: dict[str, str] = {}
         self._lock = threading.Lock()
         self._retired: set[int] = set()
+        self._lost_in_a_row = 0  # jobs that ended lost on every attempt, one after another
 
     @property
     def size(self) -> int:
@@ -217,36 +221,48 @@ class Dispatcher:
     def run_job(self, job: Job, label: str = "") -> Measurement:
         """Run one job to a result. Only WorkerLost is retried: any verdict on the candidate is final."""
         losses: list[str] = []
+        lost_on: set[str] = set()
         for attempt in range(1, self.max_attempts + 1):
-            index = self._next_free()
+            index = self._next_free(losses)
             name = self.backend.names[index]
             self.run.event("dispatch", worker=name, job=job.kind, candidate=label, attempt=attempt)
             try:
                 result = self.backend.call(index, job)
             except WorkerLost as exc:
                 losses.append(f"{name}: {exc}")
+                lost_on.add(name)
                 self.run.event("worker_lost", worker=name, candidate=label, attempt=attempt, reason=str(exc))
                 self._crash_report(name, label, job, {"lost": str(exc), "attempt": attempt})
                 # the retry takes the next free worker; this one rejoins once it is back (Ray restarts it)
                 threading.Thread(target=self._recover, args=(index,), daemon=True).start()
                 continue
             self._free.put(index)
+            with self._lock:
+                self._lost_in_a_row = 0
             self._file(result, label, job)
             if losses:
                 result.measurement.warnings.append(f"measured again after losing {len(losses)} worker(s): " + "; ".join(losses))
             return result.measurement
-        message = (f"lost {len(losses)} workers while measuring this candidate ({'; '.join(losses)}); recorded as crashed and "
-                   "charged once, since it may have run on the device each time")
+        with self._lock:
+            self._lost_in_a_row += 1
+            down = self._lost_in_a_row >= LOST_JOBS_IN_A_ROW
+        if down:
+            raise WorkersGone(f"the workers of {self.describe()} were lost on every attempt at {LOST_JOBS_IN_A_ROW} jobs in a "
+                              f"row ({'; '.join(losses)}): the device looks down, so this job keeps its reservation unspent")
+        lost = f"{len(losses)} workers" if len(lost_on) == len(losses) else f"{len(lost_on)} worker(s) {len(losses)} times"
+        message = (f"lost {lost} while measuring this candidate ({'; '.join(losses)}); recorded as crashed and charged once, "
+                   "since it may have run on the device each time")
         device = job.harness.device if isinstance(job, CodeJob) else "replay"
         return Measurement(status=MeasureStatus.crashed, charged=True, message=message, device=device)
 
-    def _next_free(self) -> int:
+    def _next_free(self, losses: Optional[list[str]] = None) -> int:
         while True:
             try:
                 return self._free.get(timeout=1.0)
             except queue.Empty:
                 if len(self._retired) == self.size:
-                    raise RuntimeError("every measurement worker is gone; check the Ray cluster, then `kscout resume` the run")
+                    lost = f" (lost: {'; '.join(losses)})" if losses else ""
+                    raise WorkersGone(f"every measurement worker of {self.describe()} is gone{lost}") from None
 
     def _recover(self, index: int) -> None:
         try:

@@ -627,6 +627,7 @@ def _paused(run: RunDir, exc: Exception, once: str) -> SearchPaused:
 
 def _run(run: RunDir, spec: SearchSpec, resume: bool, quiet: bool, report: bool = True) -> OptimizeResult:
     from kernelscout.sandbox.pool import WorkerPool
+    from kernelscout.sandbox.slot import WorkersGone
     from kernelscout.tools.plugins import PluginError
 
     from kernelscout.sandbox.problem import problem_name
@@ -642,6 +643,8 @@ def _run(run: RunDir, spec: SearchSpec, resume: bool, quiet: bool, report: bool 
             state = loop.run_to_end(resume=resume)
         except PluginError as exc:  # an installed plugin broke its contract: the user's to fix, the run's to resume
             raise _paused(run, exc, "the plugin is fixed") from None
+        except WorkersGone as exc:  # the device is down, not the candidates wrong: nothing more is spent on it
+            raise _paused(run, exc, "the workers are back") from None
         except KeyboardInterrupt:
             status = Budget(run).status()
             raise SearchInterrupted(run.path, status.used, status.cap, status.reserved) from None

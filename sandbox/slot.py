@@ -70,6 +70,13 @@ class WorkerLost(Exception):
     """The worker went away mid-job (its actor or node died, or stopped answering); the job itself is fine."""
 
 
+class WorkersGone(RuntimeError):
+    """No worker is left to measure on, or the workers were lost on every attempt at two jobs in a row: the device,
+    not the candidates, has failed. The job in hand keeps its reservation (in flight), which the next request for the
+    same measurement adopts (`kscout resume` once the workers are back), so a dead device does not spend the budget on
+    jobs it never ran."""
+
+
 class SlotResult(BaseModel):
     """A measurement and where it was taken, with the sandbox worker's output while it ran."""
 

@@ -196,6 +196,9 @@ class Archive:
         if hit is not None and hit[0] == row:
             return hit[1]
         rec = _row(row)
+        # the path as recorded names the folder as the search was started (relative to where it was, say): the
+        # archived file as it is now, wherever the run directory is reached from
+        rec.path = self.run.kernel_path(rec.path)
         self._parsed[row[0]] = (tuple(row), rec)
         return rec
 

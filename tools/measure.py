@@ -236,7 +236,16 @@ def _measure_in(run: RunDir, request: MeasureRequest, problem: SourceFile, candi
 
     record = MeasurementRecord(key=key, problem_sha=problem.sha, candidate_sha=candidate.sha, problem_path=str(problem.path),
                                candidate_path=str(candidate.path), device=device)
-    return ledgered(run, record, run_in_sandbox, again=request.again)
+    from kernelscout.sandbox.slot import WorkersGone
+
+    try:
+        return ledgered(run, record, run_in_sandbox, again=request.again)
+    except WorkersGone as exc:  # the reservation stays in flight: asking again once the device is back adopts it
+        if execute is not None:
+            raise  # a search's: it stops, and its resume asks again
+        return Measurement(status=MeasureStatus.crashed, charged=False, device=device, candidate_sha=candidate.sha,
+                           message=f"{exc}; its reservation stays in flight, and measuring the same candidate again once "
+                                   "the device is back uses it (nothing more is spent)")
 
 
 class MeasurementRecord(BaseModel):
