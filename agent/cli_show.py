@@ -89,9 +89,12 @@ def render(view: RunView) -> None:
         return
     head.add_row(view.kind, escape(view.target or ""))
     head.add_row("device / policy", f"{view.device} / {view.policy}, surrogate {view.surrogate}")
+    raised = (view.status == "finished" and view.stop is not None and view.stop.kind == "budget" and view.budget.cap is not None
+              and view.budget.used < view.budget.cap)  # `kscout budget RUN --set N` since it stopped
     head.add_row("status", view.status + (f" ({escape(view.stop_reason)})" if view.stop_reason else "")
                  + (f": {escape(view.running)}" if view.status == "running" else
-                    "" if view.status in ("finished", "failed") else f"; `kscout resume {escape(view.run_dir)}` goes on"))
+                    f"; the budget has since been raised to {view.budget.cap}: `kscout resume {escape(view.run_dir)}` goes on"
+                    if raised else "" if view.status in ("finished", "failed") else f"; `kscout resume {escape(view.run_dir)}` goes on"))
     flight = f" ({view.budget.reserved} in flight)" if view.budget.reserved else ""
     per = f" ({view.considered_per_measurement:.1f} per measurement)" if view.budget.used else ""
     again = (f"; {view.measured_again} of them of a candidate measured again after a void or suspect timing"

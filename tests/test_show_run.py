@@ -173,6 +173,17 @@ def test_show_marks_an_interrupted_run_and_says_how_to_go_on(tmp_path):
     assert "unfinished" in shown.output and f"kscout resume {run}" in shown.output
 
 
+@needs_hub
+def test_a_finished_run_whose_budget_was_raised_since_says_how_to_go_on(tmp_path):
+    run = tmp_path / "run"
+    start_search(problem=None, space=str(SPACE), budget=4, run_dir=str(run), quiet=True)
+    before = " ".join(CliRunner().invoke(app, ["show", str(run)], env={"COLUMNS": "200"}).output.split())
+    assert "finished (measurement budget spent)" in before and "since been raised" not in before
+    assert CliRunner().invoke(app, ["budget", str(run), "--set", "6"]).exit_code == 0
+    after = " ".join(CliRunner().invoke(app, ["show", str(run)], env={"COLUMNS": "200"}).output.split())
+    assert f"the budget has since been raised to 6: `kscout resume {run}` goes on" in after
+
+
 def test_show_refuses_a_path_that_is_not_a_run_and_creates_nothing(tmp_path):
     missing = tmp_path / "runs" / "typo"
     shown = CliRunner().invoke(app, ["show", str(missing), "--json"])
