@@ -118,7 +118,7 @@ class PluginBackend:
         from kernelscout.tools import plugins
 
         self.plugin = name
-        self.kind, self.gpu = plugins.device_kind(name)
+        self.kind = plugins.device_kind(name)[0]
         self.inner = plugins.build(plugins.DEVICES, name, workers)
         names = getattr(self.inner, "names", None)
         if not (isinstance(names, list) and names and all(isinstance(n, str) for n in names)):

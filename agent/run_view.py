@@ -240,7 +240,7 @@ def failure_row(run: RunDir, rec: CandidateRecord, m: Measurement) -> FailedRow:
     """What `kscout show` and the report say of a measurement that did not count: which file (or
     configuration) to open, and why."""
     return FailedRow(id=rec.id, status="timing not valid" if m.timing_voided else m.status.value, why=m.unusable_reason or "",
-                     file=run.kernel_path(rec.path), params=rec.params)
+                     file=rec.path, params=rec.params)
 
 
 def view_run(path: str | Path, top: int = 10) -> RunView:

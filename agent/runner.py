@@ -121,14 +121,6 @@ def _plugin_choices(policy: str, surrogate: str) -> list[tuple[str, str, str]]:
         if name != "auto" and name not in built_in]
 
 
-def device_kind(device: str) -> str:
-    """What a search's device measures on, for the choices that differ between a CPU and a GPU (rewrites, Triton):
-    the device itself, or for an installed package's device the kind its factory declares."""
-    from kernelscout.tools import plugins
-
-    return plugins.device_kind(device)[0] if plugins.is_device_plugin(device) else device
-
-
 def _problem_file(problem: str) -> Path:
     from kernelscout.sandbox.problem import InputFileError, problem_file
 
@@ -221,7 +213,9 @@ def start_search(problem: Optional[str], space: Optional[str], budget: int, poli
         except InputFileError as exc:
             raise OptimizeError(str(exc)) from None
         check_llm(policy, surrogate)
-        kind = device_kind(device)
+        from kernelscout.tools.plugins import device_kind
+
+        kind = device_kind(device)[0]  # what it measures on, for the choices a CPU and a GPU differ in (rewrites, Triton)
         start = _check_start(start or [], budget, kind, quiet)
         spec = SearchSpec(kind="problem", path=str(path), device=device, policy=policy, surrogate=surrogate, settings=settings,
                           start=start, history=_check_history(history), rewrites=check_rewrites(rewrites, policy, start, kind))
@@ -437,6 +431,7 @@ def _archive_start(run: RunDir, spec: SearchSpec, resume: bool = False) -> None:
         return
     from kernelscout.agent.policies.tuner import USER_ORIGIN, user_proposal
     from kernelscout.tools.archive import ROOT_ID, Archive
+    from kernelscout.tools.plugins import device_kind
 
     archive = Archive(run)
     if resume and sum(r.origin == USER_ORIGIN for r in archive.all()) >= len(spec.start):
@@ -444,7 +439,7 @@ def _archive_start(run: RunDir, spec: SearchSpec, resume: bool = False) -> None:
     for path in spec.start:
         if resume and not Path(path).exists():
             raise OptimizeError(f"{path}: given with --start but gone before it was archived; put it back and resume")
-        p = user_proposal(path, spec.path, device_kind(spec.device))
+        p = user_proposal(path, spec.path, device_kind(spec.device)[0])
         archive.add(p.sha, p.source, ROOT_ID, p.origin, p.params, p.hypothesis, p.features, iteration=0)
 
 

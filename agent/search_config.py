@@ -135,12 +135,12 @@ def search_defaults(cwd: Optional[Path] = None, env: Optional[Mapping[str, str]]
                                     "(a plugin's name needs the package that declares it installed)")
     from kernelscout.tools import plugins
 
-    if defaults.device is not None and not re.match(DEVICE_PATTERN, defaults.device) \
-            and defaults.device not in plugins.device_names():
+    if defaults.device is not None and not re.match(DEVICE_PATTERN, defaults.device):
         installed = plugins.device_names()
-        raise SearchConfigError(f"device {defaults.device!r} in {sources['device']} is not auto, cpu, cuda or cuda:N"
-                                + (f", nor an installed package's ({', '.join(installed)})" if installed else "")
-                                + " (a plugin's name needs the package that declares it installed)")
+        if defaults.device not in installed:
+            raise SearchConfigError(f"device {defaults.device!r} in {sources['device']} is not auto, cpu, cuda or cuda:N"
+                                    + (f", nor an installed package's ({', '.join(installed)})" if installed else "")
+                                    + " (a plugin's name needs the package that declares it installed)")
     if defaults.history:
         # a path in a file means the same thing whichever folder the command runs from
         base = Path(sources["history"]).parent

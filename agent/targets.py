@@ -157,7 +157,7 @@ class CodeTarget:
         self.problem, self.device, self.run, self.pool = Path(problem), device, run, pool
         # what the device measures on, and its name for the speed-of-light bound: an installed package's device
         # (tools/plugins.py) declares both; None for the bound's name means it has none
-        self.kind, self.sol_device = plugins.device_kind(device) if plugins.is_device_plugin(device) else (device, device)
+        self.kind, self.sol_device = plugins.device_kind(device)
         self.dispatcher = dispatcher  # agent/dispatch.py: measure on scale-out workers instead of `pool`
         self.harness = harness or HarnessConfig()
         self.name = problem_name(self.problem)

@@ -288,7 +288,7 @@ class Archive:
             total = db.execute("SELECT COUNT(*) FROM candidates WHERE state = 'failed'").fetchone()[0]
             rows = db.execute(f"SELECT {_COLUMNS_OF_C}, m.result_json FROM candidates c JOIN measurements m ON m.id = c.measurement_id"
                               " WHERE c.state = 'failed' ORDER BY c.id DESC LIMIT ?", (limit,)).fetchall()
-        return total, [(_row(r[:-1]), Measurement.model_validate_json(r[-1])) for r in rows]
+        return total, [(self._record(r[:-1]), Measurement.model_validate_json(r[-1])) for r in rows]
 
     def forecasts(self, lazy: bool = False) -> list[dict]:
         """Every forecast with the measured outcome next to it (None where the candidate was never measured).

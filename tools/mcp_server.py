@@ -352,7 +352,7 @@ class KernelScoutMCP(MCPServer):
             row = by_id.get(rec.measurement_id) if rec.measurement_id is not None else None
             m = Measurement.model_validate(json.loads(row[7])) if row else None
             entries.append(CandidateEntry(
-                origin="search", path=self.run.kernel_path(rec.path), problem=row[4] if row else spec_path, problem_sha=row[2] if row else spec_sha,
+                origin="search", path=rec.path, problem=row[4] if row else spec_path, problem_sha=row[2] if row else spec_sha,
                 device=row[6] if row else None, state=rec.state,
                 speedup=archive.reported_speedup(rec) if rec.state == "measured" else None,  # its re-measurement where it has one
                 record=rec, measurement=m, confirmed_speedups=[sp for _, sp in archive.confirmations(rec.id)],

@@ -207,7 +207,7 @@ def _measure_in(run: RunDir, request: MeasureRequest, problem: SourceFile, candi
     key = measurement_key(problem.sha, candidate.sha, device, request.repeat)
     run.save_kernel(candidate.sha, candidate.source)
     plugin = plugins.is_device_plugin(device)
-    config = request.harness.model_copy(update={"device": plugins.device_kind(device)[0] if plugin else device})
+    config = request.harness.model_copy(update={"device": plugins.device_kind(device)[0]})
 
     def run_in_sandbox() -> Measurement:
         if execute is not None:

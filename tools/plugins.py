@@ -130,9 +130,12 @@ def device_names() -> list[str]:
 
 
 def device_kind(name: str) -> tuple[str, Optional[str]]:
-    """What a device plugin's workers measure on ("cpu" or "cuda") and its GPU's name for the speed-of-light bound
-    (as `kscout sol --device` takes it; None: no bound), read from its factory's `device` and `gpu` attributes, so
-    that nothing is started to learn them: the search decides its rewrites and its bound before it measures."""
+    """What a device measures on ("cpu" or "cuda" for a plugin) and its name for the speed-of-light bound (as `kscout
+    sol --device` takes it; None: no bound). This machine's devices are their own answer to both. A device plugin's
+    come from its factory's `device` and `gpu` attributes, so that nothing is started to learn them: the search
+    decides its rewrites and its bound before it measures."""
+    if not is_device_plugin(name):
+        return name, name
     factory = load(DEVICES, name)
     kind, gpu = getattr(factory, "device", None), getattr(factory, "gpu", None)
     if kind not in DEVICE_KINDS:
